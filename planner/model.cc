@@ -1,0 +1,191 @@
+#include "planner/model.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "planner/arena.h"
+#include "planner/box.h"
+#include "planner/builders.h"
+
+namespace shardsync::planner {
+namespace {
+
+Index Trailing(const Index& shape) { return Index(shape.begin() + 1, shape.end()); }
+
+absl::Status Bad(const std::string& tensor, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("model tensor '", tensor, "': ", what));
+}
+
+// Target layouts of one replica, tensor by tensor, packed into each rank's arena.
+class ReplicaBuilder {
+ public:
+  ReplicaBuilder(const std::vector<int32_t>& ranks, ArenaPacker& arena) : ranks_(ranks), arena_(arena) {}
+
+  absl::StatusOr<Layout> Plain(const ModelTensor& t) {
+    const int tp = static_cast<int>(ranks_.size());
+    if (t.style == TpStyle::kReplicated) {
+      return Replicated(t.shape, ranks_, arena_.buffer_id(), Reserve(NumElements(t.shape), t.dtype));
+    }
+    if (t.style == TpStyle::kVocab) {
+      if (t.shape.empty()) return Bad(t.name, "a vocabulary needs at least one axis");
+      const int64_t rows = PaddedVocabShardRows(t.shape[0], tp);
+      return PaddedVocab(t.shape[0], Trailing(t.shape), ranks_, arena_.buffer_id(),
+                         Reserve(rows * NumElements(Trailing(t.shape)), t.dtype));
+    }
+    const int axis = t.style == TpStyle::kColumn ? 0 : 1;
+    if (static_cast<int>(t.shape.size()) <= axis) {
+      return Bad(t.name, absl::StrCat("cannot split axis ", axis, " of shape ", IndexToString(t.shape)));
+    }
+    if (t.split_unit <= 0 || t.shape[axis] % t.split_unit != 0) {
+      return Bad(t.name, absl::StrCat("axis ", axis, " of ", t.shape[axis], " is not a multiple of its split unit ",
+                                      t.split_unit));
+    }
+    std::vector<int64_t> sizes = UnevenSplit(t.shape[axis] / t.split_unit, tp);
+    std::vector<int64_t> offsets;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      sizes[r] *= t.split_unit;
+      offsets.push_back(arena_.Reserve(ranks_[r], NumElements(t.shape) / t.shape[axis] * sizes[r], t.dtype));
+    }
+    return TpSplit(t.shape, axis, sizes, ranks_, arena_.buffer_id(), offsets);
+  }
+
+  absl::StatusOr<QkvViews> Qkv(const FusedQkvGroup& g, const ModelTensor& q) {
+    const int64_t rows = FusedQkvShardRows(g.num_heads, g.num_kv_heads, g.head_dim, static_cast<int>(ranks_.size()));
+    return FusedQkv(g.num_heads, g.num_kv_heads, g.head_dim, Trailing(q.shape), ranks_, arena_.buffer_id(),
+                    Reserve(rows * NumElements(Trailing(q.shape)), q.dtype));
+  }
+
+  absl::StatusOr<std::vector<Layout>> Rows(const std::vector<const ModelTensor*>& parts) {
+    std::vector<int64_t> rows;
+    int64_t total = 0;
+    for (const ModelTensor* p : parts) {
+      rows.push_back(p->shape[0]);
+      total += p->shape[0];
+    }
+    const Index trailing = Trailing(parts[0]->shape);
+    const int64_t tp = static_cast<int64_t>(ranks_.size());
+    return FusedRows(rows, trailing, ranks_, arena_.buffer_id(),
+                     Reserve(total / tp * NumElements(trailing), parts[0]->dtype));
+  }
+
+ private:
+  std::vector<int64_t> Reserve(int64_t elements, DType dtype) {
+    std::vector<int64_t> offsets;
+    for (int32_t rank : ranks_) offsets.push_back(arena_.Reserve(rank, elements, dtype));
+    return offsets;
+  }
+
+  const std::vector<int32_t>& ranks_;
+  ArenaPacker& arena_;
+};
+
+}  // namespace
+
+absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
+  if (spec.zero_stage < 1 || spec.zero_stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("zero_stage must be 1, 2 or 3, got ", spec.zero_stage));
+  }
+  if (spec.dp_ranks.empty()) return absl::InvalidArgumentError("a model layout needs at least one DP rank");
+  std::map<std::string, const ModelTensor*> by_name;
+  std::vector<const ModelTensor*> sourced;
+  for (const ModelTensor& t : spec.tensors) {
+    if (!by_name.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
+    if (t.tied_to.empty()) sourced.push_back(&t);
+  }
+  PlanInput input;
+  std::map<std::string, size_t> index;  // tensor name -> PlanInput::tensors
+  std::vector<int64_t> numels;
+  for (const ModelTensor* t : sourced) {
+    if (t->dtype != sourced[0]->dtype) {
+      return Bad(t->name, "a ZeRO flat holds one dtype; this tensor's differs from the first tensor's");
+    }
+    numels.push_back(NumElements(t->shape));
+  }
+  const int world = static_cast<int>(spec.dp_ranks.size());
+  const std::vector<int64_t> offsets = spec.zero_stage == 3 ? Zero3Offsets(numels, world) : Zero12Offsets(numels, world);
+  for (size_t i = 0; i < sourced.size(); ++i) {
+    const ModelTensor& t = *sourced[i];
+    index[t.name] = input.tensors.size();
+    Layout source = spec.zero_stage == 3 ? Zero3(t.shape, spec.dp_ranks, spec.source_buffer, offsets[i])
+                                         : Zero12(t.shape, spec.dp_ranks, spec.source_buffer, offsets[i]);
+    input.tensors.push_back(
+        TensorLayouts{t.name, t.shape, t.dtype, spec.target_dtype.value_or(t.dtype), std::move(source), Layout{}});
+  }
+  if (!sourced.empty()) {
+    for (int32_t rank : spec.dp_ranks) {
+      input.buffers.push_back(Buffer{Holder{rank, spec.source_buffer}, offsets.back() * ElementBytes(sourced[0]->dtype)});
+    }
+  }
+
+  // Which fused group each member belongs to, checked up front.
+  std::map<std::string, const FusedQkvGroup*> qkv_of;
+  std::map<std::string, const FusedRowsGroup*> rows_of;
+  for (const FusedQkvGroup& g : spec.fused_qkv) {
+    for (const std::string* m : {&g.q, &g.k, &g.v}) {
+      if (!by_name.count(*m)) return Bad(*m, "named by a fused qkv group but not declared");
+      qkv_of[*m] = &g;
+    }
+  }
+  for (const FusedRowsGroup& g : spec.fused_rows) {
+    if (g.parts.empty()) return absl::InvalidArgumentError("a fused rows group has no parts");
+    for (const std::string& m : g.parts) {
+      if (!by_name.count(m)) return Bad(m, "named by a fused rows group but not declared");
+      rows_of[m] = &g;
+    }
+  }
+  // The source tensor a target tensor reads (itself, or what it is tied to).
+  auto target_of = [&](const ModelTensor& t) -> absl::StatusOr<TensorLayouts*> {
+    const std::string& name = t.tied_to.empty() ? t.name : t.tied_to;
+    auto it = index.find(name);
+    if (it == index.end()) return Bad(t.name, absl::StrCat("is tied to '", name, "', which has no source"));
+    return &input.tensors[it->second];
+  };
+  auto add = [&](const ModelTensor& t, Layout layout) -> absl::Status {
+    auto target = target_of(t);
+    if (!target.ok()) return target.status();
+    Layout& into = (*target)->target;
+    into.placements.insert(into.placements.end(), layout.placements.begin(), layout.placements.end());
+    into.fills.insert(into.fills.end(), layout.fills.begin(), layout.fills.end());
+    return absl::OkStatus();
+  };
+
+  ArenaPacker arena(spec.target_buffer);
+  for (const std::vector<int32_t>& ranks : spec.replicas) {
+    if (ranks.empty()) return absl::InvalidArgumentError("a rollout replica has no ranks");
+    ReplicaBuilder replica(ranks, arena);
+    for (const ModelTensor& declared : spec.tensors) {
+      ModelTensor t = declared;  // as the rollout holds it
+      t.dtype = spec.target_dtype.value_or(t.dtype);
+      absl::Status status;
+      if (auto q = qkv_of.find(t.name); q != qkv_of.end()) {
+        const FusedQkvGroup& g = *q->second;
+        if (t.name != g.q) continue;  // the group is placed once, at its q
+        auto views = replica.Qkv(g, t);
+        if (!views.ok()) return Bad(t.name, std::string(views.status().message()));
+        status = add(t, std::move(views->q));
+        if (status.ok()) status = add(*by_name[g.k], std::move(views->k));
+        if (status.ok()) status = add(*by_name[g.v], std::move(views->v));
+      } else if (auto r = rows_of.find(t.name); r != rows_of.end()) {
+        const FusedRowsGroup& g = *r->second;
+        if (t.name != g.parts[0]) continue;
+        std::vector<const ModelTensor*> parts;
+        std::vector<ModelTensor> held;
+        for (const std::string& m : g.parts) held.push_back(*by_name[m]);
+        for (ModelTensor& m : held) m.dtype = t.dtype;
+        for (const ModelTensor& m : held) parts.push_back(&m);
+        auto layouts = replica.Rows(parts);
+        if (!layouts.ok()) return Bad(t.name, std::string(layouts.status().message()));
+        for (size_t k = 0; k < parts.size() && status.ok(); ++k) status = add(*parts[k], std::move((*layouts)[k]));
+      } else {
+        auto layout = replica.Plain(t);
+        if (!layout.ok()) return layout.status();
+        status = add(t, *std::move(layout));
+      }
+      if (!status.ok()) return status;
+    }
+  }
+  for (const Buffer& b : arena.Buffers()) input.buffers.push_back(b);
+  return input;
+}
+
+}  // namespace shardsync::planner

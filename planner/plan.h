@@ -1,0 +1,88 @@
+// Planning: every target placement of every tensor intersected with the sources, each
+// element assigned to exactly one source holder by the replica policy, as copy segments.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "planner/types.h"
+
+namespace shardsync::planner {
+
+// One strided copy: element i of `shape` moves from src_base + sum i_k*src_strides[k]
+// of `src` to dst_base + sum i_k*dst_strides[k] of `dst` (offsets in elements of each
+// side's dtype). Axes contiguous on both sides are merged, extent-1 axes dropped.
+struct Segment {
+  int32_t tensor = 0;  // index into PlanInput::tensors
+  Holder src;
+  Holder dst;
+  int64_t src_base = 0;
+  int64_t dst_base = 0;
+  Index shape;
+  Index src_strides;
+  Index dst_strides;
+  DType src_dtype = DType::kBFloat16;
+  DType dst_dtype = DType::kBFloat16;
+};
+
+int64_t SegmentElements(const Segment& segment);
+// What a segment puts on a link or writes: elements times the target element size.
+int64_t SegmentBytes(const Segment& segment);
+
+struct FillOp {
+  int32_t tensor = 0;
+  Fill fill;
+  DType dtype = DType::kBFloat16;
+};
+
+struct Plan {
+  // Canonical order: by tensor, then target placement, then box. Every rank derives
+  // its streams from this order, so senders and receivers agree without talking.
+  std::vector<Segment> segments;
+  std::vector<FillOp> fills;
+  std::vector<std::string> tensor_names;
+  int32_t num_ranks = 0;  // one past the highest rank of any buffer
+};
+
+// Chooses the source of a piece that several holders have. Changes only cost, never
+// the bits written.
+class ReplicaPolicy {
+ public:
+  virtual ~ReplicaPolicy() = default;
+  virtual absl::string_view name() const = 0;
+  // Returns an index into `candidate_ranks` (sorted by source placement order).
+  // `sent_bytes[r]` is what rank r sends to other ranks so far in this batch.
+  virtual size_t Choose(int32_t target_rank, absl::Span<const int32_t> candidate_ranks,
+                        absl::Span<const int64_t> sent_bytes) const = 0;
+};
+
+// Same rank first (a local copy costs no link), then the holder that sends the fewest
+// bytes so far over the whole batch, ties to the lowest rank.
+std::unique_ptr<ReplicaPolicy> LocalFirstLeastLoaded();
+// The first source placement that has the piece; for tests.
+std::unique_ptr<ReplicaPolicy> FirstHolder();
+
+// One side's description of a tensor, as a registering client gives it.
+struct TensorSide {
+  std::string name;
+  Index shape;
+  DType dtype = DType::kBFloat16;
+  Layout layout;
+};
+
+// Pairs every target tensor with its source by name. Refuses a target without a
+// source, a shape mismatch and a dtype pair the sender cannot convert. Sources that no
+// target names are left out (partial targets).
+absl::StatusOr<std::vector<TensorLayouts>> MatchTensors(const std::vector<TensorSide>& sources,
+                                                        const std::vector<TensorSide>& targets);
+
+// Plans the whole batch at once. Fails before anything is planned on bad input, with
+// the tensor, rank and box named.
+absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy);
+
+}  // namespace shardsync::planner

@@ -1,0 +1,48 @@
+// One rank's part of a plan: local copies, fills, and per peer an ordered stream of
+// send segments and one of receive segments, cut into chunks of at most the staging
+// budget. Both ends of a link derive the same stream order and the same cuts from the
+// plan, so chunk k that rank a sends to b is exactly chunk k that b receives from a.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/plan.h"
+
+namespace shardsync::planner {
+
+// Elements [begin, end) of a segment, counted in its row-major order.
+struct ChunkPart {
+  int32_t segment = 0;  // index into Plan::segments
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+struct Chunk {
+  std::vector<ChunkPart> parts;
+  int64_t bytes = 0;  // in the target dtype: what crosses the link
+};
+
+struct PeerStream {
+  int32_t peer = 0;
+  std::vector<int32_t> segments;  // indices into Plan::segments, in stream order
+  std::vector<Chunk> chunks;
+  int64_t bytes = 0;
+};
+
+struct Schedule {
+  int32_t rank = 0;
+  std::vector<int32_t> local_segments;  // source and target on this rank
+  std::vector<int32_t> fills;           // indices into Plan::fills on this rank
+  std::vector<PeerStream> sends;        // by ascending peer
+  std::vector<PeerStream> receives;     // by ascending peer
+  // Round k moves chunk k of every stream; a stream with fewer chunks is idle after.
+  int32_t rounds = 0;
+};
+
+// Schedules of every rank in one pass over the plan. `staging_bytes` is the budget per
+// peer per direction; it must hold at least one element of every dtype moved.
+absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
+
+}  // namespace shardsync::planner

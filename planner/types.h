@@ -1,0 +1,92 @@
+// Core vocabulary of the planner: dtypes, boxes, holders, placements, layouts.
+// Pure data; every size is in elements unless the name says bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
+
+namespace shardsync::planner {
+
+// Tensors of more axes than this are refused with a clear error (weights are <= 4-D).
+inline constexpr int kMaxAxes = 4;
+
+enum class DType : uint8_t { kFloat32, kBFloat16, kFloat16, kFloat8E4M3, kFloat8E5M2, kInt64, kInt32, kInt8, kUInt8 };
+
+int64_t ElementBytes(DType dtype);
+absl::string_view DTypeName(DType dtype);
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+// Same dtype, or a conversion the sender performs while packing (float32 -> bfloat16).
+bool CanConvert(DType from, DType to);
+
+// Per-axis sizes, coordinates or strides, in elements.
+using Index = absl::InlinedVector<int64_t, kMaxAxes>;
+
+// A half-open box of a tensor: axis k spans [lo[k], hi[k]).
+struct Box {
+  Index lo;
+  Index hi;
+  friend bool operator==(const Box& a, const Box& b) { return a.lo == b.lo && a.hi == b.hi; }
+};
+
+// A registered buffer on one agent. Ranks are global agent ranks; buffer ids are
+// unique within a rank.
+struct Holder {
+  int32_t rank = 0;
+  int32_t buffer = 0;
+  friend bool operator==(Holder a, Holder b) { return a.rank == b.rank && a.buffer == b.buffer; }
+  friend bool operator<(Holder a, Holder b) { return a.rank != b.rank ? a.rank < b.rank : a.buffer < b.buffer; }
+};
+
+struct Buffer {
+  Holder holder;
+  int64_t bytes = 0;
+};
+
+// Where a box of a tensor lives: element i of the box is at
+// base + sum_k (i_k - box.lo[k]) * strides[k] (elements of the tensor's dtype).
+struct Placement {
+  Box box;
+  Holder holder;
+  int64_t base = 0;
+  Index strides;
+};
+
+// Target elements that have no source (padded vocabulary rows): written with zeros.
+struct Fill {
+  Holder holder;
+  int64_t base = 0;
+  Index shape;
+  Index strides;
+};
+
+struct Layout {
+  std::vector<Placement> placements;
+  std::vector<Fill> fills;  // targets only
+};
+
+// One tensor to move: its logical shape, the dtype on each side, and both layouts.
+struct TensorLayouts {
+  std::string name;
+  Index shape;
+  DType source_dtype = DType::kBFloat16;
+  DType target_dtype = DType::kBFloat16;
+  Layout source;
+  Layout target;
+};
+
+// A whole batch: every buffer the layouts name, and every tensor.
+struct PlanInput {
+  std::vector<Buffer> buffers;
+  std::vector<TensorLayouts> tensors;
+};
+
+// Row-major contiguous strides of `shape`.
+Index ContiguousStrides(const Index& shape);
+int64_t NumElements(const Index& shape);
+
+}  // namespace shardsync::planner

@@ -1,0 +1,136 @@
+#include "planner/validate.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "planner/box.h"
+
+namespace shardsync::planner {
+namespace {
+
+using Wide = __int128;  // sizes and offsets are checked in 128 bits: no overflow
+
+absl::Status Invalid(const TensorLayouts& t, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", what));
+}
+
+// A target write on one buffer: the byte interval it may touch.
+struct WriteSpan {
+  Holder holder;
+  Wide first = 0;
+  Wide end = 0;
+  const TensorLayouts* tensor = nullptr;
+};
+
+// Bytes [first, end) that a strided region occupies, or an error if it leaves `buffer`.
+absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, int64_t base, const Index& extent,
+                       const Index& strides, DType dtype, const std::map<Holder, int64_t>& buffers,
+                       std::vector<WriteSpan>* extents) {
+  const auto where = [&] { return absl::StrCat(side, " on rank ", holder.rank, " buffer ", holder.buffer); };
+  auto it = buffers.find(holder);
+  if (it == buffers.end()) return Invalid(t, absl::StrCat(where(), " names an unregistered buffer"));
+  if (base < 0) return Invalid(t, absl::StrCat(where(), " has negative base ", base));
+  if (strides.size() != extent.size()) {
+    return Invalid(t, absl::StrCat(where(), " has ", strides.size(), " strides for ", extent.size(), " axes"));
+  }
+  Wide last = base;
+  Wide volume = 1;
+  for (size_t k = 0; k < extent.size(); ++k) {
+    if (strides[k] < 0) return Invalid(t, absl::StrCat(where(), " has negative stride ", strides[k]));
+    volume *= extent[k];
+    if (extent[k] > 0) last += static_cast<Wide>(extent[k] - 1) * strides[k];
+  }
+  if (volume == 0) return absl::OkStatus();
+  const Wide element = ElementBytes(dtype);
+  const Wide end = (last + 1) * element;
+  if (end > it->second) {
+    return Invalid(t, absl::StrCat(where(), " needs ", static_cast<int64_t>(std::min<Wide>(end, INT64_MAX)),
+                                   " bytes but the buffer has ", it->second));
+  }
+  if (extents) extents->push_back(WriteSpan{holder, static_cast<Wide>(base) * element, end, &t});
+  return absl::OkStatus();
+}
+
+absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const char* side, DType dtype,
+                             const std::map<Holder, int64_t>& buffers, std::vector<WriteSpan>* extents) {
+  for (const Placement& p : layout.placements) {
+    if (p.box.lo.size() != t.shape.size() || p.box.hi.size() != t.shape.size()) {
+      return Invalid(t, absl::StrCat(side, " box on rank ", p.holder.rank, " has ", p.box.lo.size(),
+                                     " axes; the tensor has ", t.shape.size()));
+    }
+    for (size_t k = 0; k < t.shape.size(); ++k) {
+      if (p.box.lo[k] < 0 || p.box.lo[k] > p.box.hi[k] || p.box.hi[k] > t.shape[k]) {
+        return Invalid(t, absl::StrCat(side, " box ", BoxToString(p.box), " on rank ", p.holder.rank,
+                                       " lies outside the tensor shape ", IndexToString(t.shape)));
+      }
+    }
+    auto s = CheckFits(t, side, p.holder, p.base, Extent(p.box), p.strides, dtype, buffers, extents);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidatePlanInput(const PlanInput& input) {
+  std::map<Holder, int64_t> buffers;
+  for (const Buffer& b : input.buffers) {
+    if (b.holder.rank < 0 || b.holder.buffer < 0 || b.bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", b.holder.buffer, " on rank ", b.holder.rank,
+                                                     " has a negative rank, id or size (", b.bytes, " bytes)"));
+    }
+    if (!buffers.emplace(b.holder, b.bytes).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer ", b.holder.buffer, " on rank ", b.holder.rank, " is registered twice"));
+    }
+  }
+  std::set<std::string> names;
+  std::vector<WriteSpan> writes;
+  for (const TensorLayouts& t : input.tensors) {
+    if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
+    if (!names.insert(t.name).second) return Invalid(t, "named twice in one batch");
+    if (t.shape.size() > static_cast<size_t>(kMaxAxes)) {
+      return Invalid(t, absl::StrCat("has ", t.shape.size(), " axes; at most ", kMaxAxes, " are supported"));
+    }
+    Wide numel = 1;
+    for (int64_t s : t.shape) {
+      if (s < 0) return Invalid(t, absl::StrCat("has a negative extent in shape ", IndexToString(t.shape)));
+      numel *= s;
+      if (numel > (Wide{1} << 62)) return Invalid(t, "has more than 2^62 elements");
+    }
+    if (!CanConvert(t.source_dtype, t.target_dtype)) {
+      return Invalid(t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ",
+                                     DTypeName(t.target_dtype), " (only equal dtypes or float32 -> bfloat16)"));
+    }
+    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, nullptr);
+    if (s.ok()) s = CheckPlacements(t, t.target, "target", t.target_dtype, buffers, &writes);
+    if (!s.ok()) return s;
+    if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
+    for (const Fill& f : t.target.fills) {
+      if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
+      s = CheckFits(t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, &writes);
+      if (!s.ok()) return s;
+    }
+  }
+  // Two writes into one buffer must not share a byte (conservatively: their byte spans).
+  std::sort(writes.begin(), writes.end(), [](const WriteSpan& a, const WriteSpan& b) {
+    return a.holder == b.holder ? a.first < b.first : a.holder < b.holder;
+  });
+  for (size_t i = 1; i < writes.size(); ++i) {
+    const WriteSpan& a = writes[i - 1];
+    const WriteSpan& b = writes[i];
+    if (a.holder == b.holder && b.first < a.end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("target placements of tensor '", a.tensor->name, "' and tensor '", b.tensor->name,
+                       "' overlap in buffer ", a.holder.buffer, " on rank ", a.holder.rank, " at byte ",
+                       static_cast<int64_t>(b.first)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardsync::planner

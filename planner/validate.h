@@ -1,0 +1,14 @@
+// Input checks that run before any planning: every error names tensor, rank and box.
+#pragma once
+
+#include "absl/status/status.h"
+#include "planner/types.h"
+
+namespace shardsync::planner {
+
+// Buffers declared once with a non-negative size; tensors named once, at most kMaxAxes
+// axes; boxes inside the tensor; placements and fills inside their buffers (no
+// overflow); convertible dtypes; target writes on one buffer never overlapping.
+absl::Status ValidatePlanInput(const PlanInput& input);
+
+}  // namespace shardsync::planner

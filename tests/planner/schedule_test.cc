@@ -1,0 +1,122 @@
+// Schedules: chunk cuts within the staging budget, both ends of a link agreeing, the
+// digest and the cost floor.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "planner/builders.h"
+#include "planner/model.h"
+#include "planner/schedule.h"
+#include "planner/stats.h"
+#include "tests/planner/random_layouts.h"
+
+namespace shardsync::planner {
+namespace {
+
+using Catch::Matchers::Contains;
+
+// Rank 0 holds a [rows, cols] bf16 tensor; rank 1 wants it whole.
+PlanInput OneTransfer(int64_t rows, int64_t cols, DType target = DType::kBFloat16) {
+  PlanInput input;
+  input.buffers = {Buffer{Holder{0, 0}, 4 * rows * cols}, Buffer{Holder{1, 0}, 4 * rows * cols}};
+  input.tensors.push_back(TensorLayouts{"w", Index{rows, cols}, DType::kFloat32, target,
+                                        Replicated(Index{rows, cols}, {0}, 0, {0}),
+                                        Replicated(Index{rows, cols}, {1}, 0, {0})});
+  return input;
+}
+
+std::vector<Schedule> Schedules(const PlanInput& input, int64_t budget, Plan* plan_out = nullptr) {
+  auto plan = MakePlan(input, *LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  auto schedules = MakeSchedules(*plan, budget);
+  REQUIRE(schedules.ok());
+  if (plan_out) *plan_out = *plan;
+  return *schedules;
+}
+
+TEST_CASE("a stream is cut into chunks of at most the budget, splitting rows when one is larger") {
+  // 3 rows of 5 float32 -> bfloat16: 30 bytes on the link; budget 8 bytes = 4 elements.
+  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 8);
+  const PeerStream& send = schedules[0].sends.at(0);
+  CHECK(send.peer == 1);
+  CHECK(send.bytes == 30);
+  REQUIRE(send.chunks.size() == 4);
+  CHECK(send.chunks[0].bytes == 8);
+  CHECK(send.chunks[3].bytes == 6);
+  CHECK(send.chunks[1].parts.at(0).begin == 4);
+  CHECK(send.chunks[1].parts.at(0).end == 8);
+  CHECK(schedules[0].rounds == 4);
+  CHECK(schedules[1].rounds == 4);
+}
+
+TEST_CASE("a budget smaller than one element is refused, naming the tensor") {
+  auto plan = MakePlan(OneTransfer(2, 2, DType::kFloat32), *LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  auto schedules = MakeSchedules(*plan, 3);
+  REQUIRE_FALSE(schedules.ok());
+  CHECK_THAT(std::string(schedules.status().message()), Contains("tensor 'w'") && Contains("3 bytes"));
+  CHECK_FALSE(MakeSchedules(*plan, 0).ok());
+}
+
+TEST_CASE("chunk k that a rank sends to a peer is chunk k the peer receives from it") {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto input = ExpandModel(testing::RandomModel(rng));
+    REQUIRE(input.ok());
+    const std::vector<Schedule> schedules = Schedules(*input, 16 + seed);
+    for (const Schedule& s : schedules) {
+      for (const PeerStream& send : s.sends) {
+        const auto& peer = schedules[send.peer].receives;
+        auto it = std::find_if(peer.begin(), peer.end(), [&](const PeerStream& r) { return r.peer == s.rank; });
+        REQUIRE(it != peer.end());
+        CHECK(it->segments == send.segments);
+        REQUIRE(it->chunks.size() == send.chunks.size());
+        for (size_t k = 0; k < send.chunks.size(); ++k) {
+          CHECK(it->chunks[k].bytes == send.chunks[k].bytes);
+          CHECK(it->chunks[k].bytes <= 16 + static_cast<int64_t>(seed));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the digest is the same for the same plan and differs for another plan or budget") {
+  std::mt19937_64 rng(3);
+  const ModelLayoutSpec spec = testing::RandomModel(rng);
+  Plan a, b;
+  Schedules(*ExpandModel(spec), 64, &a);
+  Schedules(*ExpandModel(spec), 64, &b);
+  CHECK(PlanDigest(a, 64) == PlanDigest(b, 64));
+  CHECK(PlanDigest(a, 64).size() == 32);
+  CHECK(PlanDigest(a, 64) != PlanDigest(a, 128));
+  Plan c;
+  Schedules(OneTransfer(3, 5), 64, &c);
+  CHECK(PlanDigest(c, 64) != PlanDigest(a, 64));
+  // Pinned: the digest of this plan must not change between runs or builds.
+  CHECK(PlanDigest(c, 64) == "25e69ad7d2725c4932d323e00a92c6e0");
+}
+
+TEST_CASE("stats count bytes per rank and link; the floor is the slowest rank's busiest resource") {
+  // ZeRO-3 over ranks 0 and 1 of an [8, 4] bf16 tensor into TP1 on both (two replicas):
+  // each rank copies its half locally (32 bytes) and receives the other half (32 bytes).
+  PlanInput input;
+  input.buffers = {Buffer{Holder{0, 0}, 64}, Buffer{Holder{1, 0}, 64}, Buffer{Holder{0, 1}, 64},
+                   Buffer{Holder{1, 1}, 64}};
+  input.tensors.push_back(TensorLayouts{"w", Index{8, 4}, DType::kBFloat16, DType::kBFloat16,
+                                        Zero3(Index{8, 4}, {0, 1}, 0, 0), Replicated(Index{8, 4}, {0, 1}, 1, {0, 0})});
+  Plan plan;
+  const std::vector<Schedule> schedules = Schedules(input, 1 << 20, &plan);
+  const PlanStats stats = ComputeStats(plan, schedules);
+  CHECK(stats.ranks[0].sent_bytes == 32);
+  CHECK(stats.ranks[0].received_bytes == 32);
+  CHECK(stats.ranks[1].local_bytes == 32);
+  CHECK(stats.link_bytes.at({0, 1}) == 32);
+  CHECK(stats.total_sent_bytes == 64);
+  CHECK(stats.rounds == 1);
+  // Link: 32 B / 16 B/s = 2 s; memory: 2 * 32 B / 64 B/s = 1 s.
+  CHECK(CostFloorSeconds(stats, Bandwidths{16, 64}) == Approx(2.0));
+  CHECK(CostFloorSeconds(stats, Bandwidths{64, 16}) == Approx(4.0));
+}
+
+}  // namespace
+}  // namespace shardsync::planner
