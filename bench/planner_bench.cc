@@ -1,0 +1,177 @@
+// Planner benchmark: one JSON line per case with wall milliseconds (median of the
+// repeats) of planning and scheduling, and what the plan moves.
+//   bazel run -c opt //bench:planner_bench -- [--case NAME]... [--repeats N] [--staging-bytes B]
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "bench/moe.h"
+#include "planner/model.h"
+#include "planner/models.h"
+#include "planner/plan.h"
+#include "planner/schedule.h"
+#include "planner/stats.h"
+
+namespace shardsync::bench {
+namespace {
+
+struct Config {
+  std::vector<std::string> cases;  // empty: all
+  int repeats = 5;
+  int64_t staging_bytes = int64_t{64} << 20;
+};
+
+struct Case {
+  std::string name;
+  int repeats;  // the MoE cases run once
+  std::function<planner::PlanInput()> make;
+};
+
+using Clock = std::chrono::steady_clock;
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int32_t> Range(int n) {
+  std::vector<int32_t> r(n);
+  for (int i = 0; i < n; ++i) r[i] = i;
+  return r;
+}
+
+// Qwen3-8B, ZeRO-3 over 8 ranks, into `replicas` TP groups covering ranks 0..7.
+planner::PlanInput Qwen8B(int tp) {
+  planner::ModelLayoutSpec spec = planner::Qwen3Layout(*planner::FindDenseModel("qwen3-8b"), /*fused=*/false);
+  spec.zero_stage = 3;
+  spec.dp_ranks = Range(8);
+  for (int k = 0; k < 8 / tp; ++k) {
+    std::vector<int32_t> ranks;
+    for (int t = 0; t < tp; ++t) ranks.push_back(k * tp + t);
+    spec.replicas.push_back(ranks);
+  }
+  return *planner::ExpandModel(spec);
+}
+
+std::vector<Case> AllCases() {
+  return {
+      {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
+      {"qwen3-8b zero3x8 -> tp8", 0, [] { return Qwen8B(8); }},
+      {"qwen3-8b zero3x8 -> tp1x8", 0, [] { return Qwen8B(1); }},
+      {"moe-1t experts ep64xdp16 -> 8x(ep32xtp4), no dense", 1,
+       [] {
+         MoeShape shape;
+         shape.dense = false;
+         return MoeLayout(shape);
+       }},
+      {"moe-1t all ep64xdp16 + dense zero3x1024 -> 8x(ep32xtp4)", 1, [] { return MoeLayout(MoeShape{}); }},
+  };
+}
+
+int64_t PeakRssMiB() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024;
+}
+
+int RunCase(const Case& c, const Config& config) {
+  const auto t0 = Clock::now();
+  const planner::PlanInput input = c.make();
+  const double layout_ms = Ms(t0, Clock::now());
+  const auto policy = planner::LocalFirstLeastLoaded();
+  std::vector<double> plan_ms, schedule_ms;
+  planner::Plan plan;
+  std::vector<planner::Schedule> schedules;
+  for (int i = 0; i < (c.repeats > 0 ? c.repeats : config.repeats); ++i) {
+    const auto a = Clock::now();
+    auto p = planner::MakePlan(input, *policy);
+    const auto b = Clock::now();
+    if (!p.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(p.status().message()).c_str());
+      return 1;
+    }
+    auto s = planner::MakeSchedules(*p, config.staging_bytes);
+    const auto d = Clock::now();
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(s.status().message()).c_str());
+      return 1;
+    }
+    plan_ms.push_back(Ms(a, b));
+    schedule_ms.push_back(Ms(b, d));
+    plan = *std::move(p);
+    schedules = *std::move(s);
+  }
+  const planner::PlanStats stats = planner::ComputeStats(plan, schedules);
+  int64_t max_sent = 0, max_received = 0, max_local = 0, max_segments = 0;
+  std::vector<std::string> per_rank;
+  for (size_t r = 0; r < stats.ranks.size(); ++r) {
+    const planner::RankStats& s = stats.ranks[r];
+    max_sent = std::max(max_sent, s.sent_bytes);
+    max_received = std::max(max_received, s.received_bytes);
+    max_local = std::max(max_local, s.local_bytes);
+    max_segments = std::max(max_segments, s.segments);
+    if (stats.ranks.size() <= 8) {
+      per_rank.push_back(absl::StrCat("{\"rank\":", r, ",\"sent\":", s.sent_bytes, ",\"received\":", s.received_bytes,
+                                      ",\"local\":", s.local_bytes, ",\"segments\":", s.segments, "}"));
+    }
+  }
+  // H200 NVLink figures from BUILD_NOTES, for scale only; issue 5 measures them.
+  const double floor_ms = 1e3 * planner::CostFloorSeconds(stats, planner::Bandwidths{360e9, 4.2e12});
+  std::printf(
+      "{\"case\":\"%s\",\"tensors\":%zu,\"ranks\":%d,\"segments\":%lld,\"chunks\":%lld,\"rounds\":%d,"
+      "\"layout_ms\":%.2f,\"plan_ms\":%.2f,\"schedule_ms\":%.2f,\"total_ms\":%.2f,\"repeats\":%zu,"
+      "\"bytes_sent\":%lld,\"bytes_local\":%lld,\"max_rank_sent\":%lld,\"max_rank_received\":%lld,"
+      "\"max_rank_local\":%lld,\"max_rank_segments\":%lld,\"floor_ms_at_360GBps\":%.3f,\"digest\":\"%s\","
+      "\"peak_rss_mib\":%lld,\"per_rank\":[%s]}\n",
+      c.name.c_str(), input.tensors.size(), plan.num_ranks, static_cast<long long>(stats.segments),
+      static_cast<long long>(stats.chunks), stats.rounds, layout_ms, Median(plan_ms), Median(schedule_ms),
+      Median(plan_ms) + Median(schedule_ms), plan_ms.size(), static_cast<long long>(stats.total_sent_bytes),
+      static_cast<long long>(stats.total_local_bytes), static_cast<long long>(max_sent),
+      static_cast<long long>(max_received), static_cast<long long>(max_local), static_cast<long long>(max_segments),
+      floor_ms, planner::PlanDigest(plan, config.staging_bytes).c_str(), static_cast<long long>(PeakRssMiB()),
+      absl::StrJoin(per_rank, ",").c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardsync::bench
+
+int main(int argc, char** argv) {
+  using shardsync::bench::Config;
+  Config config;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--case" && has_value) {
+      config.cases.push_back(argv[++i]);
+    } else if (arg == "--repeats" && has_value) {
+      config.repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--staging-bytes" && has_value) {
+      config.staging_bytes = std::atoll(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: planner_bench [--case NAME]... [--repeats N] [--staging-bytes B]\n"
+                   "  --case NAME         run only cases whose name starts with NAME (repeatable)\n"
+                   "  --repeats N         timed repeats of the small cases, median reported (5)\n"
+                   "  --staging-bytes B   staging budget per peer per direction (67108864)\n");
+      return 2;
+    }
+  }
+  int failures = 0;
+  for (const auto& c : shardsync::bench::AllCases()) {
+    bool wanted = config.cases.empty();
+    for (const std::string& prefix : config.cases) wanted = wanted || c.name.rfind(prefix, 0) == 0;
+    if (wanted) failures += shardsync::bench::RunCase(c, config);
+  }
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,118 @@
+#include "client/cli/plan_command.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "planner/model.h"
+#include "planner/models.h"
+#include "planner/plan.h"
+#include "planner/schedule.h"
+#include "planner/stats.h"
+#include "spec/layout_spec.h"
+
+namespace shardsync::cli {
+namespace {
+
+std::string Bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) value /= 1024, ++unit;
+  return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.2f %s", value, units[unit]);
+}
+
+absl::StatusOr<planner::PlanInput> LoadInput(const PlanCommandConfig& c, std::string* label) {
+  v1::LayoutSpec spec;
+  if (!c.spec_path.empty()) {
+    auto read = spec::ReadLayoutSpecFile(c.spec_path);
+    if (!read.ok()) return read.status();
+    spec = *std::move(read);
+    *label = c.spec_path;
+  } else {
+    v1::ModelLayout* model = spec.mutable_model();
+    model->set_preset(c.model);
+    model->set_fused(c.fused);
+    model->set_zero_stage(c.zero_stage);
+    for (int r = 0; r < c.dp; ++r) model->add_dp_ranks(r);
+    for (int k = 0; k < c.replicas; ++k) {
+      v1::Replica* replica = model->add_replicas();
+      for (int t = 0; t < c.tp; ++t) replica->add_ranks(k * c.tp + t);
+    }
+    *label = absl::StrCat(c.model, " zero", c.zero_stage, "x", c.dp, " -> tp", c.tp, "x", c.replicas,
+                          c.fused ? " fused" : "");
+  }
+  spec::BufferIds ids;
+  return spec::ToPlanInput(spec, ids);
+}
+
+}  // namespace
+
+int RunPlanCommand(const PlanCommandConfig& c, std::ostream& out, std::ostream& err) {
+  std::string label;
+  auto input = LoadInput(c, &label);
+  if (!input.ok()) {
+    err << "shardsyncctl plan: " << input.status().message() << "\n";
+    return 3;
+  }
+  const auto policy = c.policy == "first_holder" ? planner::FirstHolder() : planner::LocalFirstLeastLoaded();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto plan = planner::MakePlan(*input, *policy);
+  const auto t1 = Clock::now();
+  if (!plan.ok()) {
+    err << "shardsyncctl plan: " << plan.status().message() << "\n";
+    return 3;
+  }
+  auto schedules = planner::MakeSchedules(*plan, c.staging_bytes);
+  const auto t2 = Clock::now();
+  if (!schedules.ok()) {
+    err << "shardsyncctl plan: " << schedules.status().message() << "\n";
+    return 3;
+  }
+  const planner::PlanStats stats = planner::ComputeStats(*plan, *schedules);
+  const double floor_s =
+      planner::CostFloorSeconds(stats, planner::Bandwidths{c.link_gbps * 1e9, c.memory_gbps * 1e9});
+  const double plan_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  const double schedule_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  const std::string digest = planner::PlanDigest(*plan, c.staging_bytes);
+  int64_t total_bytes = stats.total_sent_bytes + stats.total_local_bytes;
+
+  if (c.json) {
+    out << absl::StrFormat(
+        "{\"layout\":\"%s\",\"policy\":\"%s\",\"tensors\":%d,\"ranks\":%d,\"segments\":%d,\"chunks\":%d,"
+        "\"rounds\":%d,\"bytes\":%d,\"bytes_sent\":%d,\"bytes_local\":%d,\"plan_ms\":%.3f,\"schedule_ms\":%.3f,"
+        "\"floor_s\":%.6f,\"link_gbps\":%g,\"memory_gbps\":%g,\"staging_bytes\":%d,\"digest\":\"%s\",\"ranks_detail\":[",
+        label, policy->name(), input->tensors.size(), plan->num_ranks, stats.segments, stats.chunks, stats.rounds,
+        total_bytes, stats.total_sent_bytes, stats.total_local_bytes, plan_ms, schedule_ms, floor_s, c.link_gbps,
+        c.memory_gbps, c.staging_bytes, digest);
+    for (size_t r = 0; r < stats.ranks.size(); ++r) {
+      const planner::RankStats& s = stats.ranks[r];
+      out << absl::StrFormat("%s{\"rank\":%d,\"sent\":%d,\"received\":%d,\"local\":%d,\"fill\":%d,\"segments\":%d,"
+                             "\"chunks\":%d,\"rounds\":%d}",
+                             r ? "," : "", r, s.sent_bytes, s.received_bytes, s.local_bytes, s.fill_bytes, s.segments,
+                             s.chunks, s.rounds);
+    }
+    out << "]}\n";
+    return 0;
+  }
+  out << absl::StrFormat("plan      %s (policy %s)\n", label, policy->name());
+  out << absl::StrFormat("tensors   %d on %d ranks: %d segments, %d chunks, %d rounds\n", input->tensors.size(),
+                         plan->num_ranks, stats.segments, stats.chunks, stats.rounds);
+  out << absl::StrFormat("moves     %s (%s over links, %s local)\n", Bytes(total_bytes), Bytes(stats.total_sent_bytes),
+                         Bytes(stats.total_local_bytes));
+  out << absl::StrFormat("planned   in %.2f ms, scheduled in %.2f ms, staging %s per peer, digest %s\n\n", plan_ms,
+                         schedule_ms, Bytes(c.staging_bytes), digest);
+  out << absl::StrFormat("%-6s %12s %12s %12s %10s %9s %7s %7s\n", "rank", "sent", "received", "local", "fill",
+                         "segments", "chunks", "rounds");
+  for (size_t r = 0; r < stats.ranks.size(); ++r) {
+    const planner::RankStats& s = stats.ranks[r];
+    out << absl::StrFormat("%-6d %12s %12s %12s %10s %9d %7d %7d\n", r, Bytes(s.sent_bytes), Bytes(s.received_bytes),
+                           Bytes(s.local_bytes), Bytes(s.fill_bytes), s.segments, s.chunks, s.rounds);
+  }
+  out << absl::StrFormat("\nfloor     %.3f ms at %g GB/s per link direction and %g GB/s memory (read + write)\n",
+                         floor_s * 1e3, c.link_gbps, c.memory_gbps);
+  return 0;
+}
+
+}  // namespace shardsync::cli

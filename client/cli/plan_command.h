@@ -1,0 +1,29 @@
+// `shardsyncctl plan`: plans a layout spec (or a preset model) without moving data and
+// prints what each rank sends, receives and copies, and the cost floor.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace shardsync::cli {
+
+struct PlanCommandConfig {
+  std::string spec_path;       // a layout spec file; or a preset model below
+  std::string model;           // "qwen3-8b", ...
+  bool fused = false;
+  int zero_stage = 3;
+  int dp = 8;                  // DP ranks 0..dp-1
+  int tp = 4;                  // TP size of each replica
+  int replicas = 2;            // replicas over ranks 0..tp*replicas-1
+  int64_t staging_bytes = int64_t{64} << 20;
+  double link_gbps = 360;      // GB/s, one direction of a rank's link
+  double memory_gbps = 4200;   // GB/s, device memory read + write
+  std::string policy = "least_loaded";
+  bool json = false;
+};
+
+// Returns the process exit code: 0 planned, 3 refused (bad input).
+int RunPlanCommand(const PlanCommandConfig& config, std::ostream& out, std::ostream& err);
+
+}  // namespace shardsync::cli

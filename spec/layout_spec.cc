@@ -1,0 +1,161 @@
+#include "spec/layout_spec.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "planner/box.h"
+#include "planner/model.h"
+#include "planner/models.h"
+
+namespace shardsync::spec {
+namespace {
+
+planner::Index ToIndex(const google::protobuf::RepeatedField<int64_t>& values) {
+  return planner::Index(values.begin(), values.end());
+}
+
+absl::StatusOr<planner::ModelLayoutSpec> ToModel(const v1::ModelLayout& m, BufferIds& ids) {
+  planner::ModelLayoutSpec model;
+  if (!m.preset().empty()) {
+    if (m.tensors_size() > 0) return absl::InvalidArgumentError("model: give either a preset or tensors, not both");
+    auto config = planner::FindDenseModel(m.preset());
+    if (!config.ok()) return config.status();
+    model = planner::Qwen3Layout(*config, m.fused());
+  }
+  for (const v1::ModelTensor& t : m.tensors()) {
+    planner::ModelTensor tensor;
+    tensor.name = t.name();
+    tensor.shape = ToIndex(t.shape());
+    if (t.dtype() != v1::DTYPE_UNSPECIFIED) {
+      auto dtype = ToDType(t.dtype());
+      if (!dtype.ok()) return dtype.status();
+      tensor.dtype = *dtype;
+    }
+    tensor.style = static_cast<planner::TpStyle>(t.style());
+    tensor.split_unit = t.split_unit() == 0 ? 1 : t.split_unit();
+    tensor.tied_to = t.tied_to();
+    model.tensors.push_back(std::move(tensor));
+  }
+  for (const v1::FusedQkv& g : m.fused_qkv()) {
+    model.fused_qkv.push_back(planner::FusedQkvGroup{g.q(), g.k(), g.v(), g.num_heads(), g.num_kv_heads(), g.head_dim()});
+  }
+  for (const v1::FusedRows& g : m.fused_rows()) {
+    model.fused_rows.push_back(planner::FusedRowsGroup{{g.parts().begin(), g.parts().end()}});
+  }
+  model.zero_stage = m.zero_stage();
+  model.dp_ranks.assign(m.dp_ranks().begin(), m.dp_ranks().end());
+  for (const v1::Replica& r : m.replicas()) model.replicas.emplace_back(r.ranks().begin(), r.ranks().end());
+  if (m.target_dtype() != v1::DTYPE_UNSPECIFIED) {
+    auto dtype = ToDType(m.target_dtype());
+    if (!dtype.ok()) return dtype.status();
+    model.target_dtype = *dtype;
+  }
+  model.source_buffer = ids.Id("zero_flat");
+  model.target_buffer = ids.Id("arena");
+  return model;
+}
+
+}  // namespace
+
+int32_t BufferIds::Id(const std::string& name) {
+  auto [it, added] = ids_.emplace(name, static_cast<int32_t>(names_.size()));
+  if (added) names_.push_back(name);
+  return it->second;
+}
+
+absl::StatusOr<v1::LayoutSpec> ParseLayoutSpecJson(absl::string_view json) {
+  v1::LayoutSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;  // a misspelt key is an error, not a silent default
+  const auto status = google::protobuf::util::JsonStringToMessage(std::string(json), &spec, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("layout spec: ", std::string(status.message())));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::LayoutSpec> ReadLayoutSpecFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot read layout spec '", path, "'"));
+  std::stringstream text;
+  text << file.rdbuf();
+  auto spec = ParseLayoutSpecJson(text.str());
+  if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", spec.status().message()));
+  return spec;
+}
+
+absl::StatusOr<planner::DType> ToDType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT32: return planner::DType::kFloat32;
+    case v1::BFLOAT16: return planner::DType::kBFloat16;
+    case v1::FLOAT16: return planner::DType::kFloat16;
+    case v1::FLOAT8_E4M3: return planner::DType::kFloat8E4M3;
+    case v1::FLOAT8_E5M2: return planner::DType::kFloat8E5M2;
+    case v1::INT64: return planner::DType::kInt64;
+    case v1::INT32: return planner::DType::kInt32;
+    case v1::INT8: return planner::DType::kInt8;
+    case v1::UINT8: return planner::DType::kUInt8;
+    default: return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", static_cast<int>(dtype)));
+  }
+}
+
+absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout, BufferIds& ids) {
+  planner::TensorSide side;
+  side.name = layout.name();
+  side.shape = ToIndex(layout.shape());
+  auto dtype = ToDType(layout.dtype());
+  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", side.name, "': ", dtype.status().message()));
+  side.dtype = *dtype;
+  for (const v1::Placement& p : layout.placements()) {
+    planner::Placement placement;
+    placement.box = planner::Box{ToIndex(p.box().lo()), ToIndex(p.box().hi())};
+    placement.holder = planner::Holder{p.rank(), ids.Id(p.buffer())};
+    placement.base = p.base();
+    placement.strides = p.strides().empty() ? planner::ContiguousStrides(planner::Extent(placement.box))
+                                            : ToIndex(p.strides());
+    if (placement.box.lo.size() != placement.box.hi.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", side.name, "': a box on rank ", p.rank(), " has ",
+                                                     placement.box.lo.size(), " lo and ", placement.box.hi.size(),
+                                                     " hi values"));
+    }
+    side.layout.placements.push_back(std::move(placement));
+  }
+  for (const v1::Fill& f : layout.fills()) {
+    const planner::Index shape = ToIndex(f.shape());
+    side.layout.fills.push_back(planner::Fill{planner::Holder{f.rank(), ids.Id(f.buffer())}, f.base(), shape,
+                                              f.strides().empty() ? planner::ContiguousStrides(shape)
+                                                                  : ToIndex(f.strides())});
+  }
+  return side;
+}
+
+absl::StatusOr<planner::PlanInput> ToPlanInput(const v1::LayoutSpec& spec, BufferIds& ids) {
+  planner::PlanInput input;
+  if (spec.has_model()) {
+    auto model = ToModel(spec.model(), ids);
+    if (!model.ok()) return model.status();
+    auto expanded = planner::ExpandModel(*model);
+    if (!expanded.ok()) return expanded.status();
+    input = *std::move(expanded);
+  }
+  for (const v1::BufferInfo& b : spec.buffers()) {
+    input.buffers.push_back(planner::Buffer{planner::Holder{b.rank(), ids.Id(b.name())}, b.bytes()});
+  }
+  std::vector<planner::TensorSide> sources, targets;
+  for (const auto* side : {&spec.sources(), &spec.targets()}) {
+    for (const v1::TensorLayout& layout : *side) {
+      auto converted = ToTensorSide(layout, ids);
+      if (!converted.ok()) return converted.status();
+      (side == &spec.sources() ? sources : targets).push_back(*std::move(converted));
+    }
+  }
+  auto matched = planner::MatchTensors(sources, targets);
+  if (!matched.ok()) return matched.status();
+  for (planner::TensorLayouts& t : *matched) input.tensors.push_back(std::move(t));
+  if (input.tensors.empty()) return absl::InvalidArgumentError("layout spec names no tensor to move");
+  return input;
+}
+
+}  // namespace shardsync::spec
