@@ -1,6 +1,7 @@
 // Planner benchmark: one JSON line per case with wall milliseconds (median of the
 // repeats) of planning and scheduling, and what the plan moves.
 //   bazel run -c opt //bench:planner_bench -- [--case NAME]... [--repeats N] [--staging-bytes B]
+//                                              [--moe-layers N]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@ struct Config {
   std::vector<std::string> cases;  // empty: all
   int repeats = 5;
   int64_t staging_bytes = int64_t{64} << 20;
+  int moe_layers = 61;  // fewer for a quick or profiled run
 };
 
 struct Case {
@@ -62,18 +64,21 @@ planner::PlanInput Qwen8B(int tp) {
   return *planner::ExpandModel(spec);
 }
 
-std::vector<Case> AllCases() {
+std::vector<Case> AllCases(const Config& config) {
+  MoeShape moe;
+  moe.layers = config.moe_layers;
+  const std::string layers = config.moe_layers == 61 ? "" : absl::StrCat(" (", config.moe_layers, " layers)");
   return {
       {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
       {"qwen3-8b zero3x8 -> tp8", 0, [] { return Qwen8B(8); }},
       {"qwen3-8b zero3x8 -> tp1x8", 0, [] { return Qwen8B(1); }},
-      {"moe-1t experts ep64xdp16 -> 8x(ep32xtp4), no dense", 1,
-       [] {
-         MoeShape shape;
-         shape.dense = false;
-         return MoeLayout(shape);
+      {"moe-1t experts ep64xdp16 -> 8x(ep32xtp4), no dense" + layers, 1,
+       [moe] {
+         MoeShape experts = moe;
+         experts.dense = false;
+         return MoeLayout(experts);
        }},
-      {"moe-1t all ep64xdp16 + dense zero3x1024 -> 8x(ep32xtp4)", 1, [] { return MoeLayout(MoeShape{}); }},
+      {"moe-1t all ep64xdp16 + dense zero3x1024 -> 8x(ep32xtp4)" + layers, 1, [moe] { return MoeLayout(moe); }},
   };
 }
 
@@ -156,19 +161,22 @@ int main(int argc, char** argv) {
       config.cases.push_back(argv[++i]);
     } else if (arg == "--repeats" && has_value) {
       config.repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--moe-layers" && has_value) {
+      config.moe_layers = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--staging-bytes" && has_value) {
       config.staging_bytes = std::atoll(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: planner_bench [--case NAME]... [--repeats N] [--staging-bytes B]\n"
+                   "usage: planner_bench [--case NAME]... [--repeats N] [--staging-bytes B] [--moe-layers N]\n"
                    "  --case NAME         run only cases whose name starts with NAME (repeatable)\n"
                    "  --repeats N         timed repeats of the small cases, median reported (5)\n"
-                   "  --staging-bytes B   staging budget per peer per direction (67108864)\n");
+                   "  --staging-bytes B   staging budget per peer per direction (67108864)\n"
+                   "  --moe-layers N      layers of the MoE cases (61)\n");
       return 2;
     }
   }
   int failures = 0;
-  for (const auto& c : shardsync::bench::AllCases()) {
+  for (const auto& c : shardsync::bench::AllCases(config)) {
     bool wanted = config.cases.empty();
     for (const std::string& prefix : config.cases) wanted = wanted || c.name.rfind(prefix, 0) == 0;
     if (wanted) failures += shardsync::bench::RunCase(c, config);

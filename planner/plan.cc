@@ -31,16 +31,6 @@ class FirstHolderPolicy final : public ReplicaPolicy {
   size_t Choose(int32_t, absl::Span<const int32_t>, absl::Span<const int64_t>) const override { return 0; }
 };
 
-// A box of one target placement and the source placements that hold all of it.
-struct Piece {
-  int32_t tensor;
-  int32_t target;
-  Box box;
-  uint32_t candidates_begin;
-  uint32_t candidates_count;
-  int32_t chosen = -1;  // source placement index
-};
-
 // Source placements of one tensor sorted by their first-axis start, for quick lookup
 // of those meeting a target box.
 struct SourceIndex {
@@ -69,28 +59,44 @@ struct Candidate {
   Box box;  // the source box clipped to the target box
 };
 
-// Splits `region` into pieces, each with the candidates holding all of it: a sweep over
-// axis `axis` of the candidate boundaries, recursing into each slab on the next axis.
-// Returns false at the first uncovered box (in *uncovered).
+// Splits a target box into pieces, each with the sources that hold all of it: a sweep
+// over axis 0 of the candidates' boundaries, recursing into each slab on the next axis.
+// Scratch space lives between calls, so steady-state planning allocates nothing.
 class Coverer {
  public:
-  Coverer(std::vector<Candidate> candidates, std::vector<int32_t>* pool) : cands_(std::move(candidates)), pool_(pool) {}
+  std::vector<Candidate>& candidates() { return cands_; }
 
-  bool Cover(const Box& region, const std::vector<int32_t>& active, size_t axis,
-             std::vector<std::pair<Box, std::pair<uint32_t, uint32_t>>>* out, Box* uncovered) {
+  // Calls emit(box, sources) for every piece, in row-major order of the pieces. Returns
+  // false at the first box no candidate covers (in *uncovered).
+  template <typename Emit>
+  bool Cover(const Box& target, Emit&& emit, Box* uncovered) {
+    all_.resize(cands_.size());
+    for (size_t c = 0; c < cands_.size(); ++c) all_[c] = static_cast<int32_t>(c);
+    if (levels_.size() < target.lo.size() + 1) levels_.resize(target.lo.size() + 1);
+    return CoverAxis(target, all_, 0, emit, uncovered);
+  }
+
+ private:
+  struct Level {
+    std::vector<int64_t> cuts;
+    std::vector<int32_t> by_start;
+    std::vector<int32_t> live;
+  };
+
+  template <typename Emit>
+  bool CoverAxis(const Box& region, const std::vector<int32_t>& active, size_t axis, Emit& emit, Box* uncovered) {
     if (active.empty()) {
       *uncovered = region;
       return false;
     }
     if (active.size() == 1 || axis == region.lo.size()) {
-      std::vector<int32_t> holding;
+      holding_.clear();
       for (int32_t c : active) {
-        if (Contains(cands_[c].box, region)) holding.push_back(cands_[c].source);
+        if (Contains(cands_[c].box, region)) holding_.push_back(cands_[c].source);
       }
-      if (!holding.empty()) {
-        std::sort(holding.begin(), holding.end());
-        out->push_back({region, {static_cast<uint32_t>(pool_->size()), static_cast<uint32_t>(holding.size())}});
-        pool_->insert(pool_->end(), holding.begin(), holding.end());
+      if (!holding_.empty()) {
+        std::sort(holding_.begin(), holding_.end());
+        emit(region, absl::Span<const int32_t>(holding_));
         return true;
       }
       if (axis == region.lo.size()) {
@@ -98,38 +104,40 @@ class Coverer {
         return false;
       }
     }
-    // Boundaries of the active candidates along `axis`, inside the region.
-    std::vector<int64_t> cuts{region.lo[axis], region.hi[axis]};
+    Level& level = levels_[axis];  // the next axis uses levels_[axis + 1]
+    level.cuts.assign({region.lo[axis], region.hi[axis]});
     for (int32_t c : active) {
-      cuts.push_back(std::clamp(cands_[c].box.lo[axis], region.lo[axis], region.hi[axis]));
-      cuts.push_back(std::clamp(cands_[c].box.hi[axis], region.lo[axis], region.hi[axis]));
+      level.cuts.push_back(std::clamp(cands_[c].box.lo[axis], region.lo[axis], region.hi[axis]));
+      level.cuts.push_back(std::clamp(cands_[c].box.hi[axis], region.lo[axis], region.hi[axis]));
     }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    std::vector<int32_t> by_start = active;
-    std::sort(by_start.begin(), by_start.end(),
+    std::sort(level.cuts.begin(), level.cuts.end());
+    level.cuts.erase(std::unique(level.cuts.begin(), level.cuts.end()), level.cuts.end());
+    level.by_start.assign(active.begin(), active.end());
+    std::sort(level.by_start.begin(), level.by_start.end(),
               [&](int32_t a, int32_t b) { return cands_[a].box.lo[axis] < cands_[b].box.lo[axis]; });
-    std::vector<int32_t> live;
+    level.live.clear();
     size_t next = 0;
-    for (size_t s = 0; s + 1 < cuts.size(); ++s) {
-      const int64_t lo = cuts[s], hi = cuts[s + 1];
-      live.erase(std::remove_if(live.begin(), live.end(), [&](int32_t c) { return cands_[c].box.hi[axis] <= lo; }),
-                 live.end());
-      while (next < by_start.size() && cands_[by_start[next]].box.lo[axis] <= lo) {
-        if (cands_[by_start[next]].box.hi[axis] > lo) live.push_back(by_start[next]);
+    Box slab = region;
+    for (size_t s = 0; s + 1 < level.cuts.size(); ++s) {
+      const int64_t lo = level.cuts[s], hi = level.cuts[s + 1];
+      level.live.erase(std::remove_if(level.live.begin(), level.live.end(),
+                                      [&](int32_t c) { return cands_[c].box.hi[axis] <= lo; }),
+                       level.live.end());
+      while (next < level.by_start.size() && cands_[level.by_start[next]].box.lo[axis] <= lo) {
+        if (cands_[level.by_start[next]].box.hi[axis] > lo) level.live.push_back(level.by_start[next]);
         ++next;
       }
-      Box slab = region;
       slab.lo[axis] = lo;
       slab.hi[axis] = hi;
-      if (!Cover(slab, live, axis + 1, out, uncovered)) return false;
+      if (!CoverAxis(slab, level.live, axis + 1, emit, uncovered)) return false;
     }
     return true;
   }
 
- private:
   std::vector<Candidate> cands_;
-  std::vector<int32_t>* pool_;
+  std::vector<int32_t> all_;
+  std::vector<int32_t> holding_;
+  std::vector<Level> levels_;
 };
 
 // Boxes that differ only along one axis and touch there become one.
@@ -165,29 +173,31 @@ Segment MakeSegment(int32_t tensor, const TensorLayouts& t, const Placement& src
   for (size_t k = 0; k < box.lo.size(); ++k) {
     const int64_t n = box.hi[k] - box.lo[k];
     if (n == 1) continue;
-    if (!s.shape.empty() && s.src_strides.back() == n * src.strides[k] &&
-        s.dst_strides.back() == n * dst.strides[k]) {
-      s.shape.back() *= n;
-      s.src_strides.back() = src.strides[k];
-      s.dst_strides.back() = dst.strides[k];
+    const int last = s.axes - 1;
+    if (s.axes > 0 && s.src_strides[last] == n * src.strides[k] && s.dst_strides[last] == n * dst.strides[k]) {
+      s.shape[last] *= n;
+      s.src_strides[last] = src.strides[k];
+      s.dst_strides[last] = dst.strides[k];
       continue;
     }
-    s.shape.push_back(n);
-    s.src_strides.push_back(src.strides[k]);
-    s.dst_strides.push_back(dst.strides[k]);
+    s.shape[s.axes] = n;
+    s.src_strides[s.axes] = src.strides[k];
+    s.dst_strides[s.axes] = dst.strides[k];
+    ++s.axes;
   }
-  if (s.shape.empty()) {  // a single element
-    s.shape = {1};
-    s.src_strides = {1};
-    s.dst_strides = {1};
+  if (s.axes == 0) {  // a single element
+    s.axes = 1;
+    s.shape[0] = 1;
+    s.src_strides[0] = s.dst_strides[0] = 1;
   }
   return s;
 }
 
+bool IsRun(const Segment& s) { return s.axes == 1 && s.src_strides[0] == 1 && s.dst_strides[0] == 1; }
+
 // Appends `next` to `into` when both are contiguous runs that continue each other.
 bool TryMergeRuns(Segment& into, const Segment& next) {
-  if (into.shape.size() != 1 || next.shape.size() != 1 || into.src_strides[0] != 1 || into.dst_strides[0] != 1 ||
-      next.src_strides[0] != 1 || next.dst_strides[0] != 1 || !(into.src == next.src) || !(into.dst == next.dst) ||
+  if (!IsRun(into) || !IsRun(next) || !(into.src == next.src) || !(into.dst == next.dst) ||
       into.tensor != next.tensor || into.src_base + into.shape[0] != next.src_base ||
       into.dst_base + into.shape[0] != next.dst_base) {
     return false;
@@ -196,9 +206,23 @@ bool TryMergeRuns(Segment& into, const Segment& next) {
   return true;
 }
 
+// A piece held by several sources: its segment is made once the policy has chosen.
+struct Pending {
+  size_t segment;  // position reserved in Plan::segments
+  int32_t tensor;
+  int32_t target;
+  Box box;
+  uint32_t sources_begin;  // into the sources pool
+  uint32_t sources_count;
+};
+
 }  // namespace
 
-int64_t SegmentElements(const Segment& segment) { return NumElements(segment.shape); }
+int64_t SegmentElements(const Segment& segment) {
+  int64_t n = 1;
+  for (int k = 0; k < segment.axes; ++k) n *= segment.shape[k];
+  return n;
+}
 int64_t SegmentBytes(const Segment& segment) { return SegmentElements(segment) * ElementBytes(segment.dst_dtype); }
 
 std::unique_ptr<ReplicaPolicy> LocalFirstLeastLoaded() { return std::make_unique<LocalFirstLeastLoadedPolicy>(); }
@@ -236,12 +260,14 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
   if (auto s = ValidatePlanInput(input); !s.ok()) return s;
   Plan plan;
   for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
-  std::vector<int64_t> sent(plan.num_ranks, 0);
-  std::vector<Piece> pieces;
-  std::vector<int32_t> pool;  // candidate source indices of every piece
-  std::vector<std::pair<Box, std::pair<uint32_t, uint32_t>>> covered;
+  std::vector<int64_t> sent(plan.num_ranks, 0);  // bytes each rank sends so far
+  std::vector<Pending> pending;
+  std::vector<int32_t> pool;  // sources of pending pieces
+  Coverer coverer;
 
-  // Phase 1: cover every target box; pieces with one holder are forced and load it.
+  // Phase 1: cover every target box in canonical order. A piece with one holder is
+  // forced: its segment is made now (merged with its neighbour where the boxes join)
+  // and loads its sender. A piece with several holders keeps its place for phase 2.
   for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
     const TensorLayouts& t = input.tensors[ti];
     plan.tensor_names.push_back(t.name);
@@ -250,7 +276,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     for (size_t pi = 0; pi < t.target.placements.size(); ++pi) {
       const Placement& target = t.target.placements[pi];
       if (IsEmpty(target.box)) continue;
-      std::vector<Candidate> cands;
+      std::vector<Candidate>& cands = coverer.candidates();
+      cands.clear();
       auto first = index.order.begin();
       auto last = index.order.end();
       if (!t.shape.empty()) {
@@ -262,60 +289,61 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
         Box clip = Intersect(t.source.placements[*it].box, target.box);
         if (!IsEmpty(clip)) cands.push_back(Candidate{*it, std::move(clip)});
       }
-      std::vector<int32_t> active(cands.size());
-      for (size_t c = 0; c < cands.size(); ++c) active[c] = static_cast<int32_t>(c);
-      covered.clear();
+      int32_t open_source = -1;  // the forced piece not yet made a segment
+      Box open_box;
+      const auto flush = [&] {
+        if (open_source < 0) return;
+        plan.segments.push_back(MakeSegment(static_cast<int32_t>(ti), t, t.source.placements[open_source], target, open_box));
+        open_source = -1;
+      };
+      const auto emit = [&](const Box& box, absl::Span<const int32_t> sources) {
+        if (sources.size() == 1) {
+          const int32_t from = t.source.placements[sources[0]].holder.rank;
+          if (from != target.holder.rank) sent[from] += Volume(box) * element;
+          if (open_source == sources[0] && TryMergeBoxes(open_box, box)) return;
+          flush();
+          open_source = sources[0];
+          open_box = box;
+          return;
+        }
+        flush();
+        pending.push_back(Pending{plan.segments.size(), static_cast<int32_t>(ti), static_cast<int32_t>(pi), box,
+                                  static_cast<uint32_t>(pool.size()), static_cast<uint32_t>(sources.size())});
+        pool.insert(pool.end(), sources.begin(), sources.end());
+        plan.segments.emplace_back();  // made in phase 2
+      };
       Box uncovered;
-      Coverer coverer(std::move(cands), &pool);
-      if (!coverer.Cover(target.box, active, 0, &covered, &uncovered)) {
+      if (!coverer.Cover(target.box, emit, &uncovered)) {
         return absl::FailedPreconditionError(absl::StrCat("tensor '", t.name, "': target on rank ",
                                                           target.holder.rank, " buffer ", target.holder.buffer,
                                                           " has no source for box ", BoxToString(uncovered)));
       }
-      for (auto& [box, range] : covered) {
-        Piece piece{static_cast<int32_t>(ti), static_cast<int32_t>(pi), box, range.first, range.second};
-        if (range.second == 1) {
-          piece.chosen = pool[range.first];
-          const int32_t from = t.source.placements[piece.chosen].holder.rank;
-          if (from != target.holder.rank) sent[from] += Volume(box) * element;
-        }
-        pieces.push_back(std::move(piece));
-      }
+      flush();
     }
   }
 
-  // Phase 2: pieces held by several holders, chosen by the policy in canonical order.
+  // Phase 2: pieces held by several sources, chosen by the policy in canonical order,
+  // with every forced load already counted.
   std::vector<int32_t> ranks;
-  for (Piece& piece : pieces) {
-    if (piece.chosen >= 0) continue;
-    const TensorLayouts& t = input.tensors[piece.tensor];
-    const int32_t target_rank = t.target.placements[piece.target].holder.rank;
+  for (const Pending& p : pending) {
+    const TensorLayouts& t = input.tensors[p.tensor];
+    const Placement& target = t.target.placements[p.target];
     ranks.clear();
-    for (uint32_t i = 0; i < piece.candidates_count; ++i) {
-      ranks.push_back(t.source.placements[pool[piece.candidates_begin + i]].holder.rank);
-    }
-    const size_t pick = policy.Choose(target_rank, ranks, sent);
-    piece.chosen = pool[piece.candidates_begin + pick];
-    if (ranks[pick] != target_rank) sent[ranks[pick]] += Volume(piece.box) * ElementBytes(t.target_dtype);
+    for (uint32_t i = 0; i < p.sources_count; ++i) ranks.push_back(t.source.placements[pool[p.sources_begin + i]].holder.rank);
+    const size_t pick = policy.Choose(target.holder.rank, ranks, sent);
+    if (ranks[pick] != target.holder.rank) sent[ranks[pick]] += Volume(p.box) * ElementBytes(t.target_dtype);
+    plan.segments[p.segment] =
+        MakeSegment(p.tensor, t, t.source.placements[pool[p.sources_begin + pick]], target, p.box);
   }
 
-  // Segments: neighbouring boxes of one source and target merge, then contiguous runs.
-  for (size_t i = 0; i < pieces.size();) {
-    const Piece& head = pieces[i];
-    Box box = head.box;
-    size_t j = i + 1;
-    while (j < pieces.size() && pieces[j].tensor == head.tensor && pieces[j].target == head.target &&
-           pieces[j].chosen == head.chosen && TryMergeBoxes(box, pieces[j].box)) {
-      ++j;
-    }
-    const TensorLayouts& t = input.tensors[head.tensor];
-    Segment segment =
-        MakeSegment(head.tensor, t, t.source.placements[head.chosen], t.target.placements[head.target], box);
-    if (plan.segments.empty() || !TryMergeRuns(plan.segments.back(), segment)) {
-      plan.segments.push_back(std::move(segment));
-    }
-    i = j;
+  // Contiguous runs that continue each other become one segment.
+  size_t kept = 0;
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    if (kept > 0 && TryMergeRuns(plan.segments[kept - 1], plan.segments[i])) continue;
+    plan.segments[kept++] = plan.segments[i];
   }
+  plan.segments.resize(kept);
+
   for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
     const TensorLayouts& t = input.tensors[ti];
     for (const Fill& f : t.target.fills) {

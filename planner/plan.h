@@ -2,6 +2,7 @@
 // element assigned to exactly one source holder by the replica policy, as copy segments.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,18 +17,21 @@ namespace shardsync::planner {
 
 // One strided copy: element i of `shape` moves from src_base + sum i_k*src_strides[k]
 // of `src` to dst_base + sum i_k*dst_strides[k] of `dst` (offsets in elements of each
-// side's dtype). Axes contiguous on both sides are merged, extent-1 axes dropped.
+// side's dtype). Axes contiguous on both sides are merged, extent-1 axes dropped, so
+// most segments are one run or one 2-D strided copy. Trivially copyable: plans of
+// tens of millions of segments move as plain memory.
 struct Segment {
-  int32_t tensor = 0;  // index into PlanInput::tensors
   Holder src;
   Holder dst;
   int64_t src_base = 0;
   int64_t dst_base = 0;
-  Index shape;
-  Index src_strides;
-  Index dst_strides;
+  int32_t tensor = 0;  // index into PlanInput::tensors
   DType src_dtype = DType::kBFloat16;
   DType dst_dtype = DType::kBFloat16;
+  int8_t axes = 0;  // entries used in the arrays below, >= 1
+  std::array<int64_t, kMaxAxes> shape{};
+  std::array<int64_t, kMaxAxes> src_strides{};
+  std::array<int64_t, kMaxAxes> dst_strides{};
 };
 
 int64_t SegmentElements(const Segment& segment);

@@ -1,7 +1,6 @@
 #include "planner/schedule.h"
 
 #include <algorithm>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -12,8 +11,9 @@ namespace {
 // left of a chunk is split at an element (outer axes included).
 absl::Status CutChunks(const Plan& plan, int64_t budget, PeerStream& stream) {
   Chunk chunk;
-  for (int32_t index : stream.segments) {
-    const Segment& s = plan.segments[index];
+  bool open = false;
+  for (int32_t position = 0; position < static_cast<int32_t>(stream.segments.size()); ++position) {
+    const Segment& s = plan.segments[stream.segments[position]];
     const int64_t element = ElementBytes(s.dst_dtype);
     if (element > budget) {
       return absl::InvalidArgumentError(absl::StrCat("staging budget of ", budget, " bytes is smaller than one ",
@@ -24,35 +24,66 @@ absl::Status CutChunks(const Plan& plan, int64_t budget, PeerStream& stream) {
     stream.bytes += total * element;
     for (int64_t at = 0; at < total;) {
       int64_t room = (budget - chunk.bytes) / element;
-      if (room == 0) {
-        stream.chunks.push_back(std::move(chunk));
-        chunk = Chunk{};
+      if (open && room == 0) {
+        stream.chunks.push_back(chunk);
+        open = false;
+      }
+      if (!open) {
+        chunk = Chunk{position, position, at, at, 0};
+        open = true;
         room = budget / element;
       }
       const int64_t take = std::min(room, total - at);
-      chunk.parts.push_back(ChunkPart{index, at, at + take});
+      chunk.last = position;
+      chunk.last_end = at + take;
       chunk.bytes += take * element;
       at += take;
     }
   }
-  if (!chunk.parts.empty()) stream.chunks.push_back(std::move(chunk));
+  if (open) stream.chunks.push_back(chunk);
   return absl::OkStatus();
 }
 
-PeerStream& StreamFor(std::map<int32_t, PeerStream>& streams, int32_t peer) {
-  PeerStream& stream = streams[peer];
-  stream.peer = peer;
-  return stream;
+// Groups (peer, segment) pairs by ascending peer, keeping segment order within a peer.
+std::vector<PeerStream> GroupByPeer(const std::vector<std::pair<int32_t, int32_t>>& pairs,
+                                    std::vector<int32_t>& stream_of_peer) {
+  std::vector<PeerStream> streams;
+  std::vector<int32_t> peers;
+  for (const auto& [peer, segment] : pairs) {
+    if (stream_of_peer[peer] < 0) {
+      stream_of_peer[peer] = static_cast<int32_t>(peers.size());
+      peers.push_back(peer);
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  for (size_t i = 0; i < peers.size(); ++i) stream_of_peer[peers[i]] = static_cast<int32_t>(i);
+  streams.resize(peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) streams[i].peer = peers[i];
+  for (const auto& [peer, segment] : pairs) streams[stream_of_peer[peer]].segments.push_back(segment);
+  for (int32_t peer : peers) stream_of_peer[peer] = -1;  // ready for the next rank
+  return streams;
 }
 
 }  // namespace
+
+std::vector<ChunkPart> ChunkParts(const Plan& plan, const PeerStream& stream, const Chunk& chunk) {
+  std::vector<ChunkPart> parts;
+  for (int32_t position = chunk.first; position <= chunk.last; ++position) {
+    const int32_t segment = stream.segments[position];
+    const int64_t begin = position == chunk.first ? chunk.first_begin : 0;
+    const int64_t end = position == chunk.last ? chunk.last_end : SegmentElements(plan.segments[segment]);
+    parts.push_back(ChunkPart{segment, begin, end});
+  }
+  return parts;
+}
 
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes) {
   if (staging_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("staging budget must be positive, got ", staging_bytes));
   }
   std::vector<Schedule> schedules(plan.num_ranks);
-  std::vector<std::map<int32_t, PeerStream>> sends(plan.num_ranks), receives(plan.num_ranks);
+  // Per rank, (peer, segment) in plan order: the order both ends derive their streams from.
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> sends(plan.num_ranks), receives(plan.num_ranks);
   for (size_t i = 0; i < plan.segments.size(); ++i) {
     const Segment& s = plan.segments[i];
     const int32_t index = static_cast<int32_t>(i);
@@ -60,21 +91,24 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
       schedules[s.src.rank].local_segments.push_back(index);
       continue;
     }
-    StreamFor(sends[s.src.rank], s.dst.rank).segments.push_back(index);
-    StreamFor(receives[s.dst.rank], s.src.rank).segments.push_back(index);
+    sends[s.src.rank].emplace_back(s.dst.rank, index);
+    receives[s.dst.rank].emplace_back(s.src.rank, index);
   }
   for (size_t i = 0; i < plan.fills.size(); ++i) {
     schedules[plan.fills[i].fill.holder.rank].fills.push_back(static_cast<int32_t>(i));
   }
+  std::vector<int32_t> stream_of_peer(plan.num_ranks, -1);
   for (int32_t r = 0; r < plan.num_ranks; ++r) {
     Schedule& schedule = schedules[r];
     schedule.rank = r;
-    for (auto* side : {&sends[r], &receives[r]}) {
-      auto& out = side == &sends[r] ? schedule.sends : schedule.receives;
-      for (auto& [peer, stream] : *side) {
+    schedule.sends = GroupByPeer(sends[r], stream_of_peer);
+    schedule.receives = GroupByPeer(receives[r], stream_of_peer);
+    std::vector<std::pair<int32_t, int32_t>>().swap(sends[r]);
+    std::vector<std::pair<int32_t, int32_t>>().swap(receives[r]);
+    for (auto* streams : {&schedule.sends, &schedule.receives}) {
+      for (PeerStream& stream : *streams) {
         if (auto s = CutChunks(plan, staging_bytes, stream); !s.ok()) return s;
         schedule.rounds = std::max<int32_t>(schedule.rounds, static_cast<int32_t>(stream.chunks.size()));
-        out.push_back(std::move(stream));
       }
     }
   }

@@ -19,8 +19,14 @@ struct ChunkPart {
   int64_t end = 0;
 };
 
+// A stretch of a stream: from element `first_begin` of its segment at position `first`
+// to element `last_end` (exclusive) of its segment at position `last` (inclusive).
+// Positions index PeerStream::segments.
 struct Chunk {
-  std::vector<ChunkPart> parts;
+  int32_t first = 0;
+  int32_t last = 0;
+  int64_t first_begin = 0;
+  int64_t last_end = 0;
   int64_t bytes = 0;  // in the target dtype: what crosses the link
 };
 
@@ -30,6 +36,9 @@ struct PeerStream {
   std::vector<Chunk> chunks;
   int64_t bytes = 0;
 };
+
+// The segment pieces a chunk covers, in stream order.
+std::vector<ChunkPart> ChunkParts(const Plan& plan, const PeerStream& stream, const Chunk& chunk);
 
 struct Schedule {
   int32_t rank = 0;

@@ -53,23 +53,28 @@ double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bw) {
 
 namespace {
 
-// Two FNV-1a-style 64-bit lanes with different seeds and primes.
+// Two independent 64-bit lanes, each mixing one word at a time (splitmix64 finalizer).
 class Digest {
  public:
   void Add(int64_t value) {
-    for (int i = 0; i < 8; ++i) {
-      const uint64_t byte = (static_cast<uint64_t>(value) >> (8 * i)) & 0xff;
-      a_ = (a_ ^ byte) * 0x100000001b3ULL;
-      b_ = (b_ ^ byte) * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
-    }
+    a_ = Mix(a_ ^ static_cast<uint64_t>(value));
+    b_ = Mix(b_ + static_cast<uint64_t>(value) * 0x9e3779b97f4a7c15ULL);
   }
-  void Add(const Index& index) {
-    Add(static_cast<int64_t>(index.size()));
-    for (int64_t v : index) Add(v);
+  template <typename Values>
+  void AddAll(const Values& values, size_t count) {
+    Add(static_cast<int64_t>(count));
+    for (size_t k = 0; k < count; ++k) Add(values[k]);
   }
   std::string Hex() const { return absl::StrFormat("%016x%016x", a_, b_); }
 
  private:
+  static uint64_t Mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  }
   uint64_t a_ = 0xcbf29ce484222325ULL;
   uint64_t b_ = 0x84222325cbf29ce4ULL;
 };
@@ -85,17 +90,17 @@ std::string PlanDigest(const Plan& plan, int64_t staging_bytes) {
                       int64_t{s.dst.buffer}, s.src_base, s.dst_base, int64_t(s.src_dtype), int64_t(s.dst_dtype)}) {
       d.Add(v);
     }
-    d.Add(s.shape);
-    d.Add(s.src_strides);
-    d.Add(s.dst_strides);
+    d.AddAll(s.shape, s.axes);
+    d.AddAll(s.src_strides, s.axes);
+    d.AddAll(s.dst_strides, s.axes);
   }
   for (const FillOp& f : plan.fills) {
     for (int64_t v : {int64_t{f.tensor}, int64_t{f.fill.holder.rank}, int64_t{f.fill.holder.buffer}, f.fill.base,
                       int64_t(f.dtype)}) {
       d.Add(v);
     }
-    d.Add(f.fill.shape);
-    d.Add(f.fill.strides);
+    d.AddAll(f.fill.shape, f.fill.shape.size());
+    d.AddAll(f.fill.strides, f.fill.strides.size());
   }
   return d.Hex();
 }

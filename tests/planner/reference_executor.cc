@@ -16,7 +16,7 @@ using planner::Segment;
 void Locate(const Segment& s, int64_t flat, int64_t* src, int64_t* dst) {
   *src = s.src_base;
   *dst = s.dst_base;
-  for (int k = static_cast<int>(s.shape.size()) - 1; k >= 0; --k) {
+  for (int k = s.axes - 1; k >= 0; --k) {
     const int64_t i = flat % s.shape[k];
     flat /= s.shape[k];
     *src += i * s.src_strides[k];
@@ -112,11 +112,13 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
     }
     for (int32_t index : schedule.fills) {
       const planner::FillOp& f = plan.fills[index];
-      const Segment as_segment{f.tensor, f.fill.holder, f.fill.holder, 0, f.fill.base, f.fill.shape, f.fill.strides,
-                               f.fill.strides, f.dtype, f.dtype};
       for (int64_t e = 0; e < planner::NumElements(f.fill.shape); ++e) {
-        int64_t unused, dst;
-        Locate(as_segment, e, &unused, &dst);
+        int64_t dst = f.fill.base;
+        int64_t flat = e;
+        for (int k = static_cast<int>(f.fill.shape.size()) - 1; k >= 0; --k) {
+          dst += (flat % f.fill.shape[k]) * f.fill.strides[k];
+          flat /= f.fill.shape[k];
+        }
         auto to = At(buffers, f.fill.holder, dst, ElementBytes(f.dtype));
         if (!to.ok()) return to.status();
         std::memset(*to, 0, ElementBytes(f.dtype));
@@ -139,14 +141,15 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
                                                   " from rank ", schedule.rank));
         }
         const planner::Chunk& chunk = send.chunks[round];
-        if (auto st = Pack(plan, chunk.parts, buffers, staging); !st.ok()) return st;
+        if (auto st = Pack(plan, planner::ChunkParts(plan, send, chunk), buffers, staging); !st.ok()) return st;
         if (static_cast<int64_t>(staging.size()) > staging_bytes || static_cast<int64_t>(staging.size()) != chunk.bytes) {
           return absl::InternalError(absl::StrCat("chunk of ", staging.size(), " bytes breaks the budget of ",
                                                   staging_bytes, " or its own size ", chunk.bytes));
         }
         stats.peak_staging_bytes = std::max<int64_t>(stats.peak_staging_bytes, staging.size());
         stats.sent_bytes += static_cast<int64_t>(staging.size());
-        if (auto st = Unpack(plan, it->second->chunks[round].parts, buffers, staging); !st.ok()) return st;
+        const std::vector<ChunkPart> received = planner::ChunkParts(plan, *it->second, it->second->chunks[round]);
+        if (auto st = Unpack(plan, received, buffers, staging); !st.ok()) return st;
       }
     }
   }
