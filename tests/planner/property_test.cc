@@ -2,6 +2,7 @@
 // host reference executor; every target element must equal its source, bit for bit.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 
 #include "planner/model.h"
@@ -15,9 +16,11 @@
 namespace shardsync::testing {
 namespace {
 
-int64_t RandomBudget(std::mt19937_64& rng) {
-  // From one element of the widest dtype (float32) to unbounded.
-  const int64_t options[] = {4, 12, 64, 1000, int64_t{1} << 40};
+// From exactly one element of the widest dtype the batch moves, to unbounded.
+int64_t RandomBudget(const planner::PlanInput& input, std::mt19937_64& rng) {
+  int64_t element = 1;
+  for (const planner::TensorLayouts& t : input.tensors) element = std::max(element, planner::ElementBytes(t.target_dtype));
+  const int64_t options[] = {element, 3 * element, 64, 1000, int64_t{1} << 40};
   return options[rng() % 5];
 }
 
@@ -59,7 +62,7 @@ TEST_CASE("random ZeRO-1/2/3 models sync bit for bit into random TP replicas") {
     auto input = planner::ExpandModel(spec);
     REQUIRE(input.ok());
     const planner::ReplicaPolicy& policy = seed % 4 == 0 ? *first_holder : *least_loaded;
-    SyncAndCheck(*input, policy, RandomBudget(rng), rng);
+    SyncAndCheck(*input, policy, RandomBudget(*input, rng), rng);
   }
 }
 
@@ -69,7 +72,7 @@ TEST_CASE("random sources with different boundaries sync bit for bit") {
     std::mt19937_64 rng(seed * 7919);
     INFO("seed " << seed);
     const planner::PlanInput input = RandomMixedSources(rng);
-    SyncAndCheck(input, *policy, RandomBudget(rng), rng);
+    SyncAndCheck(input, *policy, RandomBudget(input, rng), rng);
   }
 }
 
