@@ -1,0 +1,66 @@
+#include "executor/host_shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardsync::executor {
+namespace {
+
+class HostShmBuffer final : public MappedBuffer {
+ public:
+  HostShmBuffer(void* mapping, size_t mapped, uint8_t* data, int64_t bytes)
+      : mapping_(mapping), mapped_(mapped), data_(data), bytes_(bytes) {}
+  ~HostShmBuffer() override { munmap(mapping_, mapped_); }
+  uint8_t* data() const override { return data_; }
+  int64_t bytes() const override { return bytes_; }
+  bool on_device() const override { return false; }
+
+ private:
+  void* mapping_;
+  size_t mapped_;
+  uint8_t* data_;
+  int64_t bytes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryHandle& handle, int64_t bytes) {
+  if (bytes < 0 || handle.offset_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shm '", handle.shm_name, "': negative size or offset"));
+  }
+  const int fd = shm_open(handle.shm_name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shm_open('", handle.shm_name, "'): ", std::strerror(errno)));
+  }
+  struct stat info {};
+  if (fstat(fd, &info) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("fstat('", handle.shm_name, "'): ", std::strerror(error)));
+  }
+  const int64_t need = handle.offset_bytes + bytes;
+  if (need > info.st_size || need < bytes) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("shm '", handle.shm_name, "' holds ", info.st_size,
+                                                   " bytes; the registration claims ", bytes, " at offset ",
+                                                   handle.offset_bytes));
+  }
+  const size_t mapped = static_cast<size_t>(std::max<int64_t>(need, 1));
+  void* mapping = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  close(fd);  // the mapping keeps the object alive
+  if (mapping == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mmap('", handle.shm_name, "'): ", std::strerror(error)));
+  }
+  return std::unique_ptr<MappedBuffer>(
+      new HostShmBuffer(mapping, mapped, static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes));
+}
+
+}  // namespace shardsync::executor

@@ -1,0 +1,87 @@
+#include "executor/mailbox.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardsync::executor {
+
+void Mailbox::Post(absl::string_view sync_id, int32_t round, absl::Span<const RecvOp> receives) {
+  absl::MutexLock lock(&mu_);
+  sync_id_ = std::string(sync_id);
+  for (const RecvOp& op : receives) slots_[op.peer] = Slot{op, round, false};
+}
+
+absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t round, const uint8_t* data,
+                              int64_t bytes, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!aborted_.empty()) return true;
+    auto it = slots_.find(from);
+    return sync_id_ == sync_id && it != slots_.end() && it->second.round == round && !it->second.done;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&posted), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("no receive posted for round ", round, " from rank ", from));
+  }
+  if (!aborted_.empty()) return absl::AbortedError(aborted_);
+  Slot& slot = slots_[from];
+  if (bytes != slot.op.bytes) {
+    return absl::InternalError(absl::StrCat("rank ", from, " sent ", bytes, " bytes for round ", round,
+                                            "; the receive expects ", slot.op.bytes));
+  }
+  if (bytes > 0) std::memcpy(slot.op.data, data, bytes);
+  slot.done = true;
+  return absl::OkStatus();
+}
+
+absl::Status Mailbox::Wait(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!aborted_.empty()) return true;
+    for (const auto& [peer, slot] : slots_) {
+      if (!slot.done) return false;
+    }
+    return true;
+  };
+  const bool finished = mu_.AwaitWithDeadline(absl::Condition(&complete), deadline);
+  if (!aborted_.empty()) return absl::AbortedError(aborted_);
+  if (!finished) {
+    std::vector<int32_t> missing;
+    for (const auto& [peer, slot] : slots_) {
+      if (!slot.done) missing.push_back(peer);
+    }
+    return absl::UnavailableError(absl::StrCat("no data from rank ", absl::StrJoin(missing, ", rank "),
+                                               " before the deadline"));
+  }
+  slots_.clear();
+  return absl::OkStatus();
+}
+
+void Mailbox::Abort(absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  aborted_ = reason.empty() ? "aborted" : std::string(reason);
+}
+
+void Mailbox::Reset() {
+  absl::MutexLock lock(&mu_);
+  aborted_.clear();
+  slots_.clear();
+}
+
+absl::Status LoopbackTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
+                                         absl::Span<const RecvOp> receives, absl::Time deadline) {
+  Mailbox* own = mailboxes_.at(rank_);
+  own->Post(sync_id, round, receives);
+  for (const SendOp& send : sends) {
+    auto it = mailboxes_.find(send.peer);
+    if (it == mailboxes_.end()) return absl::UnavailableError(absl::StrCat("rank ", send.peer, " is unknown"));
+    if (auto s = it->second->Deliver(sync_id, rank_, round, send.data, send.bytes, deadline); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("sending to rank ", send.peer, ": ", s.message()));
+    }
+  }
+  return own->Wait(deadline);
+}
+
+}  // namespace shardsync::executor

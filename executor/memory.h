@@ -1,0 +1,42 @@
+// Memory backends: how an agent maps a buffer a client registered. Implementations are
+// chosen by the handle's kind (host shared memory here; CUDA IPC in the GPU backend).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace shardsync::executor {
+
+// What a client hands over for one buffer.
+struct MemoryHandle {
+  std::string shm_name;         // POSIX shared memory object, host memory
+  std::string cuda_ipc_handle;  // cudaIpcMemHandle_t bytes, device memory
+  int64_t offset_bytes = 0;     // the buffer's start inside the mapped object
+  int32_t device = -1;          // CUDA ordinal, -1 for host
+};
+
+// A buffer mapped into this process. Contract: the mapping stays valid for the object's
+// lifetime; the registry owns it (shared with a running sync) and drops it when the
+// client goes away. Nothing is freed in the client: only our mapping is closed.
+class MappedBuffer {
+ public:
+  virtual ~MappedBuffer() = default;
+  virtual uint8_t* data() const = 0;
+  virtual int64_t bytes() const = 0;
+  virtual bool on_device() const = 0;
+};
+
+class MemoryBackend {
+ public:
+  virtual ~MemoryBackend() = default;
+  virtual absl::string_view name() const = 0;
+  virtual bool Accepts(const MemoryHandle& handle) const = 0;
+  // Maps the buffer and checks that the object really holds offset + bytes.
+  virtual absl::StatusOr<std::unique_ptr<MappedBuffer>> Open(const MemoryHandle& handle, int64_t bytes) = 0;
+};
+
+}  // namespace shardsync::executor

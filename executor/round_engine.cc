@@ -1,0 +1,106 @@
+#include "executor/round_engine.h"
+
+#include "executor/host_copy.h"
+
+namespace shardsync::executor {
+namespace {
+
+// A chunk that is one contiguous run on `source`'s side moves without staging; returns
+// where it starts, or nullptr.
+uint8_t* DirectAddress(const planner::Plan& plan, const planner::PeerStream& stream, const planner::Chunk& chunk,
+                       const BufferTable& buffers, bool source) {
+  if (chunk.first != chunk.last) return nullptr;
+  const planner::Segment& s = plan.segments[stream.segments[chunk.first]];
+  if (s.src_dtype != s.dst_dtype || !IsContiguousRange(s, chunk.first_begin, chunk.last_end, source)) return nullptr;
+  int64_t offset = source ? s.src_base : s.dst_base;
+  int64_t rest = chunk.first_begin;
+  for (int k = s.axes - 1; k >= 0; --k) {
+    offset += (rest % s.shape[k]) * (source ? s.src_strides[k] : s.dst_strides[k]);
+    rest /= s.shape[k];
+  }
+  uint8_t* base = buffers[(source ? s.src : s.dst).buffer];
+  return base + offset * planner::ElementBytes(s.dst_dtype);
+}
+
+}  // namespace
+
+uint8_t* RoundEngine::Staging(std::map<int32_t, std::vector<uint8_t>>& pool, int32_t peer, int64_t budget) {
+  std::vector<uint8_t>& staging = pool[peer];
+  if (static_cast<int64_t>(staging.size()) != budget) staging.assign(budget, 0);
+  return staging.data();
+}
+
+absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const planner::Plan& plan,
+                                                const planner::Schedule& schedule, const BufferTable& buffers,
+                                                int64_t staging_bytes, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  ExecutionStats stats;
+  for (int32_t index : schedule.local_segments) {
+    const planner::Segment& s = plan.segments[index];
+    CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
+    stats.local_bytes += planner::SegmentBytes(s);
+  }
+  for (int32_t index : schedule.fills) {
+    const planner::FillOp& f = plan.fills[index];
+    FillHost(f, buffers[f.fill.holder.buffer]);
+    stats.fill_bytes += planner::NumElements(f.fill.shape) * planner::ElementBytes(f.dtype);
+  }
+
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> receives;
+  std::vector<std::pair<const planner::PeerStream*, uint8_t*>> to_unpack;
+  for (int32_t round = 0; round < schedule.rounds; ++round) {
+    sends.clear();
+    receives.clear();
+    to_unpack.clear();
+    int64_t staging_in_use = 0;
+    for (const planner::PeerStream& stream : schedule.receives) {
+      if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
+      const planner::Chunk& chunk = stream.chunks[round];
+      uint8_t* into = DirectAddress(plan, stream, chunk, buffers, /*source=*/false);
+      if (into == nullptr) {
+        into = Staging(receive_staging_, stream.peer, staging_bytes);
+        to_unpack.emplace_back(&stream, into);
+        staging_in_use += chunk.bytes;
+      }
+      receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
+    }
+    for (const planner::PeerStream& stream : schedule.sends) {
+      if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
+      const planner::Chunk& chunk = stream.chunks[round];
+      const uint8_t* from = DirectAddress(plan, stream, chunk, buffers, /*source=*/true);
+      if (from == nullptr) {
+        uint8_t* staging = Staging(send_staging_, stream.peer, staging_bytes);
+        int64_t at = 0;
+        for (const planner::ChunkPart& part : planner::ChunkParts(plan, stream, chunk)) {
+          const planner::Segment& s = plan.segments[part.segment];
+          PackHost(s, part.begin, part.end, buffers[s.src.buffer], staging + at);
+          at += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
+        }
+        from = staging;
+        staging_in_use += chunk.bytes;
+      }
+      sends.push_back(SendOp{stream.peer, from, chunk.bytes});
+      stats.sent_bytes += chunk.bytes;
+      ++stats.chunks;
+    }
+    stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, staging_in_use);
+    if (auto status = transport_.RunRound(sync_id, round, sends, receives, deadline); !status.ok()) return status;
+    for (const auto& [stream, staging] : to_unpack) {
+      const planner::Chunk& chunk = stream->chunks[round];
+      int64_t at = 0;
+      for (const planner::ChunkPart& part : planner::ChunkParts(plan, *stream, chunk)) {
+        const planner::Segment& s = plan.segments[part.segment];
+        UnpackHost(s, part.begin, part.end, staging + at, buffers[s.dst.buffer]);
+        at += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
+      }
+    }
+    for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
+    stats.chunks += static_cast<int64_t>(receives.size());
+    ++stats.rounds;
+  }
+  stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return stats;
+}
+
+}  // namespace shardsync::executor

@@ -1,0 +1,53 @@
+// Runs one rank's part of a schedule, whatever the transport: local copies and fills,
+// then every round — receives posted before sends, chunks packed into and unpacked from
+// bounded staging (never more than the budget per peer per direction), and chunks that
+// are contiguous on their side moved without staging.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "executor/transport.h"
+#include "planner/plan.h"
+#include "planner/schedule.h"
+
+namespace shardsync::executor {
+
+struct ExecutionStats {
+  int32_t rounds = 0;
+  int64_t chunks = 0;
+  int64_t sent_bytes = 0;
+  int64_t received_bytes = 0;
+  int64_t local_bytes = 0;
+  int64_t fill_bytes = 0;
+  int64_t peak_staging_bytes = 0;  // staging in use at once, both directions, all peers
+  double seconds = 0;
+};
+
+// This rank's buffers by the plan's Holder::buffer id; nullptr for ids it does not hold.
+using BufferTable = std::vector<uint8_t*>;
+
+class RoundEngine {
+ public:
+  explicit RoundEngine(Transport& transport) : transport_(transport) {}
+
+  // Contract: every buffer the schedule touches on this rank is in `buffers` and was
+  // checked (bounds, roles) at Prepare. Sources are only read.
+  absl::StatusOr<ExecutionStats> Run(absl::string_view sync_id, const planner::Plan& plan,
+                                     const planner::Schedule& schedule, const BufferTable& buffers,
+                                     int64_t staging_bytes, absl::Time deadline);
+
+ private:
+  // Staging per peer and direction, allocated once at the budget and reused.
+  uint8_t* Staging(std::map<int32_t, std::vector<uint8_t>>& pool, int32_t peer, int64_t budget);
+
+  Transport& transport_;
+  std::map<int32_t, std::vector<uint8_t>> send_staging_;
+  std::map<int32_t, std::vector<uint8_t>> receive_staging_;
+};
+
+}  // namespace shardsync::executor

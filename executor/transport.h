@@ -1,0 +1,44 @@
+// Transports move one round's chunks between agents. Implementations: the host
+// transport over the agents' own gRPC channels (daemon/agent), NCCL on GPUs, and an
+// in-process loopback for tests. Chosen by configuration, queried for capabilities.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace shardsync::executor {
+
+struct SendOp {
+  int32_t peer = 0;
+  const uint8_t* data = nullptr;
+  int64_t bytes = 0;
+};
+
+struct RecvOp {
+  int32_t peer = 0;
+  uint8_t* data = nullptr;
+  int64_t bytes = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual absl::string_view name() const = 0;
+  // Capability: sends from and receives into device memory.
+  virtual bool device_memory() const = 0;
+  // One round with many peers: every receive is posted before any send; returns when
+  // all are complete. A peer that does not complete by `deadline` fails the round with
+  // UNAVAILABLE naming it; after Abort every wait returns ABORTED.
+  virtual absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
+                                absl::Span<const RecvOp> receives, absl::Time deadline) = 0;
+  virtual void Abort(absl::string_view reason) = 0;
+  // Clears an abort before the next sync.
+  virtual void Reset() = 0;
+};
+
+}  // namespace shardsync::executor
