@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "planner/box.h"
 #include "planner/validate.h"
@@ -314,9 +315,11 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
       };
       Box uncovered;
       if (!coverer.Cover(target.box, emit, &uncovered)) {
-        return absl::FailedPreconditionError(absl::StrCat("tensor '", t.name, "': target on rank ",
-                                                          target.holder.rank, " buffer ", target.holder.buffer,
-                                                          " has no source for box ", BoxToString(uncovered)));
+        absl::Status status = absl::FailedPreconditionError(
+            absl::StrCat("tensor '", t.name, "': target on rank ", target.holder.rank, " buffer ",
+                         target.holder.buffer, " has no source for box ", BoxToString(uncovered)));
+        status.SetPayload(kUncoveredTensorPayload, absl::Cord(t.name));
+        return status;
       }
       flush();
     }

@@ -85,6 +85,10 @@ struct TensorSide {
 absl::StatusOr<std::vector<TensorLayouts>> MatchTensors(const std::vector<TensorSide>& sources,
                                                         const std::vector<TensorSide>& targets);
 
+// The payload (type URL) an uncovered-target error carries: the tensor's name, so a
+// caller that knows who registered what can say who is missing.
+inline constexpr char kUncoveredTensorPayload[] = "type.shardsync/planner.UncoveredTensor";
+
 // Plans the whole batch at once. Fails before anything is planned on bad input, with
 // the tensor, rank and box named.
 absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy);

@@ -1,6 +1,7 @@
 #include "spec/layout_spec.h"
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -101,6 +102,14 @@ absl::StatusOr<planner::DType> ToDType(v1::DType dtype) {
   }
 }
 
+v1::DType FromDType(planner::DType dtype) {
+  for (int v = v1::FLOAT32; v <= v1::UINT8; ++v) {
+    auto converted = ToDType(static_cast<v1::DType>(v));
+    if (converted.ok() && *converted == dtype) return static_cast<v1::DType>(v);
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
 absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout, BufferIds& ids) {
   planner::TensorSide side;
   side.name = layout.name();
@@ -127,6 +136,51 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
     side.layout.fills.push_back(planner::Fill{planner::Holder{f.rank(), ids.Id(f.buffer())}, f.base(), shape,
                                               f.strides().empty() ? planner::ContiguousStrides(shape)
                                                                   : ToIndex(f.strides())});
+  }
+  return side;
+}
+
+RankSide RankLayouts(const planner::PlanInput& input, const BufferIds& ids, int32_t rank, bool sources) {
+  RankSide side;
+  std::map<int32_t, bool> used;  // buffer ids this side places anything in
+  for (const planner::TensorLayouts& t : input.tensors) {
+    const planner::Layout& layout = sources ? t.source : t.target;
+    v1::TensorLayout out;
+    out.set_name(t.name);
+    for (int64_t v : t.shape) out.add_shape(v);
+    out.set_dtype(FromDType(sources ? t.source_dtype : t.target_dtype));
+    for (const planner::Placement& p : layout.placements) {
+      if (p.holder.rank != rank) continue;
+      used[p.holder.buffer] = true;
+      v1::Placement* placement = out.add_placements();
+      for (size_t k = 0; k < p.box.lo.size(); ++k) {
+        placement->mutable_box()->add_lo(p.box.lo[k]);
+        placement->mutable_box()->add_hi(p.box.hi[k]);
+      }
+      placement->set_rank(rank);
+      placement->set_buffer(ids.Name(p.holder.buffer));
+      placement->set_base(p.base);
+      for (int64_t v : p.strides) placement->add_strides(v);
+    }
+    for (const planner::Fill& f : layout.fills) {
+      if (f.holder.rank != rank) continue;
+      used[f.holder.buffer] = true;
+      v1::Fill* fill = out.add_fills();
+      fill->set_rank(rank);
+      fill->set_buffer(ids.Name(f.holder.buffer));
+      fill->set_base(f.base);
+      for (int64_t v : f.shape) fill->add_shape(v);
+      for (int64_t v : f.strides) fill->add_strides(v);
+    }
+    if (out.placements_size() > 0 || out.fills_size() > 0) side.tensors.push_back(std::move(out));
+  }
+  for (const planner::Buffer& b : input.buffers) {
+    if (b.holder.rank != rank || !used.count(b.holder.buffer)) continue;
+    v1::BufferInfo info;
+    info.set_rank(rank);
+    info.set_name(ids.Name(b.holder.buffer));
+    info.set_bytes(b.bytes);
+    side.buffers.push_back(std::move(info));
   }
   return side;
 }

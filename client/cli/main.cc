@@ -1,13 +1,14 @@
 // shardsyncctl: the operator's command line. Flags are parsed here only, into one
 // typed config per command.
+//   shardsyncctl sync | status | explain [--coordinator ADDR] [--json]
 //   shardsyncctl plan [--spec FILE | --model NAME ...] [--json]
 #include <cstdlib>
 #include <iostream>
-#include <map>
-#include <optional>
 #include <string>
 
 #include "client/cli/plan_command.h"
+#include "client/cli/rpc_commands.h"
+#include "common/flags.h"
 #include "planner/models.h"
 
 namespace {
@@ -15,7 +16,10 @@ namespace {
 constexpr char kUsage[] = R"(usage: shardsyncctl COMMAND [FLAGS]
 
 Commands:
-  plan      Plan a layout without moving data; print bytes per rank and the cost floor.
+  sync      Run one sync through the coordinator; print bytes, rounds and time per rank.
+  status    Agents, layout epoch and the last sync, as the coordinator sees them.
+  explain   The current plan's bytes per rank and link and its cost floor; moves nothing.
+  plan      Plan a layout spec offline (no daemons); print bytes per rank and the floor.
 
 Exit codes: 0 ok, 2 usage error, 3 refused (bad layout or input).
 Run `shardsyncctl COMMAND --help` for a command's flags.
@@ -44,64 +48,34 @@ Flags:
   --json                one JSON object instead of tables
 )";
 
-// "--name value" or "--name=value" flags and bare "--switch" flags.
-class Flags {
- public:
-  Flags(int argc, char** argv, int first) {
-    for (int i = first; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg.rfind("--", 0) != 0) {
-        error_ = "unexpected argument '" + arg + "'";
-        return;
-      }
-      const size_t eq = arg.find('=');
-      if (eq != std::string::npos) {
-        values_[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
-      } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
-        values_[arg.substr(2)] = argv[++i];
-      } else {
-        values_[arg.substr(2)] = "";
-      }
-    }
-  }
-  const std::string& error() const { return error_; }
-  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+constexpr char kRpcHelp[] = R"(usage: shardsyncctl (sync | status | explain) [FLAGS]
 
-  std::string Take(const std::string& name, const std::string& fallback) { return TakeRaw(name).value_or(fallback); }
-  bool TakeSwitch(const std::string& name) { return TakeRaw(name).has_value(); }
-  template <typename T>
-  T TakeNumber(const std::string& name, T fallback) {
-    const std::optional<std::string> raw = TakeRaw(name);
-    if (!raw) return fallback;
-    char* end = nullptr;
-    const double value = std::strtod(raw->c_str(), &end);
-    if (raw->empty() || *end != '\0') {
-      error_ = "--" + name + " needs a number, got '" + *raw + "'";
-      return fallback;
-    }
-    return static_cast<T>(value);
-  }
-  // Any flag left over was not understood.
-  std::string Leftover() const { return values_.empty() ? "" : "unknown flag --" + values_.begin()->first; }
+  sync      Plans (once per layout epoch) and runs one sync on every agent: Prepare
+            everywhere, Execute only if every agent agreed. Waits for the end and
+            prints per rank the bytes sent, received and copied locally, rounds,
+            chunks, peak staging, seconds and effective GB/s.
+  status    The agents (rank, address, host, device, state, clients), the layout
+            epoch, the last sync and whether the targets are valid.
+  explain   The plan of the current layouts: bytes per rank and per link, and the
+            cost floor at the given speeds. Nothing is moved.
 
- private:
-  std::optional<std::string> TakeRaw(const std::string& name) {
-    auto it = values_.find(name);
-    if (it == values_.end()) return std::nullopt;
-    std::string value = it->second;
-    values_.erase(it);
-    return value;
-  }
-  std::map<std::string, std::string> values_;
-  std::string error_;
-};
+Flags:
+  --coordinator ADDR    the coordinator's host:port (default 127.0.0.1:7070)
+  --timeout-ms N        deadline of the call; for sync also the sync's (default 60000)
+  --link-gbps X         explain: link speed, GB/s one direction per rank (default 360)
+  --memory-gbps X       explain: memory speed, GB/s read + write (default 4200)
+  --json                the response as JSON (proto field names)
+
+Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing
+agent; no byte moved), 4 failed (a peer died or timed out; targets are invalid).
+)";
 
 int Usage(const std::string& error, const char* help) {
   std::cerr << "shardsyncctl: " << error << "\n\n" << help;
   return 2;
 }
 
-int Plan(Flags& flags) {
+int Plan(shardsync::Flags& flags) {
   if (flags.TakeSwitch("help")) {
     std::cout << kPlanHelp;
     return 0;
@@ -131,6 +105,27 @@ int Plan(Flags& flags) {
   return shardsync::cli::RunPlanCommand(config, std::cout, std::cerr);
 }
 
+int Rpc(const std::string& command, shardsync::Flags& flags) {
+  if (flags.TakeSwitch("help")) {
+    std::cout << kRpcHelp;
+    return 0;
+  }
+  shardsync::cli::RpcCommandConfig config;
+  config.coordinator = flags.Take("coordinator", config.coordinator);
+  config.timeout_ms = flags.TakeNumber("timeout-ms", config.timeout_ms);
+  config.link_gbps = flags.TakeNumber("link-gbps", config.link_gbps);
+  config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
+  config.json = flags.TakeSwitch("json");
+  if (!flags.error().empty()) return Usage(flags.error(), kRpcHelp);
+  if (!flags.Leftover().empty()) return Usage(flags.Leftover(), kRpcHelp);
+  if (config.timeout_ms <= 0 || config.link_gbps <= 0 || config.memory_gbps <= 0) {
+    return Usage("--timeout-ms and the speeds must be positive", kRpcHelp);
+  }
+  if (command == "sync") return shardsync::cli::RunSyncCommand(config, std::cout, std::cerr);
+  if (command == "status") return shardsync::cli::RunStatusCommand(config, std::cout, std::cerr);
+  return shardsync::cli::RunExplainCommand(config, std::cout, std::cerr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,8 +134,9 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
-  Flags flags(argc, argv, 2);
+  shardsync::Flags flags(argc, argv, 2);
   if (!flags.error().empty()) return Usage(flags.error(), kUsage);
   if (command == "plan") return Plan(flags);
+  if (command == "sync" || command == "status" || command == "explain") return Rpc(command, flags);
   return Usage("unknown command '" + command + "'", kUsage);
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/cli/format.h"
 #include "planner/model.h"
 #include "planner/models.h"
 #include "planner/plan.h"
@@ -13,14 +14,6 @@
 
 namespace shardsync::cli {
 namespace {
-
-std::string Bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) value /= 1024, ++unit;
-  return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.2f %s", value, units[unit]);
-}
 
 absl::StatusOr<planner::PlanInput> LoadInput(const PlanCommandConfig& c, std::string* label) {
   v1::LayoutSpec spec;

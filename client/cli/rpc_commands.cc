@@ -1,0 +1,107 @@
+#include "client/cli/rpc_commands.h"
+
+#include "absl/strings/str_format.h"
+#include "client/cli/format.h"
+#include "client/cpp/client.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace shardsync::cli {
+namespace {
+
+int ExitCode(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) || absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? 3 : 4;
+}
+
+int Fail(const char* command, const absl::Status& status, std::ostream& err) {
+  err << "shardsyncctl " << command << ": " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+      << "\n";
+  return ExitCode(status);
+}
+
+void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  google::protobuf::util::MessageToJsonString(message, &json, options);
+  out << json << "\n";
+}
+
+}  // namespace
+
+int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient coordinator(c.coordinator);
+  auto response = coordinator.Sync(absl::Milliseconds(c.timeout_ms));
+  if (!response.ok()) return Fail("sync", response.status(), err);
+  if (c.json) {
+    PrintJson(*response, out);
+    return 0;
+  }
+  out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s)\n\n", response->sync_id(),
+                         response->layout_epoch(), response->digest(), response->seconds(), response->plan_seconds());
+  out << absl::StrFormat("%-6s %12s %12s %12s %7s %7s %13s %10s %9s\n", "rank", "sent", "received", "local", "rounds",
+                         "chunks", "peak staging", "seconds", "GB/s");
+  int64_t sent = 0, received = 0, local = 0;
+  for (const v1::RankStats& r : response->ranks()) {
+    const double moved = static_cast<double>(r.received_bytes() + r.local_bytes());
+    out << absl::StrFormat("%-6d %12s %12s %12s %7d %7d %13s %10.4f %9.2f\n", r.rank(), Bytes(r.sent_bytes()),
+                           Bytes(r.received_bytes()), Bytes(r.local_bytes()), r.rounds(), r.chunks(),
+                           Bytes(r.peak_staging_bytes()), r.seconds(), r.seconds() > 0 ? moved / r.seconds() / 1e9 : 0);
+    sent += r.sent_bytes();
+    received += r.received_bytes();
+    local += r.local_bytes();
+  }
+  out << absl::StrFormat("%-6s %12s %12s %12s   effective %.2f GB/s over the whole sync\n", "total", Bytes(sent),
+                         Bytes(received), Bytes(local),
+                         response->seconds() > 0 ? (received + local) / response->seconds() / 1e9 : 0);
+  return 0;
+}
+
+int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient coordinator(c.coordinator);
+  auto status = coordinator.Status(absl::Milliseconds(c.timeout_ms));
+  if (!status.ok()) return Fail("status", status.status(), err);
+  if (c.json) {
+    PrintJson(*status, out);
+    return 0;
+  }
+  out << absl::StrFormat("coordinator %s: %d of %d agents joined, layout epoch %d\n", c.coordinator,
+                         status->agents_size(), status->world_size(), status->layout_epoch());
+  out << absl::StrFormat("last sync %s: %s%s; targets %s\n\n", status->last_sync_id().empty() ? "-" : status->last_sync_id(),
+                         status->last_sync_id().empty() ? "none yet" : (status->last_sync_ok() ? "ok" : "failed"),
+                         status->last_sync_error().empty() ? "" : " (" + status->last_sync_error() + ")",
+                         status->targets_valid() ? "valid" : "INVALID until the next sync succeeds");
+  out << absl::StrFormat("%-6s %-22s %-16s %-8s %-10s %s\n", "rank", "address", "host", "device", "state", "clients");
+  for (const v1::AgentInfo& a : status->agents()) {
+    out << absl::StrFormat("%-6d %-22s %-16s %-8s %-10s %d\n", a.rank(), a.address(), a.host(), a.device(),
+                           a.reachable() ? "joined" : "silent", a.clients());
+  }
+  return 0;
+}
+
+int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient coordinator(c.coordinator);
+  auto explain = coordinator.Explain(c.link_gbps, c.memory_gbps, absl::Milliseconds(c.timeout_ms));
+  if (!explain.ok()) return Fail("explain", explain.status(), err);
+  if (c.json) {
+    PrintJson(*explain, out);
+    return 0;
+  }
+  out << absl::StrFormat("plan of epoch %d, digest %s: %d tensors, %d segments, %d chunks, %d rounds\n",
+                         explain->layout_epoch(), explain->digest(), explain->tensors(), explain->segments(),
+                         explain->chunks(), explain->rounds());
+  out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory\n\n",
+                         explain->floor_seconds() * 1e3, c.link_gbps, c.memory_gbps);
+  out << absl::StrFormat("%-6s %12s %12s %12s %10s\n", "rank", "sent", "received", "local", "fill");
+  for (const v1::RankStats& r : explain->ranks()) {
+    out << absl::StrFormat("%-6d %12s %12s %12s %10s\n", r.rank(), Bytes(r.sent_bytes()), Bytes(r.received_bytes()),
+                           Bytes(r.local_bytes()), Bytes(r.fill_bytes()));
+  }
+  out << "\nlinks (from -> to: bytes)\n";
+  for (const v1::LinkBytes& l : explain->links()) {
+    out << absl::StrFormat("  %d -> %d: %s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()));
+  }
+  return 0;
+}
+
+}  // namespace shardsync::cli

@@ -1,0 +1,22 @@
+// `shardsyncctl sync | status | explain`: calls to the coordinator, printed as tables
+// or JSON. Exit codes: 0 ok, 3 refused (bad input or a refusing agent), 4 failed.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+namespace shardsync::cli {
+
+struct RpcCommandConfig {
+  std::string coordinator = "127.0.0.1:7070";
+  int64_t timeout_ms = 60000;
+  double link_gbps = 360;     // explain only
+  double memory_gbps = 4200;  // explain only
+  bool json = false;
+};
+
+int RunSyncCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
+int RunStatusCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
+int RunExplainCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
+
+}  // namespace shardsync::cli

@@ -1,0 +1,122 @@
+#include "client/cpp/client.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace shardsync::client {
+namespace {
+
+template <typename Request, typename Response, typename Call>
+absl::StatusOr<Response> Unary(Call call, const Request& request, absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  Response response;
+  const grpc::Status status = call(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+}  // namespace
+
+Registration::~Registration() {
+  context_.TryCancel();
+  if (holder_.joinable()) holder_.join();
+}
+
+AgentClient::AgentClient(const std::string& socket)
+    : stub_(v1::Agent::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()))) {}
+
+absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::RegisterRequest& request,
+                                                                    absl::Duration timeout) {
+  std::unique_ptr<Registration> registration(new Registration());
+  Registration* r = registration.get();
+  r->reader_ = stub_->Register(&r->context_, request);
+  // The first event says the agent holds everything; then the call stays open in the
+  // holder thread until the registration is destroyed.
+  std::promise<absl::Status> first;
+  std::future<absl::Status> answered = first.get_future();
+  r->holder_ = std::thread([r, &first] {
+    if (r->reader_->Read(&r->event_)) {
+      first.set_value(absl::OkStatus());
+      v1::RegisterEvent ignored;
+      while (r->reader_->Read(&ignored)) {
+      }
+      r->reader_->Finish().ok();
+      return;
+    }
+    first.set_value(FromGrpcStatus(r->reader_->Finish()));
+  });
+  if (answered.wait_for(absl::ToChronoSeconds(timeout)) != std::future_status::ready) {
+    r->context_.TryCancel();
+    answered.wait();
+    return absl::DeadlineExceededError("the agent did not answer the registration in time");
+  }
+  absl::Status status = answered.get();
+  if (!status.ok()) return status;
+  return registration;
+}
+
+absl::StatusOr<v1::AgentStatus> AgentClient::Status(absl::Duration timeout) {
+  return Unary<v1::AgentStatusRequest, v1::AgentStatus>(
+      [&](auto* c, const auto& q, auto* a) { return stub_->Status(c, q, a); }, v1::AgentStatusRequest(), timeout);
+}
+
+CoordinatorClient::CoordinatorClient(const std::string& address)
+    : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout) {
+  v1::SyncRequest request;
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  // The coordinator needs a little longer than the sync's own deadline to report it.
+  return Unary<v1::SyncRequest, v1::SyncResponse>([&](auto* c, const auto& q, auto* a) { return stub_->Sync(c, q, a); },
+                                                  request, timeout + absl::Seconds(10));
+}
+
+absl::StatusOr<v1::ExplainResponse> CoordinatorClient::Explain(double link_gbps, double memory_gbps,
+                                                               absl::Duration timeout) {
+  v1::ExplainRequest request;
+  request.set_link_gbps(link_gbps);
+  request.set_memory_gbps(memory_gbps);
+  return Unary<v1::ExplainRequest, v1::ExplainResponse>(
+      [&](auto* c, const auto& q, auto* a) { return stub_->Explain(c, q, a); }, request, timeout);
+}
+
+absl::StatusOr<v1::CoordinatorStatus> CoordinatorClient::Status(absl::Duration timeout) {
+  return Unary<v1::CoordinatorStatusRequest, v1::CoordinatorStatus>(
+      [&](auto* c, const auto& q, auto* a) { return stub_->Status(c, q, a); }, v1::CoordinatorStatusRequest(), timeout);
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& name, int64_t bytes) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("shm_open('", name, "'): ", std::strerror(errno)));
+  const size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    const int error = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::InternalError(absl::StrCat("ftruncate('", name, "'): ", std::strerror(error)));
+  }
+  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  close(fd);
+  if (data == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return absl::InternalError(absl::StrCat("mmap('", name, "'): ", std::strerror(error)));
+  }
+  return std::unique_ptr<SharedMemory>(new SharedMemory(name, static_cast<uint8_t*>(data), bytes));
+}
+
+SharedMemory::~SharedMemory() {
+  munmap(data_, static_cast<size_t>(std::max<int64_t>(bytes_, 1)));
+  shm_unlink(name_.c_str());
+}
+
+}  // namespace shardsync::client

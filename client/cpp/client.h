@@ -1,0 +1,76 @@
+// C++ client library: register buffers with the local agent, trigger syncs and read
+// status from the coordinator. Errors come back as absl::Status with the server's code.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/shardsync.grpc.pb.h"
+
+namespace shardsync::client {
+
+// A registration the agent holds while this object lives. Destroying it (or the process
+// exiting) ends the call, and the agent drops the buffers and layouts.
+class Registration {
+ public:
+  ~Registration();
+  int32_t rank() const { return event_.rank(); }
+  // The coordinator's layout epoch once it took the layouts; -1 if not yet.
+  int64_t layout_epoch() const { return event_.layout_epoch(); }
+
+ private:
+  friend class AgentClient;
+  Registration() = default;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::RegisterEvent>> reader_;
+  v1::RegisterEvent event_;
+  std::thread holder_;
+};
+
+class AgentClient {
+ public:
+  // `socket` is the agent's unix socket path.
+  explicit AgentClient(const std::string& socket);
+  // Returns once the agent opened and checked everything (or refused it).
+  absl::StatusOr<std::unique_ptr<Registration>> Register(const v1::RegisterRequest& request, absl::Duration timeout);
+  absl::StatusOr<v1::AgentStatus> Status(absl::Duration timeout);
+
+ private:
+  std::unique_ptr<v1::Agent::Stub> stub_;
+};
+
+class CoordinatorClient {
+ public:
+  explicit CoordinatorClient(const std::string& address);
+  // Waits for the whole sync; `timeout` bounds the wait and is passed on as the sync's.
+  absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout);
+  absl::StatusOr<v1::ExplainResponse> Explain(double link_gbps, double memory_gbps, absl::Duration timeout);
+  absl::StatusOr<v1::CoordinatorStatus> Status(absl::Duration timeout);
+
+ private:
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+// A POSIX shared memory object this process creates and owns (CPU mode): mapped
+// read-write, unlinked when destroyed.
+class SharedMemory {
+ public:
+  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(const std::string& name, int64_t bytes);
+  ~SharedMemory();
+  uint8_t* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  SharedMemory(std::string name, uint8_t* data, int64_t bytes) : name_(std::move(name)), data_(data), bytes_(bytes) {}
+  std::string name_;
+  uint8_t* data_;
+  int64_t bytes_;
+};
+
+}  // namespace shardsync::client

@@ -1,0 +1,204 @@
+#include "daemon/agent/agent.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "planner/box.h"
+#include "spdlog/spdlog.h"
+
+namespace shardsync::agent {
+namespace {
+
+// Bytes [base, end) a strided region of `axes` touches, in elements of `element` bytes.
+bool Fits(int64_t base, const int64_t* shape, const int64_t* strides, int axes, int64_t element, int64_t bytes) {
+  if (base < 0) return false;
+  __int128 last = base;
+  for (int k = 0; k < axes; ++k) {
+    if (strides[k] < 0 || shape[k] <= 0) return false;
+    last += static_cast<__int128>(shape[k] - 1) * strides[k];
+  }
+  return (last + 1) * element <= bytes;
+}
+
+}  // namespace
+
+Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link)
+    : config_(std::move(config)),
+      registry_(registry),
+      link_(link),
+      transport_(config_.rank, mailbox_),
+      engine_(transport_) {}
+
+grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
+                             grpc::ServerWriter<v1::RegisterEvent>* writer) {
+  if (auto status = registry_.Add(request); !status.ok()) {
+    spdlog::warn("refused registration of '{}': {}", request.client_id(), std::string(status.message()));
+    return ToGrpcStatus(status);
+  }
+  const int64_t version = registry_.version();
+  link_.Nudge();
+  spdlog::info("client '{}' registered {} buffers and {} tensors", request.client_id(), request.buffers_size(),
+               request.tensors_size());
+  v1::RegisterEvent event;
+  event.set_rank(config_.rank);
+  event.set_layout_epoch(link_.WaitPublished(version, absl::Now() + config_.rpc_deadline));
+  writer->Write(event);
+  // Held until the client goes away (cancel, exit) or the agent stops.
+  while (!context->IsCancelled() && !shutting_down_) absl::SleepFor(absl::Milliseconds(20));
+  registry_.Remove(request.client_id());
+  link_.Nudge();
+  spdlog::info("client '{}' went away; its registrations are dropped", request.client_id());
+  return grpc::Status::OK;
+}
+
+v1::AgentStatus Agent::Status() const {
+  v1::AgentStatus status;
+  status.set_rank(config_.rank);
+  status.set_device(config_.device);
+  status.set_joined(link_.joined());
+  for (v1::ClientInfo& client : registry_.Clients()) *status.add_clients() = std::move(client);
+  absl::MutexLock lock(&mu_);
+  status.set_last_sync_id(last_sync_id_);
+  status.set_target_valid(target_valid_);
+  return status;
+}
+
+absl::Status Agent::Check(const daemon::LocalSchedule& local) const {
+  const auto buffer = [&](int32_t id, v1::Role role, const std::string& tensor) -> absl::StatusOr<int64_t> {
+    const std::string& name = local.buffer_names.at(id);
+    auto entry = registry_.Find(name);
+    if (!entry) return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is not registered"));
+    if (entry->role != role) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is registered as ",
+                                                        v1::Role_Name(entry->role), ", the plan uses it as ",
+                                                        v1::Role_Name(role)));
+    }
+    return entry->memory->bytes();
+  };
+  for (const planner::Segment& s : local.plan.segments) {
+    const std::string& tensor = local.plan.tensor_names[s.tensor];
+    for (bool source : {true, false}) {
+      const planner::Holder holder = source ? s.src : s.dst;
+      if (holder.rank != config_.rank) continue;
+      auto bytes = buffer(holder.buffer, source ? v1::SOURCE : v1::TARGET, tensor);
+      if (!bytes.ok()) return bytes.status();
+      const planner::DType dtype = source ? s.src_dtype : s.dst_dtype;
+      if (!Fits(source ? s.src_base : s.dst_base, s.shape.data(), (source ? s.src_strides : s.dst_strides).data(),
+                s.axes, planner::ElementBytes(dtype), *bytes)) {
+        return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': a segment lies outside buffer '",
+                                                          local.buffer_names[holder.buffer], "' (", *bytes, " bytes)"));
+      }
+    }
+  }
+  for (const planner::FillOp& f : local.plan.fills) {
+    const std::string& tensor = local.plan.tensor_names[f.tensor];
+    auto bytes = buffer(f.fill.holder.buffer, v1::TARGET, tensor);
+    if (!bytes.ok()) return bytes.status();
+    if (!Fits(f.fill.base, f.fill.shape.data(), f.fill.strides.data(), static_cast<int>(f.fill.shape.size()),
+              planner::ElementBytes(f.dtype), *bytes)) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': a fill lies outside its buffer"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
+  v1::PrepareResponse response;
+  const auto refuse = [&](const absl::Status& status) {
+    response.set_ok(false);
+    response.set_refusal(std::string(status.message()));
+    spdlog::warn("refusing sync {}: {}", request.sync_id(), std::string(status.message()));
+    return response;
+  };
+  if (request.staging_bytes() <= 0 || request.staging_bytes() > config_.max_staging_bytes) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("staging budget of ", request.staging_bytes(),
+                                                          " bytes is outside (0, ", config_.max_staging_bytes, "]")));
+  }
+  absl::MutexLock lock(&mu_);
+  if (request.schedule_cached()) {
+    auto it = prepared_.find(request.digest());
+    if (it == prepared_.end()) {
+      response.set_schedule_missing(true);
+      return response;
+    }
+    it->second.sync_id = request.sync_id();
+    if (auto status = Check(it->second.local); !status.ok()) return refuse(status);
+    response.set_ok(true);
+    return response;
+  }
+  auto local = daemon::DecodeSchedule(request, config_.rank);
+  if (!local.ok()) return refuse(local.status());
+  if (auto status = Check(*local); !status.ok()) return refuse(status);
+  Prepared prepared{*std::move(local), request.sync_id(), request.staging_bytes(),
+                    absl::Milliseconds(request.deadline_ms()),
+                    {request.peer_addresses().begin(), request.peer_addresses().end()}};
+  prepared_.clear();  // one plan per epoch: the previous one is stale
+  prepared_[request.digest()] = std::move(prepared);
+  response.set_ok(true);
+  return response;
+}
+
+absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) {
+  absl::MutexLock execute_lock(&execute_mu_);
+  Prepared prepared;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = prepared_.find(request.digest());
+    if (it == prepared_.end() || it->second.sync_id != request.sync_id()) {
+      return absl::FailedPreconditionError(absl::StrCat("sync ", request.sync_id(), " was not prepared on rank ", config_.rank));
+    }
+    if (aborted_sync_id_ == request.sync_id()) {
+      return absl::AbortedError(absl::StrCat("sync ", request.sync_id(), " was aborted before it started"));
+    }
+    prepared = it->second;
+    last_sync_id_ = request.sync_id();
+  }
+  // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
+  std::vector<std::shared_ptr<const BufferEntry>> held;
+  executor::BufferTable table(prepared.local.buffer_names.size(), nullptr);
+  for (size_t id = 0; id < prepared.local.buffer_names.size(); ++id) {
+    auto entry = registry_.Find(prepared.local.buffer_names[id]);
+    if (!entry) {
+      return absl::FailedPreconditionError(absl::StrCat("buffer '", prepared.local.buffer_names[id],
+                                                        "' went away after Prepare on rank ", config_.rank));
+    }
+    table[id] = entry->memory->data();
+    held.push_back(std::move(entry));
+  }
+  transport_.Reset();
+  transport_.SetPeers(prepared.peers);
+  auto stats = engine_.Run(request.sync_id(), prepared.local.plan, prepared.local.schedule, table,
+                           prepared.staging_bytes, absl::Now() + prepared.deadline);
+  absl::MutexLock lock(&mu_);
+  target_valid_ = stats.ok();
+  if (!stats.ok()) {
+    spdlog::error("sync {} failed on rank {}: {}", request.sync_id(), config_.rank, std::string(stats.status().message()));
+    return absl::Status(stats.status().code(), absl::StrCat("rank ", config_.rank, ": ", stats.status().message()));
+  }
+  v1::RankStats out;
+  out.set_rank(config_.rank);
+  out.set_rounds(stats->rounds);
+  out.set_chunks(stats->chunks);
+  out.set_sent_bytes(stats->sent_bytes);
+  out.set_received_bytes(stats->received_bytes);
+  out.set_local_bytes(stats->local_bytes);
+  out.set_fill_bytes(stats->fill_bytes);
+  out.set_peak_staging_bytes(stats->peak_staging_bytes);
+  out.set_seconds(stats->seconds);
+  return out;
+}
+
+void Agent::Abort(const v1::AbortRequest& request) {
+  spdlog::warn("aborting sync {}: {}", request.sync_id(), request.reason());
+  transport_.Abort(absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason()));
+  absl::MutexLock lock(&mu_);
+  aborted_sync_id_ = request.sync_id();
+  target_valid_ = false;
+}
+
+absl::Status Agent::Transfer(const v1::TransferRequest& request, absl::Time deadline) {
+  const std::string& data = request.data();
+  return mailbox_.Deliver(request.sync_id(), request.from_rank(), request.round(),
+                          reinterpret_cast<const uint8_t*>(data.data()), static_cast<int64_t>(data.size()), deadline);
+}
+
+}  // namespace shardsync::agent

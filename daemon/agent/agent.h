@@ -1,0 +1,74 @@
+// shardsync-agent: one per device. Serves local clients (Agent, unix socket) and the
+// coordinator and peer agents (AgentControl, TCP). A thin shell: registrations in the
+// Registry, schedules decoded by the codec, bytes moved by the executor's RoundEngine.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "daemon/agent/coordinator_link.h"
+#include "daemon/agent/grpc_transport.h"
+#include "daemon/agent/registry.h"
+#include "daemon/common/schedule_codec.h"
+#include "executor/mailbox.h"
+#include "executor/round_engine.h"
+#include "proto/shardsync.grpc.pb.h"
+
+namespace shardsync::agent {
+
+struct AgentConfig {
+  int32_t rank = 0;
+  std::string device = "cpu";
+  absl::Duration rpc_deadline = absl::Seconds(5);
+  int64_t max_staging_bytes = int64_t{256} << 20;  // refuse larger budgets at Prepare
+};
+
+class Agent {
+ public:
+  Agent(AgentConfig config, Registry& registry, CoordinatorLink& link);
+
+  // Agent service (unix socket).
+  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
+                        grpc::ServerWriter<v1::RegisterEvent>* writer);
+  v1::AgentStatus Status() const;
+
+  // AgentControl service (TCP).
+  v1::PrepareResponse Prepare(const v1::PrepareRequest& request);
+  absl::StatusOr<v1::RankStats> Execute(const v1::ExecuteRequest& request);
+  void Abort(const v1::AbortRequest& request);
+  absl::Status Transfer(const v1::TransferRequest& request, absl::Time deadline);
+
+  // Ends every Register call so the server can shut down.
+  void Shutdown() { shutting_down_ = true; }
+
+ private:
+  struct Prepared {
+    daemon::LocalSchedule local;
+    std::string sync_id;
+    int64_t staging_bytes = 0;
+    absl::Duration deadline;
+    std::map<int32_t, std::string> peers;
+  };
+  // Every buffer the schedule touches, present, of the right role, and in bounds.
+  absl::Status Check(const daemon::LocalSchedule& local) const;
+
+  const AgentConfig config_;
+  Registry& registry_;
+  CoordinatorLink& link_;
+  executor::Mailbox mailbox_;
+  GrpcTransport transport_;
+  executor::RoundEngine engine_;
+  std::atomic<bool> shutting_down_{false};
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Prepared> prepared_ ABSL_GUARDED_BY(mu_);  // by digest
+  absl::Mutex execute_mu_;  // one sync at a time on this rank
+  std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
+  std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
+  bool target_valid_ ABSL_GUARDED_BY(mu_) = true;
+};
+
+}  // namespace shardsync::agent

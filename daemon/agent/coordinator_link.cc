@@ -1,0 +1,94 @@
+#include "daemon/agent/coordinator_link.h"
+
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+
+namespace shardsync::agent {
+
+CoordinatorLink::CoordinatorLink(LinkConfig config, Registry& registry)
+    : config_(std::move(config)),
+      registry_(registry),
+      stub_(v1::Coordinator::NewStub(grpc::CreateChannel(config_.coordinator, grpc::InsecureChannelCredentials()))) {}
+
+CoordinatorLink::~CoordinatorLink() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void CoordinatorLink::Start(const std::string& address) {
+  config_.join.set_address(address);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void CoordinatorLink::Nudge() {
+  absl::MutexLock lock(&mu_);
+  nudged_ = true;
+}
+
+bool CoordinatorLink::joined() const {
+  absl::MutexLock lock(&mu_);
+  return joined_;
+}
+
+int64_t CoordinatorLink::WaitPublished(int64_t version, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const auto published = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return published_version_ >= version; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&published), deadline)) return -1;
+  return epoch_;
+}
+
+void CoordinatorLink::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      const auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || nudged_; };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), joined_ ? config_.heartbeat : absl::Milliseconds(200));
+      if (stop_) return;
+      nudged_ = false;
+    }
+    // Join doubles as the heartbeat: a new instance id means the coordinator restarted.
+    grpc::ClientContext join_context;
+    join_context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+    v1::JoinResponse joined;
+    const grpc::Status join = stub_->Join(&join_context, config_.join, &joined);
+    int64_t published = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!join.ok()) {
+        if (joined_) spdlog::warn("coordinator {} unreachable: {}", config_.coordinator, join.error_message());
+        joined_ = false;
+        continue;
+      }
+      if (!joined_ || joined.instance_id() != instance_) {
+        spdlog::info("joined coordinator {} (instance {})", config_.coordinator, joined.instance_id());
+        published_version_ = -1;  // a new coordinator knows nothing: publish again
+      }
+      joined_ = true;
+      instance_ = joined.instance_id();
+      published = published_version_;
+    }
+    if (registry_.version() == published) continue;
+    v1::PublishRequest request;
+    request.set_rank(config_.join.rank());
+    int64_t version = 0;
+    for (v1::PublishedLayout& layout : registry_.Layouts(&version)) *request.add_layouts() = std::move(layout);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+    v1::PublishResponse response;
+    const grpc::Status status = stub_->Publish(&context, request, &response);
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) {
+      spdlog::warn("publishing layouts failed: {}", status.error_message());
+      joined_ = false;
+      continue;
+    }
+    published_version_ = version;
+    epoch_ = response.layout_epoch();
+    nudged_ = nudged_ || registry_.version() != version;
+  }
+}
+
+}  // namespace shardsync::agent

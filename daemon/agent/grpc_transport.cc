@@ -1,0 +1,93 @@
+#include "daemon/agent/grpc_transport.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+
+namespace shardsync::agent {
+
+void GrpcTransport::SetPeers(const std::map<int32_t, std::string>& addresses) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [rank, address] : addresses) {
+    addresses_[rank] = address;
+    if (stubs_.count(address)) continue;
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    stubs_[address] = v1::AgentControl::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+}
+
+absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
+                                     absl::Span<const executor::SendOp> sends,
+                                     absl::Span<const executor::RecvOp> receives, absl::Time deadline) {
+  mailbox_.Post(sync_id, round, receives);
+  struct Call {
+    int32_t peer;
+    grpc::ClientContext context;
+    v1::TransferRequest request;
+    v1::TransferResponse response;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  absl::Mutex done_mu;
+  size_t done = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const executor::SendOp& send : sends) {
+      auto address = addresses_.find(send.peer);
+      if (address == addresses_.end()) return absl::UnavailableError(absl::StrCat("no address for rank ", send.peer));
+      auto call = std::make_unique<Call>();
+      call->peer = send.peer;
+      call->context.set_deadline(absl::ToChronoTime(deadline));
+      call->request.set_sync_id(std::string(sync_id));
+      call->request.set_from_rank(rank_);
+      call->request.set_round(round);
+      call->request.set_data(send.data, send.bytes);
+      in_flight_.push_back(&call->context);
+      Call* raw = call.get();
+      stubs_.at(address->second)->async()->Transfer(&raw->context, &raw->request, &raw->response,
+                                                    [raw, &done_mu, &done](grpc::Status status) {
+                                                      absl::MutexLock done_lock(&done_mu);
+                                                      raw->status = std::move(status);
+                                                      ++done;
+                                                    });
+      calls.push_back(std::move(call));
+    }
+  }
+  {
+    absl::MutexLock lock(&done_mu);
+    const size_t expected = calls.size();
+    const auto all_answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return done == expected; };
+    done_mu.Await(absl::Condition(&all_answered));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
+                                    [&](grpc::ClientContext* c) {
+                                      return std::any_of(calls.begin(), calls.end(),
+                                                         [c](const auto& call) { return &call->context == c; });
+                                    }),
+                     in_flight_.end());
+  }
+  std::vector<std::string> failed;
+  for (const auto& call : calls) {
+    if (!call->status.ok()) failed.push_back(absl::StrCat("rank ", call->peer, " (", call->status.error_message(), ")"));
+  }
+  if (!failed.empty()) {
+    return absl::UnavailableError(absl::StrCat("sending round ", round, " failed to ", absl::StrJoin(failed, ", ")));
+  }
+  return mailbox_.Wait(deadline);
+}
+
+void GrpcTransport::Abort(absl::string_view reason) {
+  mailbox_.Abort(reason);
+  absl::MutexLock lock(&mu_);
+  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+}
+
+void GrpcTransport::Reset() { mailbox_.Reset(); }
+
+}  // namespace shardsync::agent

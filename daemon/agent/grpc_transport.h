@@ -1,0 +1,41 @@
+// The host transport between agents over their own gRPC channels: a round posts its
+// receives in the mailbox (AgentControl.Transfer from peers lands there), then sends
+// every chunk to its peer with one Transfer call each, in parallel.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "executor/mailbox.h"
+#include "executor/transport.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/shardsync.grpc.pb.h"
+
+namespace shardsync::agent {
+
+class GrpcTransport final : public executor::Transport {
+ public:
+  GrpcTransport(int32_t rank, executor::Mailbox& mailbox) : rank_(rank), mailbox_(mailbox) {}
+
+  // Peers' AgentControl addresses for the next rounds (channels are kept per address).
+  void SetPeers(const std::map<int32_t, std::string>& addresses);
+
+  absl::string_view name() const override { return "grpc-host"; }
+  bool device_memory() const override { return false; }
+  absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
+                        absl::Span<const executor::RecvOp> receives, absl::Time deadline) override;
+  void Abort(absl::string_view reason) override;
+  void Reset() override;
+
+ private:
+  const int32_t rank_;
+  executor::Mailbox& mailbox_;
+  absl::Mutex mu_;
+  std::map<int32_t, std::string> addresses_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // cancelled by Abort
+};
+
+}  // namespace shardsync::agent

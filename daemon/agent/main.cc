@@ -1,0 +1,141 @@
+// shardsync-agent: flags parsed here only, into AgentConfig and LinkConfig.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "common/flags.h"
+#include "daemon/agent/agent.h"
+#include "daemon/agent/services.h"
+#include "executor/host_shm.h"
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+constexpr char kHelp[] = R"(usage: shardsync-agent --rank N --coordinator HOST:PORT --socket PATH [FLAGS]
+
+The per-device sidecar: local trainer and rollout clients register their buffers on the
+unix socket; the coordinator prepares and executes syncs over TCP; peer agents send
+chunks to each other.
+
+  --rank N               global rank of this agent (one per device), required
+  --coordinator ADDR     the coordinator's host:port, required
+  --socket PATH          unix socket for local clients, required (replaced if stale)
+  --listen ADDR          TCP address for the coordinator and peers (default 127.0.0.1:0;
+                         port 0 lets the OS choose)
+  --advertise ADDR       address peers and the coordinator use (default: the listen host
+                         with the bound port)
+  --port-file PATH       write the bound TCP port here once serving (for scripts, tests)
+  --device D             cpu (default); a GPU index comes with the GPU data path
+  --rpc-deadline-ms N    deadline of every control RPC this agent makes (default 5000)
+  --max-staging-bytes B  largest staging budget accepted per peer per direction
+                         (default 268435456); also bounds a Transfer message
+  --log-level L          trace, debug, info (default), warn, error
+)";
+
+struct Config {
+  shardsync::agent::AgentConfig agent;
+  std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, log_level = "info";
+};
+
+int Usage(const std::string& error) {
+  std::cerr << "shardsync-agent: " << error << "\n\n" << kHelp;
+  return 2;
+}
+
+void WriteAtomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  std::ofstream(temporary) << text << "\n";
+  std::rename(temporary.c_str(), path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  shardsync::Flags flags(argc, argv, 1);
+  if (flags.TakeSwitch("help")) {
+    std::cout << kHelp;
+    return 0;
+  }
+  Config c;
+  c.agent.rank = flags.TakeNumber("rank", -1);
+  c.coordinator = flags.Take("coordinator", "");
+  c.socket = flags.Take("socket", "");
+  c.listen = flags.Take("listen", c.listen);
+  c.advertise = flags.Take("advertise", "");
+  c.port_file = flags.Take("port-file", "");
+  c.agent.device = flags.Take("device", "cpu");
+  c.agent.rpc_deadline = absl::Milliseconds(flags.TakeNumber("rpc-deadline-ms", 5000));
+  c.agent.max_staging_bytes = flags.TakeNumber("max-staging-bytes", c.agent.max_staging_bytes);
+  c.log_level = flags.Take("log-level", c.log_level);
+  if (!flags.error().empty()) return Usage(flags.error());
+  if (!flags.Leftover().empty()) return Usage(flags.Leftover());
+  if (c.agent.rank < 0 || c.coordinator.empty() || c.socket.empty()) {
+    return Usage("--rank, --coordinator and --socket are required");
+  }
+  if (c.agent.device != "cpu") return Usage("--device " + c.agent.device + ": this build serves host memory only (cpu)");
+  spdlog::set_level(spdlog::level::from_str(c.log_level));
+  spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
+
+  // Signals are taken by sigwait below, in the main thread only.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  shardsync::executor::HostShmBackend host_shm;
+  shardsync::agent::Registry registry(c.agent.rank, {&host_shm});
+  shardsync::agent::LinkConfig link_config;
+  link_config.coordinator = c.coordinator;
+  link_config.rpc_deadline = c.agent.rpc_deadline;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  link_config.join.set_rank(c.agent.rank);
+  link_config.join.set_host(host);
+  link_config.join.set_device(c.agent.device);
+  shardsync::agent::CoordinatorLink link(link_config, registry);
+  shardsync::agent::Agent agent(c.agent, registry, link);
+  shardsync::agent::ControlService control(agent);
+  shardsync::agent::LocalService local(agent);
+
+  int port = 0;
+  grpc::ServerBuilder control_builder;
+  control_builder.AddListeningPort(c.listen, grpc::InsecureServerCredentials(), &port);
+  control_builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(c.agent.max_staging_bytes + (1 << 20), INT32_MAX)));
+  control_builder.RegisterService(&control);
+  std::unique_ptr<grpc::Server> control_server = control_builder.BuildAndStart();
+  if (!control_server || port == 0) {
+    spdlog::error("cannot listen on {}", c.listen);
+    return 1;
+  }
+  unlink(c.socket.c_str());  // a stale socket of an earlier run
+  grpc::ServerBuilder local_builder;
+  local_builder.AddListeningPort("unix:" + c.socket, grpc::InsecureServerCredentials());
+  local_builder.RegisterService(&local);
+  std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
+  if (!local_server) {
+    spdlog::error("cannot serve the unix socket {}", c.socket);
+    return 1;
+  }
+  chmod(c.socket.c_str(), 0660);
+  const std::string address =
+      c.advertise.empty() ? c.listen.substr(0, c.listen.rfind(':')) + ":" + std::to_string(port) : c.advertise;
+  link.Start(address);
+  if (!c.port_file.empty()) WriteAtomically(c.port_file, std::to_string(port));
+  spdlog::info("serving clients on {} and the coordinator and peers on {}", c.socket, address);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("stopping on signal {}", signal_number);
+  agent.Shutdown();
+  local_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  control_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  unlink(c.socket.c_str());
+  return 0;
+}

@@ -1,0 +1,150 @@
+#include "daemon/agent/registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "planner/validate.h"
+#include "spec/layout_spec.h"
+
+namespace shardsync::agent {
+namespace {
+
+executor::MemoryHandle ToHandle(const v1::MemoryHandle& in) {
+  executor::MemoryHandle handle;
+  handle.shm_name = in.shm_name();
+  handle.cuda_ipc_handle = in.cuda_ipc_handle();
+  handle.offset_bytes = in.offset_bytes();
+  handle.device = in.device();
+  return handle;
+}
+
+// The request's layouts checked with the planner's own rules, on this rank alone.
+absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
+  spec::BufferIds ids;
+  planner::PlanInput input;
+  for (const v1::RegisteredBuffer& b : request.buffers()) {
+    input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes()});
+  }
+  for (const v1::TensorLayout& t : request.tensors()) {
+    auto side = spec::ToTensorSide(t, ids);
+    if (!side.ok()) return side.status();
+    planner::TensorLayouts layouts{side->name, side->shape, side->dtype, side->dtype, {}, {}};
+    (request.role() == v1::SOURCE ? layouts.source : layouts.target) = side->layout;
+    input.tensors.push_back(std::move(layouts));
+  }
+  return planner::ValidatePlanInput(input);
+}
+
+}  // namespace
+
+absl::Status Registry::Add(v1::RegisterRequest request) {
+  if (request.client_id().empty()) return absl::InvalidArgumentError("a registration needs a client_id");
+  if (request.role() != v1::SOURCE && request.role() != v1::TARGET) {
+    return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': role must be SOURCE or TARGET"));
+  }
+  for (v1::TensorLayout& t : *request.mutable_tensors()) {
+    for (v1::Placement& p : *t.mutable_placements()) p.set_rank(rank_);
+    for (v1::Fill& f : *t.mutable_fills()) f.set_rank(rank_);
+  }
+  if (auto s = CheckLayouts(request, rank_); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': ", s.message()));
+  }
+  // Map every buffer before taking the lock: opening may be slow.
+  std::map<std::string, std::shared_ptr<BufferEntry>> opened;
+  for (const v1::RegisteredBuffer& b : request.buffers()) {
+    const executor::MemoryHandle handle = ToHandle(b.handle());
+    executor::MemoryBackend* backend = nullptr;
+    for (executor::MemoryBackend* candidate : backends_) {
+      if (candidate->Accepts(handle)) backend = candidate;
+    }
+    if (backend == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                     "': no memory backend on this agent takes its handle"));
+    }
+    auto memory = backend->Open(handle, b.bytes());
+    if (!memory.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client '", request.client_id(), "' buffer '", b.name(), "': ", memory.status().message()));
+    }
+    if (opened.count(b.name())) {
+      return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' names buffer '", b.name(), "' twice"));
+    }
+    opened[b.name()] = std::make_shared<BufferEntry>(
+        BufferEntry{request.client_id(), request.role(), std::shared_ptr<executor::MappedBuffer>(std::move(*memory))});
+  }
+  absl::MutexLock lock(&mu_);
+  if (clients_.count(request.client_id())) {
+    return absl::AlreadyExistsError(absl::StrCat("client '", request.client_id(), "' is already registered"));
+  }
+  for (const auto& [name, entry] : opened) {
+    if (buffers_.count(name)) {
+      return absl::AlreadyExistsError(absl::StrCat("buffer '", name, "' is already registered on rank ", rank_));
+    }
+  }
+  Client client;
+  for (auto& [name, entry] : opened) {
+    client.buffers.push_back(name);
+    buffers_[name] = entry;
+  }
+  client.request = std::move(request);
+  clients_[client.request.client_id()] = std::move(client);
+  ++version_;
+  return absl::OkStatus();
+}
+
+void Registry::Remove(const std::string& client_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = clients_.find(client_id);
+  if (it == clients_.end()) return;
+  for (const std::string& name : it->second.buffers) buffers_.erase(name);
+  clients_.erase(it);
+  ++version_;
+}
+
+std::vector<v1::PublishedLayout> Registry::Layouts(int64_t* version) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::PublishedLayout> layouts;
+  for (const auto& [id, client] : clients_) {
+    v1::PublishedLayout layout;
+    layout.set_client_id(id);
+    layout.set_role(client.request.role());
+    for (const v1::RegisteredBuffer& b : client.request.buffers()) {
+      v1::BufferInfo* info = layout.add_buffers();
+      info->set_rank(rank_);
+      info->set_name(b.name());
+      info->set_bytes(b.bytes());
+    }
+    *layout.mutable_tensors() = client.request.tensors();
+    layouts.push_back(std::move(layout));
+  }
+  if (version) *version = version_;
+  return layouts;
+}
+
+int64_t Registry::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+std::shared_ptr<const BufferEntry> Registry::Find(const std::string& buffer) const {
+  absl::MutexLock lock(&mu_);
+  auto it = buffers_.find(buffer);
+  return it == buffers_.end() ? nullptr : it->second;
+}
+
+std::vector<v1::ClientInfo> Registry::Clients() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::ClientInfo> out;
+  for (const auto& [id, client] : clients_) {
+    v1::ClientInfo info;
+    info.set_client_id(id);
+    info.set_role(client.request.role());
+    info.set_buffers(client.request.buffers_size());
+    int64_t bytes = 0;
+    for (const v1::RegisteredBuffer& b : client.request.buffers()) bytes += b.bytes();
+    info.set_bytes(bytes);
+    info.set_tensors(client.request.tensors_size());
+    out.push_back(info);
+  }
+  return out;
+}
+
+}  // namespace shardsync::agent

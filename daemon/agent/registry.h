@@ -1,0 +1,57 @@
+// What local clients registered with this agent: their buffers, mapped and checked,
+// and their tensor layouts. Thread-safe. Contract: a buffer's mapping lives as long as
+// its client's registration or a running sync that holds it, whichever is longer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "executor/memory.h"
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::agent {
+
+struct BufferEntry {
+  std::string client_id;
+  v1::Role role = v1::ROLE_UNSPECIFIED;
+  std::shared_ptr<executor::MappedBuffer> memory;
+};
+
+class Registry {
+ public:
+  Registry(int32_t rank, std::vector<executor::MemoryBackend*> backends)
+      : rank_(rank), backends_(std::move(backends)) {}
+
+  // Opens and checks every buffer (handle, size) and every placement (inside its buffer,
+  // inside its tensor, no overlapping targets); sets this agent's rank on all of them.
+  // Refuses a second registration of a client id or of a buffer name.
+  absl::Status Add(v1::RegisterRequest request);
+  // Drops a client's registrations and mappings (a running sync keeps its own).
+  void Remove(const std::string& client_id);
+
+  // The layouts to publish, never the handles; `version` changes with every Add/Remove.
+  std::vector<v1::PublishedLayout> Layouts(int64_t* version) const;
+  int64_t version() const;
+  std::shared_ptr<const BufferEntry> Find(const std::string& buffer) const;
+  std::vector<v1::ClientInfo> Clients() const;
+
+ private:
+  struct Client {
+    v1::RegisterRequest request;  // handles included, kept here only
+    std::vector<std::string> buffers;
+  };
+
+  const int32_t rank_;
+  const std::vector<executor::MemoryBackend*> backends_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Client> clients_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<BufferEntry>> buffers_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace shardsync::agent

@@ -1,0 +1,24 @@
+#include "daemon/agent/services.h"
+
+#include <algorithm>
+
+#include "common/grpc_status.h"
+
+namespace shardsync::agent {
+
+grpc::Status ControlService::Execute(grpc::ServerContext*, const v1::ExecuteRequest* request,
+                                     v1::ExecuteResponse* response) {
+  auto stats = agent_.Execute(*request);
+  if (!stats.ok()) return ToGrpcStatus(stats.status());
+  *response->mutable_stats() = *std::move(stats);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Transfer(grpc::ServerContext* context, const v1::TransferRequest* request,
+                                      v1::TransferResponse*) {
+  // A sender always sets a deadline; an hour bounds one that did not.
+  const absl::Time deadline = std::min(absl::FromChrono(context->deadline()), absl::Now() + absl::Hours(1));
+  return ToGrpcStatus(agent_.Transfer(*request, deadline));
+}
+
+}  // namespace shardsync::agent

@@ -1,0 +1,42 @@
+// gRPC service shells over Agent: translate proto and status, nothing else.
+#pragma once
+
+#include "daemon/agent/agent.h"
+
+namespace shardsync::agent {
+
+class LocalService final : public v1::Agent::Service {
+ public:
+  explicit LocalService(Agent& agent) : agent_(agent) {}
+  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                        grpc::ServerWriter<v1::RegisterEvent>* writer) override {
+    return agent_.Register(context, *request, writer);
+  }
+  grpc::Status Status(grpc::ServerContext*, const v1::AgentStatusRequest*, v1::AgentStatus* response) override {
+    *response = agent_.Status();
+    return grpc::Status::OK;
+  }
+
+ private:
+  Agent& agent_;
+};
+
+class ControlService final : public v1::AgentControl::Service {
+ public:
+  explicit ControlService(Agent& agent) : agent_(agent) {}
+  grpc::Status Prepare(grpc::ServerContext*, const v1::PrepareRequest* request, v1::PrepareResponse* response) override {
+    *response = agent_.Prepare(*request);
+    return grpc::Status::OK;
+  }
+  grpc::Status Execute(grpc::ServerContext*, const v1::ExecuteRequest* request, v1::ExecuteResponse* response) override;
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest* request, v1::AbortResponse*) override {
+    agent_.Abort(*request);
+    return grpc::Status::OK;
+  }
+  grpc::Status Transfer(grpc::ServerContext* context, const v1::TransferRequest* request, v1::TransferResponse*) override;
+
+ private:
+  Agent& agent_;
+};
+
+}  // namespace shardsync::agent

@@ -1,0 +1,185 @@
+#include "daemon/common/schedule_codec.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "spec/layout_spec.h"
+
+namespace shardsync::daemon {
+namespace {
+
+absl::Status Malformed(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed schedule: ", what));
+}
+
+void EncodeStream(const planner::PeerStream& stream, const std::map<int32_t, int32_t>& renumber,
+                  v1::PeerStreamSpec* out) {
+  out->set_peer(stream.peer);
+  out->set_bytes(stream.bytes);
+  for (int32_t s : stream.segments) out->add_segments(renumber.at(s));
+  for (const planner::Chunk& c : stream.chunks) {
+    v1::ChunkSpec* chunk = out->add_chunks();
+    chunk->set_first(c.first);
+    chunk->set_last(c.last);
+    chunk->set_first_begin(c.first_begin);
+    chunk->set_last_end(c.last_end);
+    chunk->set_bytes(c.bytes);
+  }
+}
+
+absl::StatusOr<planner::PeerStream> DecodeStream(const v1::PeerStreamSpec& in, const planner::Plan& plan) {
+  planner::PeerStream stream;
+  stream.peer = in.peer();
+  stream.bytes = in.bytes();
+  for (int32_t s : in.segments()) {
+    if (s < 0 || s >= static_cast<int32_t>(plan.segments.size())) return Malformed(absl::StrCat("segment ", s));
+    stream.segments.push_back(s);
+  }
+  for (const v1::ChunkSpec& c : in.chunks()) {
+    const int32_t count = static_cast<int32_t>(stream.segments.size());
+    if (c.first() < 0 || c.last() < c.first() || c.last() >= count || c.bytes() < 0 || c.first_begin() < 0 ||
+        c.first_begin() > planner::SegmentElements(plan.segments[stream.segments[c.first()]]) ||
+        c.last_end() > planner::SegmentElements(plan.segments[stream.segments[c.last()]])) {
+      return Malformed(absl::StrCat("a chunk of the stream with rank ", in.peer(), " is out of range"));
+    }
+    stream.chunks.push_back(planner::Chunk{c.first(), c.last(), c.first_begin(), c.last_end(), c.bytes()});
+  }
+  return stream;
+}
+
+}  // namespace
+
+v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
+                                  const std::vector<std::string>& buffer_names) {
+  v1::PrepareRequest request;
+  std::map<int32_t, int32_t> renumber;  // plan segment -> request segment
+  std::map<int32_t, int32_t> tensors;   // plan tensor -> request tensor
+  const auto tensor_of = [&](int32_t t) {
+    auto [it, added] = tensors.emplace(t, static_cast<int32_t>(tensors.size()));
+    if (added) request.add_tensor_names(plan.tensor_names[t]);
+    return it->second;
+  };
+  const auto add = [&](int32_t index) {
+    if (renumber.count(index)) return;
+    renumber[index] = request.segments_size();
+    const planner::Segment& s = plan.segments[index];
+    v1::SegmentSpec* out = request.add_segments();
+    out->set_tensor(tensor_of(s.tensor));
+    out->set_src_rank(s.src.rank);
+    out->set_src_buffer(buffer_names.at(s.src.buffer));
+    out->set_dst_rank(s.dst.rank);
+    out->set_dst_buffer(buffer_names.at(s.dst.buffer));
+    out->set_src_base(s.src_base);
+    out->set_dst_base(s.dst_base);
+    for (int k = 0; k < s.axes; ++k) {
+      out->add_shape(s.shape[k]);
+      out->add_src_strides(s.src_strides[k]);
+      out->add_dst_strides(s.dst_strides[k]);
+    }
+    out->set_src_dtype(spec::FromDType(s.src_dtype));
+    out->set_dst_dtype(spec::FromDType(s.dst_dtype));
+  };
+  for (int32_t index : schedule.local_segments) add(index);
+  for (const auto* streams : {&schedule.sends, &schedule.receives}) {
+    for (const planner::PeerStream& stream : *streams) {
+      for (int32_t index : stream.segments) add(index);
+    }
+  }
+  for (int32_t index : schedule.local_segments) request.add_local_segments(renumber.at(index));
+  for (int32_t index : schedule.fills) {
+    const planner::FillOp& f = plan.fills[index];
+    v1::FillSpec* fill = request.add_fills();
+    fill->set_tensor(tensor_of(f.tensor));
+    fill->set_buffer(buffer_names.at(f.fill.holder.buffer));
+    fill->set_base(f.fill.base);
+    for (int64_t v : f.fill.shape) fill->add_shape(v);
+    for (int64_t v : f.fill.strides) fill->add_strides(v);
+    fill->set_dtype(spec::FromDType(f.dtype));
+  }
+  for (const planner::PeerStream& stream : schedule.sends) EncodeStream(stream, renumber, request.add_sends());
+  for (const planner::PeerStream& stream : schedule.receives) EncodeStream(stream, renumber, request.add_receives());
+  request.set_rounds(schedule.rounds);
+  return request;
+}
+
+absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, int32_t rank) {
+  LocalSchedule local;
+  std::map<std::string, int32_t> ids;
+  const auto id_of = [&](const std::string& name) {
+    auto [it, added] = ids.emplace(name, static_cast<int32_t>(local.buffer_names.size()));
+    if (added) local.buffer_names.push_back(name);
+    return it->second;
+  };
+  local.plan.tensor_names.assign(request.tensor_names().begin(), request.tensor_names().end());
+  const int32_t tensors = request.tensor_names_size();
+  for (const v1::SegmentSpec& in : request.segments()) {
+    planner::Segment s;
+    if (in.tensor() < 0 || in.tensor() >= tensors) return Malformed("tensor index");
+    if (in.shape_size() < 1 || in.shape_size() > planner::kMaxAxes || in.src_strides_size() != in.shape_size() ||
+        in.dst_strides_size() != in.shape_size()) {
+      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': segment axes"));
+    }
+    if (in.src_rank() != rank && in.dst_rank() != rank) return Malformed("a segment that does not touch this rank");
+    auto src_dtype = spec::ToDType(in.src_dtype());
+    auto dst_dtype = spec::ToDType(in.dst_dtype());
+    if (!src_dtype.ok() || !dst_dtype.ok() || !planner::CanConvert(*src_dtype, *dst_dtype)) {
+      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': dtypes"));
+    }
+    s.tensor = in.tensor();
+    s.src = planner::Holder{in.src_rank(), in.src_rank() == rank ? id_of(in.src_buffer()) : -1};
+    s.dst = planner::Holder{in.dst_rank(), in.dst_rank() == rank ? id_of(in.dst_buffer()) : -1};
+    s.src_base = in.src_base();
+    s.dst_base = in.dst_base();
+    s.src_dtype = *src_dtype;
+    s.dst_dtype = *dst_dtype;
+    s.axes = static_cast<int8_t>(in.shape_size());
+    for (int k = 0; k < s.axes; ++k) {
+      if (in.shape(k) <= 0) return Malformed("a segment with an empty axis");
+      s.shape[k] = in.shape(k);
+      s.src_strides[k] = in.src_strides(k);
+      s.dst_strides[k] = in.dst_strides(k);
+    }
+    local.plan.segments.push_back(s);
+  }
+  for (const v1::FillSpec& in : request.fills()) {
+    auto dtype = spec::ToDType(in.dtype());
+    if (!dtype.ok() || in.tensor() < 0 || in.tensor() >= tensors || in.shape_size() != in.strides_size() ||
+        in.shape_size() > planner::kMaxAxes) {
+      return Malformed("fill");
+    }
+    planner::Fill fill{planner::Holder{rank, id_of(in.buffer())}, in.base(),
+                       planner::Index(in.shape().begin(), in.shape().end()),
+                       planner::Index(in.strides().begin(), in.strides().end())};
+    local.plan.fills.push_back(planner::FillOp{in.tensor(), fill, *dtype});
+    local.schedule.fills.push_back(static_cast<int32_t>(local.plan.fills.size()) - 1);
+  }
+  const int32_t segments = static_cast<int32_t>(local.plan.segments.size());
+  for (int32_t index : request.local_segments()) {
+    if (index < 0 || index >= segments) return Malformed("local segment index");
+    const planner::Segment& s = local.plan.segments[index];
+    if (s.src.rank != rank || s.dst.rank != rank) return Malformed("a local segment that is not local");
+    local.schedule.local_segments.push_back(index);
+  }
+  for (const auto& [in, out, sending] :
+       {std::make_tuple(&request.sends(), &local.schedule.sends, true),
+        std::make_tuple(&request.receives(), &local.schedule.receives, false)}) {
+    for (const v1::PeerStreamSpec& spec : *in) {
+      auto stream = DecodeStream(spec, local.plan);
+      if (!stream.ok()) return stream.status();
+      for (int32_t index : stream->segments) {
+        const planner::Segment& s = local.plan.segments[index];
+        if ((sending ? s.src.rank : s.dst.rank) != rank || (sending ? s.dst.rank : s.src.rank) != stream->peer) {
+          return Malformed(absl::StrCat("a segment in the stream with rank ", stream->peer, " has other ends"));
+        }
+      }
+      if (static_cast<int32_t>(stream->chunks.size()) > request.rounds()) return Malformed("more chunks than rounds");
+      out->push_back(*std::move(stream));
+    }
+  }
+  local.schedule.rank = rank;
+  local.schedule.rounds = request.rounds();
+  local.plan.num_ranks = 0;
+  return local;
+}
+
+}  // namespace shardsync::daemon

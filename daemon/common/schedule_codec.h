@@ -1,0 +1,28 @@
+// One rank's schedule on the wire (PrepareRequest) and back. The coordinator encodes
+// only what the rank touches, renumbered; the agent decodes it into a local plan and
+// schedule for the executor, refusing any malformed message.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/plan.h"
+#include "planner/schedule.h"
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::daemon {
+
+// `buffer_names[id]` names planner buffer id `id`.
+v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
+                                  const std::vector<std::string>& buffer_names);
+
+struct LocalSchedule {
+  planner::Plan plan;
+  planner::Schedule schedule;
+  std::vector<std::string> buffer_names;  // by the local plan's Holder::buffer id
+};
+
+absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, int32_t rank);
+
+}  // namespace shardsync::daemon

@@ -1,0 +1,297 @@
+#include "daemon/coordinator/coordinator.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+#include "daemon/common/schedule_codec.h"
+#include "daemon/coordinator/layouts.h"
+#include "grpcpp/grpcpp.h"
+#include "planner/stats.h"
+#include "spdlog/spdlog.h"
+
+namespace shardsync::coordinator {
+namespace {
+
+// Runs fn(rank) for every rank at once and waits for all.
+template <typename Fn>
+void ForEachRank(int32_t world, Fn&& fn) {
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < world; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  for (std::thread& t : threads) t.join();
+}
+
+std::string NewInstanceId() { return absl::StrCat(absl::ToUnixNanos(absl::Now())); }
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorConfig config) : config_(config), instance_id_(NewInstanceId()) {}
+
+v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
+  absl::MutexLock lock(&mu_);
+  AgentEntry& entry = agents_[request.rank()];
+  if (!entry.stub || entry.join.address() != request.address()) {
+    if (entry.stub) spdlog::info("rank {} rejoined at {}", request.rank(), request.address());
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetMaxReceiveMessageSize(-1);
+    entry.stub = v1::AgentControl::NewStub(
+        grpc::CreateCustomChannel(request.address(), grpc::InsecureChannelCredentials(), args));
+    spdlog::info("rank {} joined from {} ({})", request.rank(), request.address(), request.device());
+  }
+  entry.join = request;
+  entry.last_seen = absl::Now();
+  v1::JoinResponse response;
+  response.set_world_size(config_.world_size);
+  response.set_instance_id(instance_id_);
+  return response;
+}
+
+v1::PublishResponse Coordinator::Publish(const v1::PublishRequest& request) {
+  absl::MutexLock lock(&mu_);
+  published_[request.rank()] = request;
+  ++epoch_;
+  spdlog::info("rank {} published {} layouts; layout epoch {}", request.rank(), request.layouts_size(), epoch_);
+  v1::PublishResponse response;
+  response.set_layout_epoch(epoch_);
+  return response;
+}
+
+absl::StatusOr<bool> Coordinator::EnsurePlan() {
+  std::map<int32_t, v1::PublishRequest> published;
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cache_.epoch == epoch_) return false;
+    published = published_;
+    epoch = epoch_;
+  }
+  const absl::Time start = absl::Now();
+  spec::BufferIds ids;
+  auto input = CollectPlanInput(published, ids);
+  if (!input.ok()) return input.status();
+  for (const planner::Buffer& b : input->buffers) {
+    if (b.holder.rank >= config_.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", b.holder.rank, " is outside a world of ", config_.world_size));
+    }
+  }
+  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
+  if (!plan.ok()) {
+    if (auto tensor = plan.status().GetPayload(planner::kUncoveredTensorPayload)) {
+      return absl::Status(plan.status().code(),
+                          absl::StrCat(plan.status().message(), MissingSourceHint(published, std::string(*tensor))));
+    }
+    return plan.status();
+  }
+  plan->num_ranks = config_.world_size;  // every agent gets a schedule, empty or not
+  auto schedules = planner::MakeSchedules(*plan, config_.staging_bytes);
+  if (!schedules.ok()) return schedules.status();
+  CachedPlan cache;
+  cache.epoch = epoch;
+  cache.digest = planner::PlanDigest(*plan, config_.staging_bytes);
+  for (const planner::Schedule& schedule : *schedules) {
+    cache.requests.push_back(daemon::EncodeSchedule(*plan, schedule, ids.names()));
+  }
+  cache.plan = *std::move(plan);
+  cache.schedules = *std::move(schedules);
+  cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  spdlog::info("planned epoch {}: {} tensors, {} segments, digest {} in {:.2f} ms", epoch, input->tensors.size(),
+               cache.plan.segments.size(), cache.digest, cache.plan_seconds * 1e3);
+  cache_ = std::move(cache);
+  delivered_.clear();
+  return true;
+}
+
+absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline) {
+  std::map<int32_t, std::string> addresses;
+  std::map<int32_t, v1::AgentControl::Stub*> stubs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, entry] : agents_) {
+      addresses[rank] = entry.join.address();
+      stubs[rank] = entry.stub.get();
+    }
+  }
+  std::vector<std::string> refusals(config_.world_size);
+  ForEachRank(config_.world_size, [&](int32_t rank) {
+    const v1::PrepareRequest& full = cache_.requests[rank];
+    v1::PrepareRequest request;
+    const bool cached = delivered_.count(rank) && delivered_.at(rank) == cache_.digest;
+    for (bool send_schedule : {!cached, true}) {
+      request = send_schedule ? full : v1::PrepareRequest();
+      request.set_schedule_cached(!send_schedule);
+      request.set_sync_id(sync_id);
+      request.set_digest(cache_.digest);
+      request.set_staging_bytes(config_.staging_bytes);
+      request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
+      for (const planner::PeerStream& stream : cache_.schedules[rank].sends) {
+        (*request.mutable_peer_addresses())[stream.peer] = addresses[stream.peer];
+      }
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+      v1::PrepareResponse response;
+      const grpc::Status status = stubs[rank]->Prepare(&context, request, &response);
+      if (!status.ok()) {
+        refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", status.error_message());
+        return;
+      }
+      if (response.schedule_missing()) continue;  // resend with the schedule
+      if (!response.ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response.refusal());
+      return;
+    }
+  });
+  std::vector<std::string> refused;
+  for (int32_t rank = 0; rank < config_.world_size; ++rank) {
+    if (!refusals[rank].empty()) {
+      refused.push_back(refusals[rank]);
+      delivered_.erase(rank);
+    } else {
+      delivered_[rank] = cache_.digest;
+    }
+  }
+  if (refused.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ",
+                                                    absl::StrJoin(refused, "; ")));
+}
+
+absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& request) {
+  absl::MutexLock sync_lock(&sync_mu_);
+  const absl::Time start = absl::Now();
+  const std::string sync_id = absl::StrCat("sync-", instance_id_.substr(instance_id_.size() - 6), "-", ++syncs_);
+  const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : config_.sync_timeout;
+  const auto finish = [&](absl::Status status) -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    last_sync_id_ = sync_id;
+    last_sync_ok_ = status.ok();
+    last_sync_error_ = std::string(status.message());
+    if (!status.ok()) spdlog::warn("{} failed: {}", sync_id, last_sync_error_);
+    return status;
+  };
+  std::vector<int32_t> missing;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int32_t r = 0; r < config_.world_size; ++r) {
+      if (!agents_.count(r)) missing.push_back(r);
+    }
+  }
+  if (!missing.empty()) {
+    return finish(absl::FailedPreconditionError(
+        absl::StrCat("rank ", absl::StrJoin(missing, ", rank "), " has not joined (world of ", config_.world_size, ")")));
+  }
+  const absl::StatusOr<bool> planned = EnsurePlan();
+  if (!planned.ok()) {
+    return finish(absl::FailedPreconditionError(
+        absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
+  }
+  if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
+
+  std::map<int32_t, v1::AgentControl::Stub*> stubs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, entry] : agents_) stubs[rank] = entry.stub.get();
+  }
+  std::vector<grpc::Status> results(config_.world_size);
+  std::vector<v1::ExecuteResponse> responses(config_.world_size);
+  ForEachRank(config_.world_size, [&](int32_t rank) {
+    v1::ExecuteRequest execute;
+    execute.set_sync_id(sync_id);
+    execute.set_digest(cache_.digest);
+    grpc::ClientContext context;
+    // The agent's own waits end at the timeout; this leaves it room to say so.
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + config_.rpc_deadline));
+    results[rank] = stubs[rank]->Execute(&context, execute, &responses[rank]);
+  });
+  std::vector<std::string> failures;
+  for (int32_t rank = 0; rank < config_.world_size; ++rank) {
+    if (!results[rank].ok()) failures.push_back(absl::StrCat("rank ", rank, ": ", results[rank].error_message()));
+  }
+  if (!failures.empty()) {
+    ForEachRank(config_.world_size, [&](int32_t rank) {
+      v1::AbortRequest abort;
+      abort.set_sync_id(sync_id);
+      abort.set_reason(absl::StrJoin(failures, "; "));
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+      v1::AbortResponse ignored;
+      stubs[rank]->Abort(&context, abort, &ignored);
+    });
+    delivered_.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      targets_valid_ = false;
+    }
+    return finish(absl::UnavailableError(absl::StrCat("sync ", sync_id, " failed; targets are invalid until the next sync succeeds: ",
+                                                      absl::StrJoin(failures, "; "))));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    targets_valid_ = true;
+  }
+  v1::SyncResponse response;
+  response.set_sync_id(sync_id);
+  response.set_layout_epoch(cache_.epoch);
+  response.set_digest(cache_.digest);
+  response.set_plan_seconds(*planned ? cache_.plan_seconds : 0);
+  for (v1::ExecuteResponse& r : responses) *response.add_ranks() = r.stats();
+  response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  finish(absl::OkStatus()).IgnoreError();
+  return response;
+}
+
+absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainRequest& request) {
+  absl::MutexLock sync_lock(&sync_mu_);
+  if (auto planned = EnsurePlan(); !planned.ok()) return planned.status();
+  const planner::PlanStats stats = planner::ComputeStats(cache_.plan, cache_.schedules);
+  const planner::Bandwidths bandwidths{(request.link_gbps() > 0 ? request.link_gbps() : 360) * 1e9,
+                                       (request.memory_gbps() > 0 ? request.memory_gbps() : 4200) * 1e9};
+  v1::ExplainResponse response;
+  response.set_layout_epoch(cache_.epoch);
+  response.set_digest(cache_.digest);
+  response.set_tensors(static_cast<int32_t>(cache_.plan.tensor_names.size()));
+  response.set_segments(stats.segments);
+  response.set_chunks(stats.chunks);
+  response.set_rounds(stats.rounds);
+  response.set_floor_seconds(planner::CostFloorSeconds(stats, bandwidths));
+  for (size_t r = 0; r < stats.ranks.size(); ++r) {
+    v1::RankStats* rank = response.add_ranks();
+    rank->set_rank(static_cast<int32_t>(r));
+    rank->set_rounds(stats.ranks[r].rounds);
+    rank->set_chunks(stats.ranks[r].chunks);
+    rank->set_sent_bytes(stats.ranks[r].sent_bytes);
+    rank->set_received_bytes(stats.ranks[r].received_bytes);
+    rank->set_local_bytes(stats.ranks[r].local_bytes);
+    rank->set_fill_bytes(stats.ranks[r].fill_bytes);
+  }
+  for (const auto& [link, bytes] : stats.link_bytes) {
+    v1::LinkBytes* out = response.add_links();
+    out->set_from_rank(link.first);
+    out->set_to_rank(link.second);
+    out->set_bytes(bytes);
+  }
+  return response;
+}
+
+v1::CoordinatorStatus Coordinator::Status() const {
+  absl::MutexLock lock(&mu_);
+  v1::CoordinatorStatus status;
+  status.set_world_size(config_.world_size);
+  for (const auto& [rank, entry] : agents_) {
+    v1::AgentInfo* info = status.add_agents();
+    info->set_rank(rank);
+    info->set_host(entry.join.host());
+    info->set_address(entry.join.address());
+    info->set_device(entry.join.device());
+    info->set_reachable(absl::Now() - entry.last_seen < absl::Seconds(3));
+    auto published = published_.find(rank);
+    info->set_clients(published == published_.end() ? 0 : published->second.layouts_size());
+  }
+  status.set_layout_epoch(epoch_);
+  status.set_last_sync_id(last_sync_id_);
+  status.set_last_sync_ok(last_sync_ok_);
+  status.set_last_sync_error(last_sync_error_);
+  status.set_targets_valid(targets_valid_);
+  return status;
+}
+
+}  // namespace shardsync::coordinator

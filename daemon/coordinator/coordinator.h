@@ -1,0 +1,75 @@
+// shardsync-coordinator: accepts agents, plans once per layout epoch, and runs each
+// sync as Prepare everywhere, then Execute only if every agent said ok. One sync at a
+// time; a Sync that arrives while another runs waits for it (queued, in arrival order
+// of the mutex).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "planner/plan.h"
+#include "planner/schedule.h"
+#include "proto/shardsync.grpc.pb.h"
+
+namespace shardsync::coordinator {
+
+struct CoordinatorConfig {
+  int32_t world_size = 1;
+  int64_t staging_bytes = int64_t{64} << 20;   // per peer per direction
+  absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
+  absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorConfig config);
+
+  v1::JoinResponse Join(const v1::JoinRequest& request);
+  v1::PublishResponse Publish(const v1::PublishRequest& request);
+  absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
+  absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request);
+  v1::CoordinatorStatus Status() const;
+
+ private:
+  struct AgentEntry {
+    v1::JoinRequest join;
+    std::unique_ptr<v1::AgentControl::Stub> stub;
+    absl::Time last_seen;
+  };
+  // The plan of one layout epoch, encoded per rank.
+  struct CachedPlan {
+    int64_t epoch = -1;
+    planner::Plan plan;
+    std::vector<planner::Schedule> schedules;
+    std::vector<v1::PrepareRequest> requests;  // by rank, schedule only
+    std::string digest;
+    double plan_seconds = 0;
+  };
+
+  // Plans the current epoch unless cached; true when it planned now. Requires sync_mu_.
+  absl::StatusOr<bool> EnsurePlan();
+  absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline);
+
+  const CoordinatorConfig config_;
+  const std::string instance_id_;
+  mutable absl::Mutex mu_;
+  std::map<int32_t, AgentEntry> agents_ ABSL_GUARDED_BY(mu_);
+  std::map<int32_t, v1::PublishRequest> published_ ABSL_GUARDED_BY(mu_);
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
+  std::string last_sync_error_ ABSL_GUARDED_BY(mu_);
+  bool last_sync_ok_ ABSL_GUARDED_BY(mu_) = false;
+  bool targets_valid_ ABSL_GUARDED_BY(mu_) = true;
+
+  absl::Mutex sync_mu_;  // one sync (or explain) at a time; held before mu_
+  CachedPlan cache_ ABSL_GUARDED_BY(sync_mu_);
+  std::map<int32_t, std::string> delivered_ ABSL_GUARDED_BY(sync_mu_);  // rank -> digest it holds
+  int64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
+};
+
+}  // namespace shardsync::coordinator

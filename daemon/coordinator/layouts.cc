@@ -1,0 +1,76 @@
+#include "daemon/coordinator/layouts.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "planner/box.h"
+
+namespace shardsync::coordinator {
+namespace {
+
+// One side of a tensor gathered over ranks: the first publisher fixes shape and dtype.
+struct Gathered {
+  planner::TensorSide side;
+  int32_t first_rank = 0;
+};
+
+absl::Status Merge(std::map<std::string, Gathered>& into, const v1::TensorLayout& layout, int32_t rank,
+                   spec::BufferIds& ids) {
+  auto side = spec::ToTensorSide(layout, ids);
+  if (!side.ok()) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ", side.status().message()));
+  auto [it, added] = into.emplace(side->name, Gathered{*side, rank});
+  if (added) return absl::OkStatus();
+  planner::TensorSide& have = it->second.side;
+  if (have.shape != side->shape || have.dtype != side->dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", side->name, "': rank ", it->second.first_rank, " registered shape ", planner::IndexToString(have.shape),
+        " ", planner::DTypeName(have.dtype), ", rank ", rank, " registered ", planner::IndexToString(side->shape), " ",
+        planner::DTypeName(side->dtype)));
+  }
+  have.layout.placements.insert(have.layout.placements.end(), side->layout.placements.begin(),
+                                side->layout.placements.end());
+  have.layout.fills.insert(have.layout.fills.end(), side->layout.fills.begin(), side->layout.fills.end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::PublishRequest>& published,
+                                                    spec::BufferIds& ids) {
+  planner::PlanInput input;
+  std::map<std::string, Gathered> sources, targets;
+  for (const auto& [rank, publication] : published) {
+    for (const v1::PublishedLayout& layout : publication.layouts()) {
+      for (const v1::BufferInfo& b : layout.buffers()) {
+        input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes()});
+      }
+      for (const v1::TensorLayout& t : layout.tensors()) {
+        auto status = Merge(layout.role() == v1::SOURCE ? sources : targets, t, rank, ids);
+        if (!status.ok()) return status;
+      }
+    }
+  }
+  std::vector<planner::TensorSide> source_sides, target_sides;
+  for (auto& [name, g] : sources) source_sides.push_back(std::move(g.side));
+  for (auto& [name, g] : targets) target_sides.push_back(std::move(g.side));
+  auto matched = planner::MatchTensors(source_sides, target_sides);
+  if (!matched.ok()) return matched.status();
+  input.tensors = *std::move(matched);
+  return input;
+}
+
+std::string MissingSourceHint(const std::map<int32_t, v1::PublishRequest>& published, const std::string& tensor) {
+  std::vector<int32_t> missing;
+  for (const auto& [rank, publication] : published) {
+    bool sources = false, has_tensor = false;
+    for (const v1::PublishedLayout& layout : publication.layouts()) {
+      if (layout.role() != v1::SOURCE) continue;
+      sources = sources || layout.tensors_size() > 0;
+      for (const v1::TensorLayout& t : layout.tensors()) has_tensor = has_tensor || t.name() == tensor;
+    }
+    if (sources && !has_tensor) missing.push_back(rank);
+  }
+  if (missing.empty()) return "";
+  return absl::StrCat(" (ranks publishing sources but none of '", tensor, "': rank ", absl::StrJoin(missing, ", rank "), ")");
+}
+
+}  // namespace shardsync::coordinator

@@ -1,0 +1,86 @@
+// shardsync-coordinator: flags parsed here only, into CoordinatorConfig.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "common/flags.h"
+#include "daemon/coordinator/services.h"
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+constexpr char kHelp[] = R"(usage: shardsync-coordinator --world N [FLAGS]
+
+Plans every parameter once per layout epoch and runs each sync: Prepare on every
+agent, then Execute only if all said ok.
+
+  --world N              number of agents (ranks 0..N-1), required
+  --listen ADDR          host:port to serve agents and clients (default 127.0.0.1:7070;
+                         port 0 lets the OS choose)
+  --port-file PATH       write the bound port here once serving (for scripts, tests)
+  --staging-bytes B      staging budget per peer per direction (default 67108864)
+  --rpc-deadline-ms N    deadline of Prepare and Abort calls (default 5000)
+  --sync-timeout-ms N    default deadline of a sync's Execute (default 60000)
+  --log-level L          trace, debug, info (default), warn, error
+)";
+
+int Usage(const std::string& error) {
+  std::cerr << "shardsync-coordinator: " << error << "\n\n" << kHelp;
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  shardsync::Flags flags(argc, argv, 1);
+  if (flags.TakeSwitch("help")) {
+    std::cout << kHelp;
+    return 0;
+  }
+  shardsync::coordinator::CoordinatorConfig config;
+  config.world_size = flags.TakeNumber("world", 0);
+  const std::string listen = flags.Take("listen", "127.0.0.1:7070");
+  const std::string port_file = flags.Take("port-file", "");
+  config.staging_bytes = flags.TakeNumber("staging-bytes", config.staging_bytes);
+  config.rpc_deadline = absl::Milliseconds(flags.TakeNumber("rpc-deadline-ms", 5000));
+  config.sync_timeout = absl::Milliseconds(flags.TakeNumber("sync-timeout-ms", 60000));
+  const std::string log_level = flags.Take("log-level", "info");
+  if (!flags.error().empty()) return Usage(flags.error());
+  if (!flags.Leftover().empty()) return Usage(flags.Leftover());
+  if (config.world_size < 1) return Usage("--world must be at least 1");
+  if (config.staging_bytes < 1) return Usage("--staging-bytes must be positive");
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e coordinator %l %v");
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  shardsync::coordinator::Coordinator coordinator(config);
+  shardsync::coordinator::CoordinatorService service(coordinator);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);  // layouts of large models
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::error("cannot listen on {}", listen);
+    return 1;
+  }
+  if (!port_file.empty()) {
+    std::ofstream(port_file + ".tmp") << port << "\n";
+    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  }
+  spdlog::info("serving on port {} for a world of {} agents", port, config.world_size);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("stopping on signal {}", signal_number);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

@@ -1,0 +1,42 @@
+// The Coordinator gRPC service: a shell translating proto and status.
+#pragma once
+
+#include "common/grpc_status.h"
+#include "daemon/coordinator/coordinator.h"
+
+namespace shardsync::coordinator {
+
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  explicit CoordinatorService(Coordinator& coordinator) : coordinator_(coordinator) {}
+
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request, v1::JoinResponse* response) override {
+    *response = coordinator_.Join(*request);
+    return grpc::Status::OK;
+  }
+  grpc::Status Publish(grpc::ServerContext*, const v1::PublishRequest* request, v1::PublishResponse* response) override {
+    *response = coordinator_.Publish(*request);
+    return grpc::Status::OK;
+  }
+  grpc::Status Sync(grpc::ServerContext*, const v1::SyncRequest* request, v1::SyncResponse* response) override {
+    return Answer(coordinator_.Sync(*request), response);
+  }
+  grpc::Status Explain(grpc::ServerContext*, const v1::ExplainRequest* request, v1::ExplainResponse* response) override {
+    return Answer(coordinator_.Explain(*request), response);
+  }
+  grpc::Status Status(grpc::ServerContext*, const v1::CoordinatorStatusRequest*, v1::CoordinatorStatus* response) override {
+    *response = coordinator_.Status();
+    return grpc::Status::OK;
+  }
+
+ private:
+  template <typename T>
+  static grpc::Status Answer(absl::StatusOr<T> result, T* response) {
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = *std::move(result);
+    return grpc::Status::OK;
+  }
+  Coordinator& coordinator_;
+};
+
+}  // namespace shardsync::coordinator

@@ -1,0 +1,119 @@
+#include "tests/e2e/deployment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/client.h"
+
+namespace shardsync::e2e {
+
+Deployment::Deployment(Cluster& cluster, const std::string& name, const std::string& spec_json, uint64_t seed,
+                       int extra_rank, const std::string& extra_flags)
+    : cluster_(cluster), poison_(seed) {
+  const std::string path = cluster.dir() + "/" + name + ".json";
+  std::ofstream(path) << spec_json;
+  auto spec = spec::ParseLayoutSpecJson(spec_json);
+  if (!spec.ok()) throw std::runtime_error(std::string(spec.status().message()));
+  auto input = spec::ToPlanInput(*spec, ids_);
+  if (!input.ok()) throw std::runtime_error(std::string(input.status().message()));
+  input_ = *std::move(input);
+  std::map<int, std::pair<bool, bool>> sides;  // rank -> (holds sources, holds targets)
+  for (const planner::TensorLayouts& t : input_.tensors) {
+    for (const planner::Placement& p : t.source.placements) sides[p.holder.rank].first = true;
+    for (const planner::Placement& p : t.target.placements) sides[p.holder.rank].second = true;
+  }
+  for (const auto& [rank, side] : sides) {
+    if (side.first) {
+      trainers_[rank] = cluster.StartClient(path, rank, true, seed, rank == extra_rank ? extra_flags : "");
+    }
+    if (side.second) rollouts_[rank] = cluster.StartClient(path, rank, false, seed);
+  }
+}
+
+Deployment::~Deployment() {
+  for (auto* clients : {&trainers_, &rollouts_}) {
+    for (auto& [rank, client] : *clients) client.process->WriteLine("exit");
+    for (auto& [rank, client] : *clients) client.process->Wait(absl::Seconds(5));
+  }
+  // Wait until every agent has dropped the registrations, so the next deployment can
+  // register the same buffer names.
+  for (int rank = 0; rank < 64; ++rank) {
+    if (access(cluster_.socket(rank).c_str(), F_OK) != 0) break;
+    client::AgentClient agent(cluster_.socket(rank));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      auto status = agent.Status(absl::Seconds(1));
+      if (!status.ok() || status->clients_size() == 0) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+}
+
+std::vector<std::string> Deployment::WaitReady() {
+  std::vector<std::string> lines;
+  for (auto* clients : {&trainers_, &rollouts_}) {
+    for (auto& [rank, client] : *clients) lines.push_back(client.process->ReadLine(absl::Seconds(20)));
+  }
+  return lines;
+}
+
+void Deployment::Refill(uint64_t seed) {
+  for (auto& [rank, client] : trainers_) client.process->WriteLine(absl::StrCat("refill ", seed));
+  for (auto& [rank, client] : trainers_) client.process->ReadLine(absl::Seconds(20));
+}
+
+std::string Deployment::RolloutAddress(int rank) {
+  Process& process = *rollouts_.at(rank).process;
+  process.WriteLine("address");
+  return process.ReadLine(absl::Seconds(10));
+}
+
+Contents Deployment::ReadTargets() const {
+  Contents contents;
+  for (const planner::Buffer& b : input_.buffers) {
+    auto rollout = rollouts_.find(b.holder.rank);
+    if (rollout == rollouts_.end() || ids_.Name(b.holder.buffer) != "arena") continue;
+    const std::string name = absl::StrCat(rollout->second.shm_prefix, "-r", b.holder.rank, "-arena");
+    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) continue;
+    void* data = mmap(nullptr, std::max<int64_t>(b.bytes, 1), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (data == MAP_FAILED) continue;
+    contents[b.holder].assign(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + b.bytes);
+    munmap(data, std::max<int64_t>(b.bytes, 1));
+  }
+  return contents;
+}
+
+std::vector<std::string> Deployment::CheckTargets(uint64_t seed) const {
+  std::vector<std::string> errors;
+  const Contents expected = ExpectedTargets(input_, seed, poison_);
+  const Contents actual = ReadTargets();
+  for (const auto& [holder, bytes] : expected) {
+    auto it = actual.find(holder);
+    if (it == actual.end()) {
+      errors.push_back(absl::StrCat("rank ", holder.rank, ": target buffer not readable"));
+      continue;
+    }
+    for (size_t i = 0; i < bytes.size() && errors.size() < 5; ++i) {
+      if (it->second[i] != bytes[i]) {
+        errors.push_back(absl::StrCat("rank ", holder.rank, " arena byte ", i, " differs"));
+        break;
+      }
+    }
+  }
+  return errors;
+}
+
+absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout) {
+  client::CoordinatorClient coordinator(cluster.coordinator());
+  return coordinator.Sync(timeout);
+}
+
+}  // namespace shardsync::e2e

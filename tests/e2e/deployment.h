@@ -1,0 +1,50 @@
+// One layout deployed on a Cluster: a trainer client on every rank that holds sources,
+// a rollout client on every rank that holds targets, and checks of the targets' bytes.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/types.h"
+#include "proto/shardsync.pb.h"
+#include "spec/layout_spec.h"
+#include "tests/e2e/contents.h"
+#include "tests/e2e/harness.h"
+
+namespace shardsync::e2e {
+
+class Deployment {
+ public:
+  // Writes `spec_json` into the cluster's folder and starts every client with `seed`
+  // (sources) and poison `seed` (targets). `extra_flags` go to the trainer of
+  // `extra_rank` (-1: none).
+  Deployment(Cluster& cluster, const std::string& name, const std::string& spec_json, uint64_t seed,
+             int extra_rank = -1, const std::string& extra_flags = "");
+  ~Deployment();  // clients leave; waits until every agent dropped them
+
+  // Every client's first line: "ready ..." (registered) or why not.
+  std::vector<std::string> WaitReady();
+  // Rewrites every trainer's sources with the values of `seed`.
+  void Refill(uint64_t seed);
+  // Every target buffer's bytes as they are now.
+  Contents ReadTargets() const;
+  // Mismatches between the targets and a sync of `seed` (first few), empty when exact.
+  std::vector<std::string> CheckTargets(uint64_t seed) const;
+  const planner::PlanInput& input() const { return input_; }
+  uint64_t poison() const { return poison_; }
+  std::string RolloutAddress(int rank);
+
+ private:
+  Cluster& cluster_;
+  spec::BufferIds ids_;
+  planner::PlanInput input_;
+  uint64_t poison_;
+  std::map<int, Cluster::Client> trainers_;
+  std::map<int, Cluster::Client> rollouts_;
+};
+
+absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout);
+
+}  // namespace shardsync::e2e

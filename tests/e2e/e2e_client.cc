@@ -1,0 +1,87 @@
+// A trainer or rollout client process for end-to-end tests. Creates a shared-memory
+// buffer for each of its rank's buffers in a layout spec, fills sources with the values
+// of a seed (targets with poison), registers them with its agent and holds them.
+// Then answers lines on stdin: "refill SEED" rewrites the sources, "address" prints
+// where the first buffer is mapped, "exit" (or end of input) leaves.
+// Prints "ready rank=R epoch=E" once registered, or "refused MESSAGE" and exits 3.
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "client/cpp/client.h"
+#include "common/flags.h"
+#include "spec/layout_spec.h"
+#include "tests/e2e/contents.h"
+
+int main(int argc, char** argv) {
+  using namespace shardsync;
+  Flags flags(argc, argv, 1);
+  const std::string socket = flags.Take("socket", "");
+  const std::string spec_path = flags.Take("spec", "");
+  const int32_t rank = flags.TakeNumber("rank", -1);
+  const bool sources = flags.Take("role", "source") == "source";
+  const uint64_t seed = flags.TakeNumber<uint64_t>("seed", 1);
+  const std::string prefix = flags.Take("shm-prefix", "/shardsync-e2e");
+  const std::string client_id = flags.Take("client-id", "client");
+  const std::string drop = flags.Take("drop-tensor", "");
+  if (!flags.error().empty() || !flags.Leftover().empty() || socket.empty() || spec_path.empty() || rank < 0) {
+    std::cerr << "e2e_client: bad flags " << flags.error() << flags.Leftover() << "\n";
+    return 2;
+  }
+  auto spec = spec::ReadLayoutSpecFile(spec_path);
+  spec::BufferIds ids;
+  auto input = spec.ok() ? spec::ToPlanInput(*spec, ids) : spec.status();
+  if (!input.ok()) {
+    std::cerr << "e2e_client: " << input.status().message() << "\n";
+    return 2;
+  }
+  const spec::RankSide side = spec::RankLayouts(*input, ids, rank, sources);
+
+  v1::RegisterRequest request;
+  request.set_client_id(client_id);
+  request.set_role(sources ? v1::SOURCE : v1::TARGET);
+  std::map<planner::Holder, std::unique_ptr<client::SharedMemory>> memory;
+  const e2e::Contents initial = sources ? e2e::SourceContents(*input, seed) : e2e::Contents();
+  for (const v1::BufferInfo& b : side.buffers) {
+    const planner::Holder holder{rank, ids.Id(b.name())};
+    const std::string name = prefix + "-r" + std::to_string(rank) + "-" + b.name();
+    auto shm = client::SharedMemory::Create(name, b.bytes());
+    if (!shm.ok()) {
+      std::cerr << "e2e_client: " << shm.status().message() << "\n";
+      return 1;
+    }
+    const std::vector<uint8_t> contents = sources ? initial.at(holder) : e2e::PoisonedBuffer(b.bytes(), holder, seed);
+    std::memcpy((*shm)->data(), contents.data(), contents.size());
+    v1::RegisteredBuffer* registered = request.add_buffers();
+    registered->set_name(b.name());
+    registered->set_bytes(b.bytes());
+    registered->mutable_handle()->set_shm_name(name);
+    registered->mutable_handle()->set_device(-1);
+    memory[holder] = *std::move(shm);
+  }
+  for (const v1::TensorLayout& t : side.tensors) {
+    if (t.name() != drop) *request.add_tensors() = t;
+  }
+
+  client::AgentClient agent(socket);
+  auto registration = agent.Register(request, absl::Seconds(10));
+  if (!registration.ok()) {
+    std::cout << "refused " << registration.status().message() << std::endl;
+    return 3;
+  }
+  std::cout << "ready rank=" << (*registration)->rank() << " epoch=" << (*registration)->layout_epoch() << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line.rfind("refill ", 0) == 0) {
+      const e2e::Contents contents = e2e::SourceContents(*input, std::stoull(line.substr(7)));
+      for (auto& [holder, shm] : memory) std::memcpy(shm->data(), contents.at(holder).data(), shm->bytes());
+      std::cout << "refilled" << std::endl;
+    } else if (line == "address") {
+      std::cout << "address " << static_cast<const void*>(memory.begin()->second->data()) << std::endl;
+    } else if (line == "exit") {
+      break;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,81 @@
+// Real processes for end-to-end tests: a coordinator, agents and client helpers,
+// started from the test's runfiles with OS-chosen ports and a private temp folder.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace shardsync::e2e {
+
+// A child process with its stdin and stdout piped to us and stderr in a log file.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const std::string& log_path);
+  ~Process();  // SIGKILL if still running
+  // The next stdout line, or "" at the deadline or end of output.
+  std::string ReadLine(absl::Duration timeout);
+  void WriteLine(const std::string& line);
+  void Signal(int signal);
+  // Waits for the exit; returns the exit code (128 + signal if killed), -1 on timeout.
+  int Wait(absl::Duration timeout);
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_path_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;
+  int stdout_fd_ = -1;
+  std::string buffered_;
+  std::string log_path_;
+  bool exited_ = false;
+  int exit_code_ = -1;
+};
+
+struct ClusterOptions {
+  int agents = 4;
+  int64_t staging_bytes = 1 << 20;
+  int64_t sync_timeout_ms = 10000;
+  int64_t rpc_deadline_ms = 3000;
+  std::map<int, int64_t> agent_max_staging_bytes;  // per rank, default the agent's
+};
+
+// A coordinator and one agent per rank, all on localhost.
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions options);
+  ~Cluster();
+  const std::string& coordinator() const { return coordinator_address_; }
+  std::string socket(int rank) const;
+  const std::string& dir() const { return dir_; }
+  void StartAgent(int rank);
+  Process& agent(int rank) { return *agents_.at(rank); }
+  // A client helper (tests/e2e/e2e_client) for one rank and side; its buffers are the
+  // shared memory objects `shm_prefix` + "-r<rank>-<buffer name>".
+  struct Client {
+    std::unique_ptr<Process> process;
+    std::string shm_prefix;
+  };
+  Client StartClient(const std::string& spec, int rank, bool sources, uint64_t seed,
+                     const std::string& extra_flags = "");
+  // Dumps every daemon log to stderr (on failure, to see why).
+  void DumpLogs() const;
+
+ private:
+  ClusterOptions options_;
+  std::string dir_;
+  std::string coordinator_address_;
+  std::unique_ptr<Process> coordinator_;
+  std::map<int, std::unique_ptr<Process>> agents_;
+  int clients_started_ = 0;
+};
+
+// Reads an integer written to `path` by a daemon (a port), waiting up to `timeout`.
+int WaitForPortFile(const std::string& path, absl::Duration timeout);
+
+}  // namespace shardsync::e2e
