@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli/format.h"
+#include "client/cli/sync_table.h"
 #include "client/cpp/client.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -37,23 +38,7 @@ int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& e
     PrintJson(*response, out);
     return 0;
   }
-  out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s)\n\n", response->sync_id(),
-                         response->layout_epoch(), response->digest(), response->seconds(), response->plan_seconds());
-  out << absl::StrFormat("%-6s %12s %12s %12s %7s %7s %13s %10s %9s\n", "rank", "sent", "received", "local", "rounds",
-                         "chunks", "peak staging", "seconds", "GB/s");
-  int64_t sent = 0, received = 0, local = 0;
-  for (const v1::RankStats& r : response->ranks()) {
-    const double moved = static_cast<double>(r.received_bytes() + r.local_bytes());
-    out << absl::StrFormat("%-6d %12s %12s %12s %7d %7d %13s %10.4f %9.2f\n", r.rank(), Bytes(r.sent_bytes()),
-                           Bytes(r.received_bytes()), Bytes(r.local_bytes()), r.rounds(), r.chunks(),
-                           Bytes(r.peak_staging_bytes()), r.seconds(), r.seconds() > 0 ? moved / r.seconds() / 1e9 : 0);
-    sent += r.sent_bytes();
-    received += r.received_bytes();
-    local += r.local_bytes();
-  }
-  out << absl::StrFormat("%-6s %12s %12s %12s   effective %.2f GB/s over the whole sync\n", "total", Bytes(sent),
-                         Bytes(received), Bytes(local),
-                         response->seconds() > 0 ? (received + local) / response->seconds() / 1e9 : 0);
+  PrintSyncTable(*response, out);
   return 0;
 }
 

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tests/e2e/deployment.h"
+#include "tools/localsync/deployment.h"
 
-namespace shardsync::e2e {
+namespace shardsync::localsync {
 namespace {
 
 using Catch::Matchers::Contains;
@@ -146,4 +146,4 @@ TEST_CASE("a stalled agent fails the sync within the deadline, naming it; it syn
 }
 
 }  // namespace
-}  // namespace shardsync::e2e
+}  // namespace shardsync::localsync

@@ -1,5 +1,6 @@
-// Real processes for end-to-end tests: a coordinator, agents and client helpers,
-// started from the test's runfiles with OS-chosen ports and a private temp folder.
+// Real processes on this machine: a coordinator, agents and demo clients, started from
+// the runfiles of the binary or test that links this (daemon/..., tools/localsync/...)
+// with OS-chosen ports and a private folder under /tmp, removed at the end.
 #pragma once
 
 #include <sys/types.h>
@@ -11,7 +12,7 @@
 
 #include "absl/time/time.h"
 
-namespace shardsync::e2e {
+namespace shardsync::localsync {
 
 // A child process with its stdin and stdout piped to us and stderr in a log file.
 class Process {
@@ -55,7 +56,7 @@ class Cluster {
   const std::string& dir() const { return dir_; }
   void StartAgent(int rank);
   Process& agent(int rank) { return *agents_.at(rank); }
-  // A client helper (tests/e2e/e2e_client) for one rank and side; its buffers are the
+  // A client helper (tools/localsync/demo_client) for one rank and side; its buffers are the
   // shared memory objects `shm_prefix` + "-r<rank>-<buffer name>".
   struct Client {
     std::unique_ptr<Process> process;
@@ -63,7 +64,7 @@ class Cluster {
   };
   Client StartClient(const std::string& spec, int rank, bool sources, uint64_t seed,
                      const std::string& extra_flags = "");
-  // Dumps every daemon log to stderr (on failure, to see why).
+  // Dumps every process's log to stderr (on failure, to see why).
   void DumpLogs() const;
 
  private:
@@ -78,4 +79,4 @@ class Cluster {
 // Reads an integer written to `path` by a daemon (a port), waiting up to `timeout`.
 int WaitForPortFile(const std::string& path, absl::Duration timeout);
 
-}  // namespace shardsync::e2e
+}  // namespace shardsync::localsync

@@ -1,4 +1,4 @@
-#include "tests/e2e/harness.h"
+#include "tools/localsync/cluster.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,12 +16,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
-namespace shardsync::e2e {
+namespace shardsync::localsync {
 namespace {
 
 // Under /tmp, not TEST_TMPDIR: a unix socket path must fit in 108 bytes.
 std::string TempDir() {
-  std::string templ = "/tmp/shardsync-e2e-XXXXXX";
+  std::string templ = "/tmp/shardsync-local-XXXXXX";
   return mkdtemp(templ.data());
 }
 
@@ -171,7 +171,7 @@ Cluster::Client Cluster::StartClient(const std::string& spec, int rank, bool sou
                                      const std::string& extra_flags) {
   const std::string id = absl::StrCat(sources ? "trainer" : "rollout", "-", rank, "-", clients_started_++);
   const std::string prefix = absl::StrCat("/ss", getpid(), "-", id);
-  std::vector<std::string> argv = {"tests/e2e/e2e_client", "--socket", socket(rank), "--spec", spec,
+  std::vector<std::string> argv = {"tools/localsync/demo_client", "--socket", socket(rank), "--spec", spec,
                                    "--rank", std::to_string(rank), "--role", sources ? "source" : "target",
                                    "--seed", std::to_string(seed), "--shm-prefix", prefix, "--client-id", id};
   for (absl::string_view flag : absl::StrSplit(extra_flags, ' ', absl::SkipEmpty())) argv.emplace_back(flag);
@@ -185,4 +185,4 @@ void Cluster::DumpLogs() const {
   }
 }
 
-}  // namespace shardsync::e2e
+}  // namespace shardsync::localsync

@@ -1,6 +1,6 @@
-// A trainer or rollout client process for end-to-end tests. Creates a shared-memory
-// buffer for each of its rank's buffers in a layout spec, fills sources with the values
-// of a seed (targets with poison), registers them with its agent and holds them.
+// A synthetic trainer or rollout client for local runs and end-to-end tests. Creates a
+// shared-memory buffer for each of its rank's buffers in a layout spec, fills sources
+// with the values of a seed (targets with poison), registers them and holds them.
 // Then answers lines on stdin: "refill SEED" rewrites the sources, "address" prints
 // where the first buffer is mapped, "exit" (or end of input) leaves.
 // Prints "ready rank=R epoch=E" once registered, or "refused MESSAGE" and exits 3.
@@ -12,7 +12,7 @@
 #include "client/cpp/client.h"
 #include "common/flags.h"
 #include "spec/layout_spec.h"
-#include "tests/e2e/contents.h"
+#include "tools/localsync/contents.h"
 
 int main(int argc, char** argv) {
   using namespace shardsync;
@@ -22,18 +22,18 @@ int main(int argc, char** argv) {
   const int32_t rank = flags.TakeNumber("rank", -1);
   const bool sources = flags.Take("role", "source") == "source";
   const uint64_t seed = flags.TakeNumber<uint64_t>("seed", 1);
-  const std::string prefix = flags.Take("shm-prefix", "/shardsync-e2e");
+  const std::string prefix = flags.Take("shm-prefix", "/shardsync-demo");
   const std::string client_id = flags.Take("client-id", "client");
   const std::string drop = flags.Take("drop-tensor", "");
   if (!flags.error().empty() || !flags.Leftover().empty() || socket.empty() || spec_path.empty() || rank < 0) {
-    std::cerr << "e2e_client: bad flags " << flags.error() << flags.Leftover() << "\n";
+    std::cerr << "demo_client: bad flags " << flags.error() << flags.Leftover() << "\n";
     return 2;
   }
   auto spec = spec::ReadLayoutSpecFile(spec_path);
   spec::BufferIds ids;
   auto input = spec.ok() ? spec::ToPlanInput(*spec, ids) : spec.status();
   if (!input.ok()) {
-    std::cerr << "e2e_client: " << input.status().message() << "\n";
+    std::cerr << "demo_client: " << input.status().message() << "\n";
     return 2;
   }
   const spec::RankSide side = spec::RankLayouts(*input, ids, rank, sources);
@@ -42,17 +42,18 @@ int main(int argc, char** argv) {
   request.set_client_id(client_id);
   request.set_role(sources ? v1::SOURCE : v1::TARGET);
   std::map<planner::Holder, std::unique_ptr<client::SharedMemory>> memory;
-  const e2e::Contents initial = sources ? e2e::SourceContents(*input, seed) : e2e::Contents();
   for (const v1::BufferInfo& b : side.buffers) {
     const planner::Holder holder{rank, ids.Id(b.name())};
     const std::string name = prefix + "-r" + std::to_string(rank) + "-" + b.name();
     auto shm = client::SharedMemory::Create(name, b.bytes());
     if (!shm.ok()) {
-      std::cerr << "e2e_client: " << shm.status().message() << "\n";
+      std::cerr << "demo_client: " << shm.status().message() << "\n";
       return 1;
     }
-    const std::vector<uint8_t> contents = sources ? initial.at(holder) : e2e::PoisonedBuffer(b.bytes(), holder, seed);
-    std::memcpy((*shm)->data(), contents.data(), contents.size());
+    if (!sources) {
+      const std::vector<uint8_t> poison = localsync::PoisonedBuffer(b.bytes(), holder, seed);
+      std::memcpy((*shm)->data(), poison.data(), poison.size());
+    }
     v1::RegisteredBuffer* registered = request.add_buffers();
     registered->set_name(b.name());
     registered->set_bytes(b.bytes());
@@ -63,6 +64,8 @@ int main(int argc, char** argv) {
   for (const v1::TensorLayout& t : side.tensors) {
     if (t.name() != drop) *request.add_tensors() = t;
   }
+  const auto memory_of = [&](planner::Holder holder) { return memory.at(holder)->data(); };
+  if (sources) localsync::WriteSources(*input, seed, rank, memory_of);
 
   client::AgentClient agent(socket);
   auto registration = agent.Register(request, absl::Seconds(10));
@@ -74,8 +77,7 @@ int main(int argc, char** argv) {
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line.rfind("refill ", 0) == 0) {
-      const e2e::Contents contents = e2e::SourceContents(*input, std::stoull(line.substr(7)));
-      for (auto& [holder, shm] : memory) std::memcpy(shm->data(), contents.at(holder).data(), shm->bytes());
+      localsync::WriteSources(*input, std::stoull(line.substr(7)), rank, memory_of);
       std::cout << "refilled" << std::endl;
     } else if (line == "address") {
       std::cout << "address " << static_cast<const void*>(memory.begin()->second->data()) << std::endl;

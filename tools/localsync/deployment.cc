@@ -1,4 +1,4 @@
-#include "tests/e2e/deployment.h"
+#include "tools/localsync/deployment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 
-namespace shardsync::e2e {
+namespace shardsync::localsync {
 
 Deployment::Deployment(Cluster& cluster, const std::string& name, const std::string& spec_json, uint64_t seed,
                        int extra_rank, const std::string& extra_flags)
@@ -74,41 +74,66 @@ std::string Deployment::RolloutAddress(int rank) {
   return process.ReadLine(absl::Seconds(10));
 }
 
+// Maps the rollout's arena of `holder` read-only and calls fn(bytes, size).
+template <typename Fn>
+bool WithTarget(const std::map<int, Cluster::Client>& rollouts, const planner::Buffer& b, Fn&& fn) {
+  auto rollout = rollouts.find(b.holder.rank);
+  if (rollout == rollouts.end()) return false;
+  const std::string name = absl::StrCat(rollout->second.shm_prefix, "-r", b.holder.rank, "-arena");
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  const size_t size = static_cast<size_t>(std::max<int64_t>(b.bytes, 1));
+  void* data = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (data == MAP_FAILED) return false;
+  fn(static_cast<const uint8_t*>(data), b.bytes);
+  munmap(data, size);
+  return true;
+}
+
+std::vector<planner::Buffer> Deployment::TargetBuffers() const {
+  std::vector<planner::Buffer> buffers;
+  for (const planner::Buffer& b : input_.buffers) {
+    if (ids_.Name(b.holder.buffer) == "arena") buffers.push_back(b);
+  }
+  return buffers;
+}
+
 Contents Deployment::ReadTargets() const {
   Contents contents;
-  for (const planner::Buffer& b : input_.buffers) {
-    auto rollout = rollouts_.find(b.holder.rank);
-    if (rollout == rollouts_.end() || ids_.Name(b.holder.buffer) != "arena") continue;
-    const std::string name = absl::StrCat(rollout->second.shm_prefix, "-r", b.holder.rank, "-arena");
-    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-    if (fd < 0) continue;
-    void* data = mmap(nullptr, std::max<int64_t>(b.bytes, 1), PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (data == MAP_FAILED) continue;
-    contents[b.holder].assign(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + b.bytes);
-    munmap(data, std::max<int64_t>(b.bytes, 1));
+  for (const planner::Buffer& b : TargetBuffers()) {
+    WithTarget(rollouts_, b, [&](const uint8_t* data, int64_t bytes) { contents[b.holder].assign(data, data + bytes); });
   }
   return contents;
 }
 
 std::vector<std::string> Deployment::CheckTargets(uint64_t seed) const {
   std::vector<std::string> errors;
-  const Contents expected = ExpectedTargets(input_, seed, poison_);
-  const Contents actual = ReadTargets();
-  for (const auto& [holder, bytes] : expected) {
-    auto it = actual.find(holder);
-    if (it == actual.end()) {
-      errors.push_back(absl::StrCat("rank ", holder.rank, ": target buffer not readable"));
-      continue;
-    }
-    for (size_t i = 0; i < bytes.size() && errors.size() < 5; ++i) {
-      if (it->second[i] != bytes[i]) {
-        errors.push_back(absl::StrCat("rank ", holder.rank, " arena byte ", i, " differs"));
-        break;
+  for (const planner::Buffer& b : TargetBuffers()) {
+    const std::vector<uint8_t> expected = ExpectedTarget(input_, seed, poison_, b.holder);
+    const bool read = WithTarget(rollouts_, b, [&](const uint8_t* data, int64_t bytes) {
+      for (int64_t i = 0; i < bytes; ++i) {
+        if (data[i] != expected[i]) {
+          errors.push_back(absl::StrCat("rank ", b.holder.rank, " arena byte ", i, " differs"));
+          return;
+        }
       }
-    }
+    });
+    if (!read) errors.push_back(absl::StrCat("rank ", b.holder.rank, ": target buffer not readable"));
   }
   return errors;
+}
+
+int64_t Deployment::MismatchedBytes(uint64_t seed) const {
+  int64_t mismatched = 0;
+  for (const planner::Buffer& b : TargetBuffers()) {
+    const std::vector<uint8_t> expected = ExpectedTarget(input_, seed, poison_, b.holder);
+    const bool read = WithTarget(rollouts_, b, [&](const uint8_t* data, int64_t bytes) {
+      for (int64_t i = 0; i < bytes; ++i) mismatched += data[i] != expected[i];
+    });
+    if (!read) mismatched += b.bytes;
+  }
+  return mismatched;
 }
 
 absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout) {
@@ -116,4 +141,4 @@ absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration
   return coordinator.Sync(timeout);
 }
 
-}  // namespace shardsync::e2e
+}  // namespace shardsync::localsync

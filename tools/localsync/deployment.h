@@ -10,10 +10,10 @@
 #include "planner/types.h"
 #include "proto/shardsync.pb.h"
 #include "spec/layout_spec.h"
-#include "tests/e2e/contents.h"
-#include "tests/e2e/harness.h"
+#include "tools/localsync/contents.h"
+#include "tools/localsync/cluster.h"
 
-namespace shardsync::e2e {
+namespace shardsync::localsync {
 
 class Deployment {
  public:
@@ -32,11 +32,15 @@ class Deployment {
   Contents ReadTargets() const;
   // Mismatches between the targets and a sync of `seed` (first few), empty when exact.
   std::vector<std::string> CheckTargets(uint64_t seed) const;
+  // Every target byte that differs from a sync of `seed`, counted.
+  int64_t MismatchedBytes(uint64_t seed) const;
   const planner::PlanInput& input() const { return input_; }
   uint64_t poison() const { return poison_; }
   std::string RolloutAddress(int rank);
 
  private:
+  std::vector<planner::Buffer> TargetBuffers() const;  // the rollouts' arenas
+
   Cluster& cluster_;
   spec::BufferIds ids_;
   planner::PlanInput input_;
@@ -47,4 +51,4 @@ class Deployment {
 
 absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout);
 
-}  // namespace shardsync::e2e
+}  // namespace shardsync::localsync

@@ -1,0 +1,14 @@
+// The stats table of one sync, as `shardsyncctl sync` and the local runner print it.
+#pragma once
+
+#include <ostream>
+
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::cli {
+
+// Per rank: bytes sent, received and copied locally, rounds, chunks, peak staging,
+// seconds and effective GB/s ((received + local) / seconds); then the totals.
+void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out);
+
+}  // namespace shardsync::cli

@@ -1,0 +1,133 @@
+#include "tools/localsync/contents.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "executor/host_copy.h"
+#include "planner/box.h"
+
+namespace shardsync::localsync {
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The logical values of one tensor in its source dtype, element by element.
+class Values {
+ public:
+  Values(const planner::TensorLayouts& t, uint64_t seed)
+      : salt_(Mix(seed ^ std::hash<std::string>()(t.name))), bytes_(planner::ElementBytes(t.source_dtype)) {}
+  // Element sizes divide 8, so an element's bytes lie in one hashed word.
+  void Element(int64_t flat, uint8_t* out) const {
+    const uint64_t i = static_cast<uint64_t>(flat * bytes_);
+    const uint64_t word = Mix(salt_ + (i & ~uint64_t{7})) | 0x0101010101010101ULL;  // no zero byte
+    const uint64_t shifted = word >> (8 * (i & 7));
+    std::memcpy(out, &shifted, bytes_);
+  }
+
+ private:
+  uint64_t salt_;
+  int64_t bytes_;
+};
+
+// Calls fn(flat tensor index, buffer element offset) for every element of a placement,
+// row by row along the innermost axis.
+template <typename Fn>
+void ForEachElement(const planner::Placement& p, const planner::Index& shape, Fn&& fn) {
+  const planner::Index extent = planner::Extent(p.box);
+  if (planner::NumElements(extent) == 0) return;
+  if (extent.empty()) {  // a scalar
+    fn(0, p.base);
+    return;
+  }
+  const planner::Index strides = planner::ContiguousStrides(shape);
+  const int last = static_cast<int>(extent.size()) - 1;
+  planner::Index i(extent.size(), 0);
+  while (true) {
+    int64_t flat = p.box.lo[last] * strides[last], at = p.base;
+    for (int k = 0; k < last; ++k) {
+      flat += (p.box.lo[k] + i[k]) * strides[k];
+      at += i[k] * p.strides[k];
+    }
+    for (int64_t j = 0; j < extent[last]; ++j) fn(flat + j * strides[last], at + j * p.strides[last]);
+    int k = last - 1;
+    while (k >= 0 && ++i[k] == extent[k]) i[k--] = 0;
+    if (k < 0) return;
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> PoisonedBuffer(int64_t bytes, planner::Holder holder, uint64_t poison) {
+  std::vector<uint8_t> data(bytes);
+  const uint64_t salt = Mix(poison ^ (static_cast<uint64_t>(holder.rank) << 32) ^ holder.buffer);
+  for (int64_t i = 0; i < bytes; i += 8) {
+    const uint64_t word = Mix(salt + i);
+    std::memcpy(data.data() + i, &word, std::min<int64_t>(8, bytes - i));
+  }
+  return data;
+}
+
+void WriteSources(const planner::PlanInput& input, uint64_t seed, int32_t rank,
+                  const std::function<uint8_t*(planner::Holder)>& memory) {
+  std::map<planner::Holder, bool> poisoned;
+  for (const planner::Buffer& b : input.buffers) {
+    if (b.holder.rank != rank) continue;
+    bool holds_sources = false;
+    for (const planner::TensorLayouts& t : input.tensors) {
+      for (const planner::Placement& p : t.source.placements) holds_sources = holds_sources || p.holder == b.holder;
+    }
+    if (!holds_sources) continue;
+    const std::vector<uint8_t> poison = PoisonedBuffer(b.bytes, b.holder, seed);
+    std::memcpy(memory(b.holder), poison.data(), poison.size());
+  }
+  for (const planner::TensorLayouts& t : input.tensors) {
+    const Values values(t, seed);
+    const int64_t element = planner::ElementBytes(t.source_dtype);
+    for (const planner::Placement& p : t.source.placements) {
+      if (p.holder.rank != rank) continue;
+      uint8_t* data = memory(p.holder);
+      ForEachElement(p, t.shape, [&](int64_t flat, int64_t at) { values.Element(flat, data + at * element); });
+    }
+  }
+}
+
+std::vector<uint8_t> ExpectedTarget(const planner::PlanInput& input, uint64_t seed, uint64_t poison,
+                                    planner::Holder holder) {
+  std::vector<uint8_t> data;
+  for (const planner::Buffer& b : input.buffers) {
+    if (b.holder == holder) data = PoisonedBuffer(b.bytes, holder, poison);
+  }
+  for (const planner::TensorLayouts& t : input.tensors) {
+    const Values values(t, seed);
+    const int64_t out = planner::ElementBytes(t.target_dtype);
+    for (const planner::Placement& p : t.target.placements) {
+      if (!(p.holder == holder)) continue;
+      ForEachElement(p, t.shape, [&](int64_t flat, int64_t at) {
+        if (t.source_dtype == t.target_dtype) {
+          values.Element(flat, data.data() + at * out);
+          return;
+        }
+        uint8_t source[8];
+        values.Element(flat, source);
+        uint32_t bits;
+        std::memcpy(&bits, source, 4);
+        const uint16_t half = executor::Float32ToBFloat16(bits);
+        std::memcpy(data.data() + at * out, &half, 2);
+      });
+    }
+    for (const planner::Fill& f : t.target.fills) {
+      if (!(f.holder == holder)) continue;
+      const planner::Placement as_placement{planner::FullBox(f.shape), f.holder, f.base, f.strides};
+      ForEachElement(as_placement, f.shape, [&](int64_t, int64_t at) { std::memset(data.data() + at * out, 0, out); });
+    }
+  }
+  return data;
+}
+
+}  // namespace shardsync::localsync
