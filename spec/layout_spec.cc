@@ -131,6 +131,21 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
     }
     side.layout.placements.push_back(std::move(placement));
   }
+  for (const v1::FlatPlacement& f : layout.flat_placements()) {
+    const int64_t numel = planner::NumElements(side.shape);
+    if (f.begin() < 0 || f.begin() > f.end() || f.end() > numel) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", side.name, "': flat placement [", f.begin(), ", ",
+                                                     f.end(), ") on rank ", f.rank(), " lies outside its ", numel,
+                                                     " elements"));
+    }
+    const planner::Index strides = planner::ContiguousStrides(side.shape);
+    for (planner::Box& box : planner::FlatIntervalToBoxes(side.shape, f.begin(), f.end())) {
+      int64_t flat = 0;
+      for (size_t k = 0; k < box.lo.size(); ++k) flat += box.lo[k] * strides[k];
+      side.layout.placements.push_back(
+          planner::Placement{std::move(box), planner::Holder{f.rank(), ids.Id(f.buffer())}, f.base() + flat - f.begin(), strides});
+    }
+  }
   for (const v1::Fill& f : layout.fills()) {
     const planner::Index shape = ToIndex(f.shape());
     side.layout.fills.push_back(planner::Fill{planner::Holder{f.rank(), ids.Id(f.buffer())}, f.base(), shape,

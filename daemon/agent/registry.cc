@@ -42,6 +42,7 @@ absl::Status Registry::Add(v1::RegisterRequest request) {
   }
   for (v1::TensorLayout& t : *request.mutable_tensors()) {
     for (v1::Placement& p : *t.mutable_placements()) p.set_rank(rank_);
+    for (v1::FlatPlacement& p : *t.mutable_flat_placements()) p.set_rank(rank_);
     for (v1::Fill& f : *t.mutable_fills()) f.set_rank(rank_);
   }
   if (auto s = CheckLayouts(request, rank_); !s.ok()) {

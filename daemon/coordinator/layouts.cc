@@ -59,18 +59,17 @@ absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::
 }
 
 std::string MissingSourceHint(const std::map<int32_t, v1::PublishRequest>& published, const std::string& tensor) {
-  std::vector<int32_t> missing;
+  std::vector<int32_t> holding, lacking;
   for (const auto& [rank, publication] : published) {
-    bool sources = false, has_tensor = false;
+    bool has_tensor = false;
     for (const v1::PublishedLayout& layout : publication.layouts()) {
       if (layout.role() != v1::SOURCE) continue;
-      sources = sources || layout.tensors_size() > 0;
       for (const v1::TensorLayout& t : layout.tensors()) has_tensor = has_tensor || t.name() == tensor;
     }
-    if (sources && !has_tensor) missing.push_back(rank);
+    (has_tensor ? holding : lacking).push_back(rank);
   }
-  if (missing.empty()) return "";
-  return absl::StrCat(" (ranks publishing sources but none of '", tensor, "': rank ", absl::StrJoin(missing, ", rank "), ")");
+  const auto ranks = [](const std::vector<int32_t>& r) { return r.empty() ? "none" : "rank " + absl::StrJoin(r, ", rank "); };
+  return absl::StrCat(" (sources of '", tensor, "' published by ", ranks(holding), "; by none of ", ranks(lacking), ")");
 }
 
 }  // namespace shardsync::coordinator

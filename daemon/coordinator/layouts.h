@@ -15,9 +15,9 @@ namespace shardsync::coordinator {
 absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::PublishRequest>& published,
                                                     spec::BufferIds& ids);
 
-// For a tensor some target element of which has no source: the ranks that publish
-// sources of other tensors but none of this one, as " (ranks publishing sources but
-// none of 'w': rank 2)"; empty when there are none.
+// For a tensor some target element of which has no source: which publishing ranks
+// hold sources of it and which hold none, as " (sources of 'w' published by rank 0,
+// rank 1; by none of rank 2)".
 std::string MissingSourceHint(const std::map<int32_t, v1::PublishRequest>& published, const std::string& tensor);
 
 }  // namespace shardsync::coordinator

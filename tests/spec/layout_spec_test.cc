@@ -74,6 +74,41 @@ TEST_CASE("a spec with an unknown key, an unknown preset or a bad dtype is refus
   CHECK_FALSE(ReadLayoutSpecFile("examples/does-not-exist.json").ok());
 }
 
+TEST_CASE("a flat placement becomes the boxes of its row-major stretch; one outside the tensor is refused") {
+  auto input = FromJson(R"({
+    "buffers": [{"rank": 0, "name": "flat", "bytes": 64}, {"rank": 1, "name": "arena", "bytes": 64}],
+    "sources": [{"name": "w", "shape": [3, 4], "dtype": "BFLOAT16",
+                 "flat_placements": [{"rank": 0, "buffer": "flat", "base": 5, "begin": 0, "end": 12}]}],
+    "targets": [{"name": "w", "shape": [3, 4], "dtype": "BFLOAT16", "placements": [
+                 {"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [3, 4]}}]}]})");
+  REQUIRE(input.ok());
+  REQUIRE(input->tensors[0].source.placements.size() == 1);
+  CHECK(input->tensors[0].source.placements[0].base == 5);
+  // [3, 9) of a [3, 4] tensor: row 0 column 3, row 1, row 2 column 0.
+  v1::TensorLayout layout;
+  layout.set_name("w");
+  layout.add_shape(3);
+  layout.add_shape(4);
+  layout.set_dtype(v1::BFLOAT16);
+  v1::FlatPlacement* flat = layout.add_flat_placements();
+  flat->set_buffer("flat");
+  flat->set_base(2);
+  flat->set_begin(3);
+  flat->set_end(9);
+  BufferIds ids;
+  auto side = ToTensorSide(layout, ids);
+  REQUIRE(side.ok());
+  REQUIRE(side->layout.placements.size() == 3);
+  CHECK(side->layout.placements[0].box == planner::Box{{0, 3}, {1, 4}});
+  CHECK(side->layout.placements[0].base == 2);
+  CHECK(side->layout.placements[1].box == planner::Box{{1, 0}, {2, 4}});
+  CHECK(side->layout.placements[1].base == 3);
+  CHECK(side->layout.placements[2].base == 7);
+  auto outside = FromJson(R"({"sources": [{"name": "w", "shape": [3, 4], "dtype": "BFLOAT16",
+                 "flat_placements": [{"rank": 0, "buffer": "flat", "begin": 3, "end": 13}]}]})");
+  CHECK_THAT(std::string(outside.status().message()), Contains("tensor 'w'") && Contains("[3, 13)"));
+}
+
 TEST_CASE("a target whose name or shape does not match a source is refused") {
   const std::string buffers = R"("buffers": [{"rank": 0, "name": "b", "bytes": 64}, {"rank": 1, "name": "b", "bytes": 64}])";
   const std::string source =

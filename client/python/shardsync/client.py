@@ -1,0 +1,117 @@
+"""gRPC calls to the agent (unix socket) and the coordinator (TCP)."""
+
+import threading
+
+import grpc
+import shardsync_pb2
+import shardsync_pb2_grpc
+
+
+class ShardsyncError(RuntimeError):
+    """A call the agent or the coordinator refused or failed; `code` is the gRPC code."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+def _call(method, request, timeout):
+    try:
+        return method(request, timeout=timeout)
+    except grpc.RpcError as error:
+        raise ShardsyncError(error.code(), error.details()) from None
+
+
+class Registration:
+    """Buffers and layouts the agent holds while this object is open. `close()` (or the
+    process exiting) ends the call and the agent drops them."""
+
+    def __init__(self, call, event):
+        self._call = call
+        self.rank = event.rank
+        self.layout_epoch = event.layout_epoch
+        # Drain the stream so a server-side end is noticed; nothing else arrives.
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self):
+        try:
+            for _ in self._call:
+                pass
+        except grpc.RpcError:
+            pass
+
+    def close(self):
+        self._call.cancel()
+        self._reader.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AgentClient:
+    """The agent on this process's device, reached through its unix socket."""
+
+    def __init__(self, socket_path):
+        self._channel = grpc.insecure_channel("unix:" + socket_path)
+        self._stub = shardsync_pb2_grpc.AgentStub(self._channel)
+
+    def register(self, client_id, role, buffers, tensors, timeout=10.0):
+        """Registers `buffers` ({name: SharedBuffer or (handle, bytes)}) and `tensors`
+        (TensorLayout messages) as SOURCE or TARGET ("source"/"target"). Returns once
+        the agent opened and checked everything; raises ShardsyncError if it refused."""
+        request = shardsync_pb2.RegisterRequest(
+            client_id=client_id,
+            role=shardsync_pb2.SOURCE if role == "source" else shardsync_pb2.TARGET,
+            tensors=tensors,
+        )
+        for name, buffer in buffers.items():
+            handle, nbytes = buffer.handle() if hasattr(buffer, "handle") else buffer
+            request.buffers.add(name=name, bytes=nbytes, handle=handle)
+        call = self._stub.Register(request)
+        first = {}
+
+        def wait_first():
+            try:
+                first["event"] = next(call)
+            except grpc.RpcError as error:
+                first["error"] = ShardsyncError(error.code(), error.details())
+            except StopIteration:
+                first["error"] = ShardsyncError(grpc.StatusCode.UNKNOWN, "the agent ended the registration")
+
+        waiter = threading.Thread(target=wait_first, daemon=True)
+        waiter.start()
+        waiter.join(timeout)
+        if waiter.is_alive():
+            call.cancel()
+            raise ShardsyncError(grpc.StatusCode.DEADLINE_EXCEEDED, "the agent did not answer the registration")
+        if "error" in first:
+            raise first["error"]
+        return Registration(call, first["event"])
+
+    def status(self, timeout=5.0):
+        return _call(self._stub.Status, shardsync_pb2.AgentStatusRequest(), timeout)
+
+
+class CoordinatorClient:
+    """The coordinator: syncs, explains and status."""
+
+    def __init__(self, address):
+        self._channel = grpc.insecure_channel(address)
+        self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
+
+    def sync(self, timeout=60.0):
+        """Runs one sync on every agent and returns its SyncResponse (stats per rank)."""
+        request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000))
+        return _call(self._stub.Sync, request, timeout + 10)
+
+    def explain(self, link_gbps=0.0, memory_gbps=0.0, timeout=30.0):
+        request = shardsync_pb2.ExplainRequest(link_gbps=link_gbps, memory_gbps=memory_gbps)
+        return _call(self._stub.Explain, request, timeout)
+
+    def status(self, timeout=5.0):
+        return _call(self._stub.Status, shardsync_pb2.CoordinatorStatusRequest(), timeout)

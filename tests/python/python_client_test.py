@@ -1,0 +1,213 @@
+"""The Python client against real daemons: a coordinator and 2 agents, a trainer
+registering ZeRO-3 partitions from shared memory, a rollout registering a WeightArena
+with TP=2 shards. Every arena byte is checked after every sync."""
+
+import ctypes
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import shardsync
+
+AGENT = "daemon/agent/shardsync-agent"
+COORDINATOR = "daemon/coordinator/shardsync-coordinator"
+MODEL = [("w", (6, 10), "bfloat16"), ("b", (7,), "bfloat16"), ("e", (3, 4, 5), "float32")]
+WORLD = 2
+
+
+def wait_port(path, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text:
+                return int(text)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    raise RuntimeError(f"no port in {path}")
+
+
+class Cluster:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
+        self.processes = []
+        self.start([COORDINATOR, "--world", str(WORLD), "--listen", "127.0.0.1:0", "--port-file",
+                    f"{self.dir}/c.port", "--staging-bytes", "64"], "coordinator")
+        self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
+        for rank in range(WORLD):
+            self.start([AGENT, "--rank", str(rank), "--coordinator", self.coordinator, "--socket",
+                        self.socket(rank), "--port-file", f"{self.dir}/a{rank}.port"], f"agent{rank}")
+            wait_port(f"{self.dir}/a{rank}.port")
+
+    def socket(self, rank):
+        return f"{self.dir}/a{rank}.sock"
+
+    def start(self, argv, name):
+        log = open(f"{self.dir}/{name}.log", "w")
+        self.processes.append(subprocess.Popen(argv, stdout=log, stderr=log))
+
+    def stop(self):
+        for p in self.processes:
+            p.terminate()
+        for p in self.processes:
+            p.wait(timeout=10)
+
+
+def shard_box(name, shape, rank):
+    """The rollout's TP=2 layout: w column-parallel (rows), b replicated, e split on axis 1."""
+    lo, hi = [0] * len(shape), list(shape)
+    if name == "w":
+        lo[0], hi[0] = rank * shape[0] // 2, (rank + 1) * shape[0] // 2
+    elif name == "e":
+        lo[1], hi[1] = rank * shape[1] // 2, (rank + 1) * shape[1] // 2
+    return lo, hi
+
+
+def box_bytes(values, shape, lo, hi, element):
+    """The row-major bytes of box [lo, hi) of a tensor given as its row-major bytes."""
+    out = bytearray()
+    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    index = list(lo)
+    while True:
+        flat = sum(index[k] * strides[k] for k in range(len(shape) - 1)) + lo[-1]
+        out += values[flat * element:(flat + hi[-1] - lo[-1]) * element]
+        k = len(shape) - 2
+        while k >= 0:
+            index[k] += 1
+            if index[k] < hi[k]:
+                break
+            index[k] = lo[k]
+            k -= 1
+        if k < 0:
+            return bytes(out)
+
+
+class PythonClientTest(unittest.TestCase):
+    def setUp(self):
+        self.cluster = Cluster()
+        self.registrations, self.buffers = [], []
+
+    def tearDown(self):
+        for r in self.registrations:
+            r.close()
+        for b in self.buffers:
+            b.close()
+        self.cluster.stop()
+
+    @staticmethod
+    def partitions(rank):
+        """(name, dtype, byte offset in the flat, flat begin, flat end) of each partition,
+        256-byte aligned, as an allocator would place them."""
+        out, at = [], 0
+        for name, shape, dtype in MODEL:
+            begin, end = shardsync.flat_partition(math.prod(shape), WORLD, rank)
+            at = (at + 255) // 256 * 256
+            out.append((name, dtype, at, begin, end))
+            at += (end - begin) * shardsync.DTYPE_BYTES[dtype]
+        return out, at
+
+    @classmethod
+    def fill_partitions(cls, flat, rank, values):
+        for name, dtype, at, begin, end in cls.partitions(rank)[0]:
+            element = shardsync.DTYPE_BYTES[dtype]
+            flat.buf[at:at + (end - begin) * element] = values[name][begin * element:end * element]
+
+    def register_trainer(self, rank, values):
+        parts, size = self.partitions(rank)
+        flat = shardsync.SharedBuffer(size)
+        self.buffers.append(flat)
+        self.fill_partitions(flat, rank, values)
+        layouts = [shardsync.zero3_partition(name, shape, dtype, WORLD, rank, "flat", at // shardsync.DTYPE_BYTES[dtype])
+                   for (name, shape, dtype), (_, _, at, _, _) in zip(MODEL, parts)]
+        agent = shardsync.AgentClient(self.cluster.socket(rank))
+        self.registrations.append(agent.register(f"trainer-{rank}", "source", {"flat": flat}, layouts))
+        return flat
+
+    def register_rollout(self, rank):
+        shards = []
+        for name, shape, dtype in MODEL:
+            lo, hi = shard_box(name, shape, rank)
+            shards.append((name, [h - l for l, h in zip(lo, hi)], dtype))
+        arena = shardsync.WeightArena(shards)
+        self.buffers.append(arena.memory)
+        arena.memory.buf[:] = b"\xab" * arena.memory.nbytes  # poison
+        layouts = [shardsync.tensor_layout(name, shape, dtype, placements=[arena.placement(name, *shard_box(name, shape, rank))])
+                   for name, shape, dtype in MODEL]
+        agent = shardsync.AgentClient(self.cluster.socket(rank))
+        self.registrations.append(agent.register(f"rollout-{rank}", "target", arena.buffers(), layouts))
+        return arena
+
+    def check(self, arenas, values):
+        for rank, arena in enumerate(arenas):
+            for name, shape, dtype in MODEL:
+                lo, hi = shard_box(name, shape, rank)
+                expected = box_bytes(values[name], shape, lo, hi, shardsync.DTYPE_BYTES[dtype])
+                self.assertEqual(bytes(arena.view(name)), expected, f"{name} on rank {rank}")
+                start = arena.offsets[name][0]
+                self.assertEqual(start % 256, 0)
+
+    def test_zero3_partitions_into_a_tp2_weight_arena_sync_exactly_twice(self):
+        rng = random.Random(5)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        flats = [self.register_trainer(rank, values) for rank in range(WORLD)]
+        arenas = [self.register_rollout(rank) for rank in range(WORLD)]
+        address = ctypes.addressof(ctypes.c_char.from_buffer(arenas[0].memory.buf))
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator)
+
+        response = coordinator.sync(timeout=20)
+        self.assertEqual(len(response.ranks), WORLD)
+        self.check(arenas, values)
+
+        values = {name: rng.randbytes(len(v)) for name, v in values.items()}
+        for rank, flat in enumerate(flats):
+            self.fill_partitions(flat, rank, values)
+        response = coordinator.sync(timeout=20)
+        self.assertEqual(response.plan_seconds, 0.0)  # the cached plan
+        self.check(arenas, values)
+        self.assertEqual(ctypes.addressof(ctypes.c_char.from_buffer(arenas[0].memory.buf)), address)
+
+        status = coordinator.status()
+        self.assertEqual(len(status.agents), WORLD)
+        self.assertTrue(status.last_sync_ok)
+
+    def test_a_closed_registration_is_dropped_and_a_sync_that_needed_it_is_refused(self):
+        rng = random.Random(6)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        for rank in range(WORLD):
+            self.register_trainer(rank, values)
+        for rank in range(WORLD):
+            self.register_rollout(rank)
+        self.registrations[1].close()  # the trainer on rank 1 goes away
+        agent = shardsync.AgentClient(self.cluster.socket(1))
+        deadline = time.time() + 10
+        while time.time() < deadline and any(c.role == shardsync.shardsync_pb2.SOURCE for c in agent.status().clients):
+            time.sleep(0.01)
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            shardsync.CoordinatorClient(self.cluster.coordinator).sync(timeout=20)
+        self.assertEqual(refused.exception.code.name, "FAILED_PRECONDITION")
+        self.assertIn("no byte moved", refused.exception.message)
+        self.assertIn("rank 1", refused.exception.message)
+
+    def test_a_registration_outside_its_buffer_is_refused_with_the_tensor_named(self):
+        small = shardsync.SharedBuffer(8)
+        self.buffers.append(small)
+        layout = shardsync.tensor_layout("w", (6, 10), "bfloat16", flat_placements=[(0, 60, "flat", 0)])
+        agent = shardsync.AgentClient(self.cluster.socket(0))
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            agent.register("trainer-0", "source", {"flat": small}, [layout])
+        self.assertEqual(refused.exception.code.name, "INVALID_ARGUMENT")
+        self.assertIn("tensor 'w'", refused.exception.message)
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=2).result
+    failed = len(result.failures) + len(result.errors)
+    print(f"{result.testsRun - failed} passed, {failed} failed")
+    sys.exit(1 if failed or result.testsRun == 0 else 0)
