@@ -62,6 +62,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         into = Staging(receive_staging_, stream.peer, staging_bytes);
         to_unpack.emplace_back(&stream, into);
         staging_in_use += chunk.bytes;
+        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
       }
       receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
     }
@@ -79,6 +80,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         }
         from = staging;
         staging_in_use += chunk.bytes;
+        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
       }
       sends.push_back(SendOp{stream.peer, from, chunk.bytes});
       stats.sent_bytes += chunk.bytes;

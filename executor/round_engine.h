@@ -24,7 +24,8 @@ struct ExecutionStats {
   int64_t received_bytes = 0;
   int64_t local_bytes = 0;
   int64_t fill_bytes = 0;
-  int64_t peak_staging_bytes = 0;  // staging in use at once, both directions, all peers
+  int64_t peak_staging_bytes = 0;       // staging in use at once, both directions, all peers
+  int64_t peak_peer_staging_bytes = 0;  // staging of one peer in one direction (<= budget)
   double seconds = 0;
 };
 

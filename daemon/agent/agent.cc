@@ -183,6 +183,7 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
   out.set_local_bytes(stats->local_bytes);
   out.set_fill_bytes(stats->fill_bytes);
   out.set_peak_staging_bytes(stats->peak_staging_bytes);
+  out.set_peak_peer_staging_bytes(stats->peak_peer_staging_bytes);
   out.set_seconds(stats->seconds);
   return out;
 }

@@ -71,6 +71,7 @@ absl::StatusOr<bool> Coordinator::EnsurePlan() {
   spec::BufferIds ids;
   auto input = CollectPlanInput(published, ids);
   if (!input.ok()) return input.status();
+  if (input->tensors.empty()) return absl::FailedPreconditionError("no target tensor is registered: nothing to sync");
   for (const planner::Buffer& b : input->buffers) {
     if (b.holder.rank >= config_.world_size) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", b.holder.rank, " is outside a world of ", config_.world_size));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/cpp/client.h"
 #include "tools/localsync/deployment.h"
 
 namespace shardsync::localsync {
@@ -119,8 +120,9 @@ TEST_CASE("a staging budget smaller than a parameter syncs exactly and stays wit
   REQUIRE(sync.ok());
   CHECK(deployment.CheckTargets(11).empty());
   for (const v1::RankStats& r : sync->ranks()) {
-    // Peak staging counts both directions with all 3 peers at once.
-    CHECK(r.peak_staging_bytes() <= 96 * 2 * 3);
+    CHECK(r.peak_peer_staging_bytes() <= 96);
+    CHECK(r.peak_peer_staging_bytes() > 0);
+    CHECK(r.peak_staging_bytes() <= 96 * 2 * 3);  // both directions, 3 peers at once
     CHECK(r.rounds() > 1);
   }
 }
@@ -143,6 +145,67 @@ TEST_CASE("a stalled agent fails the sync within the deadline, naming it; it syn
   auto again = SyncOnce(cluster, absl::Seconds(20));
   REQUIRE(again.ok());
   CHECK(deployment.CheckTargets(13).empty());
+}
+
+TEST_CASE("a client process that dies has its registrations dropped; a sync that needed them is refused") {
+  Cluster cluster(ClusterOptions{});
+  Deployment deployment(cluster, "client-dies", ModelJson(3, kLayouts[0].replicas), 15);
+  RequireReady(deployment);
+  REQUIRE(SyncOnce(cluster, absl::Seconds(20)).ok());
+  deployment.trainer(1).Signal(SIGKILL);
+  deployment.trainer(1).Wait(absl::Seconds(5));
+  client::AgentClient agent(cluster.socket(1));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int sources = 1;
+  while (sources > 0 && absl::Now() < deadline) {
+    auto status = agent.Status(absl::Seconds(1));
+    REQUIRE(status.ok());
+    sources = 0;
+    for (const v1::ClientInfo& c : status->clients()) sources += c.role() == v1::SOURCE;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(sources == 0);
+  const Contents before = deployment.ReadTargets();
+  auto sync = SyncOnce(cluster, absl::Seconds(20));
+  REQUIRE_FALSE(sync.ok());
+  CHECK_THAT(std::string(sync.status().message()), Contains("no byte moved") && Contains("by none of rank 1"));
+  CHECK(deployment.ReadTargets() == before);
+}
+
+// Runs shardsyncctl with `args`; returns (exit code, stdout).
+std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string> args) {
+  std::vector<std::string> argv = {"client/cli/shardsyncctl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--coordinator");
+  argv.push_back(cluster.coordinator());
+  Process ctl(argv, cluster.dir() + "/ctl.log");
+  std::string out = ctl.ReadAll(absl::Seconds(20));
+  return {ctl.Wait(absl::Seconds(20)), out};
+}
+
+TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit codes") {
+  Cluster cluster(ClusterOptions{});
+  {
+    Deployment deployment(cluster, "ctl", ModelJson(3, kLayouts[0].replicas), 17);
+    RequireReady(deployment);
+    auto [explain_code, explain] = Ctl(cluster, {"explain", "--json"});
+    CHECK(explain_code == 0);
+    CHECK_THAT(explain, Contains("\"floor_seconds\"") && Contains("\"links\""));
+    auto [sync_code, table] = Ctl(cluster, {"sync"});
+    CHECK(sync_code == 0);
+    CHECK_THAT(table, Contains("rank") && Contains("received") && Contains("GB/s") && Contains("total"));
+    CHECK(deployment.CheckTargets(17).empty());
+    auto [status_code, status] = Ctl(cluster, {"status"});
+    CHECK(status_code == 0);
+    CHECK_THAT(status, Contains("4 of 4 agents joined") && Contains("ok"));
+    auto [json_code, json] = Ctl(cluster, {"sync", "--json"});
+    CHECK(json_code == 0);
+    CHECK_THAT(json, Contains("\"sync_id\"") && Contains("\"ranks\""));
+  }
+  // Nothing registered now: refused (3). A bad flag: usage (2).
+  auto [refused_code, refused] = Ctl(cluster, {"sync"});
+  CHECK(refused_code == 3);
+  CHECK(Ctl(cluster, {"sync", "--bogus"}).first == 2);
 }
 
 }  // namespace

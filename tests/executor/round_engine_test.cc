@@ -73,6 +73,7 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
       CHECK(s.local_bytes == planned.ranks[r].local_bytes);
       const int64_t peers = static_cast<int64_t>((*schedules)[r].sends.size() + (*schedules)[r].receives.size());
       CHECK(s.peak_staging_bytes <= budget * peers);
+      CHECK(s.peak_peer_staging_bytes <= budget);
     }
     const std::vector<std::string> errors = testing::CheckSync(*input, values, before, buffers);
     INFO((errors.empty() ? std::string() : errors.front()));

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -87,6 +89,19 @@ std::string Process::ReadLine(absl::Duration timeout) {
   }
 }
 
+std::string Process::ReadAll(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    pollfd fd{stdout_fd_, POLLIN, 0};
+    if (poll(&fd, 1, 50) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
+    if (n <= 0) break;
+    buffered_.append(chunk, n);
+  }
+  return std::exchange(buffered_, "");
+}
+
 void Process::WriteLine(const std::string& line) {
   const std::string text = line + "\n";
   if (write(stdin_fd_, text.data(), text.size()) < 0) {
@@ -145,7 +160,17 @@ Cluster::~Cluster() {
   coordinator_->Signal(SIGTERM);
   for (auto& [rank, agent] : agents_) agent->Wait(absl::Seconds(5));
   coordinator_->Wait(absl::Seconds(5));
+  // A client that was killed leaves its shared memory behind.
+  const std::string prefix = ShmPrefix().substr(1);
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) shm_unlink(("/" + name).c_str());
+  }
   std::filesystem::remove_all(dir_);
+}
+
+std::string Cluster::ShmPrefix() const {
+  return absl::StrCat("/ss-", std::filesystem::path(dir_).filename().string(), "-");
 }
 
 std::string Cluster::socket(int rank) const { return absl::StrCat(dir_, "/agent", rank, ".sock"); }
@@ -170,7 +195,7 @@ void Cluster::StartAgent(int rank) {
 Cluster::Client Cluster::StartClient(const std::string& spec, int rank, bool sources, uint64_t seed,
                                      const std::string& extra_flags) {
   const std::string id = absl::StrCat(sources ? "trainer" : "rollout", "-", rank, "-", clients_started_++);
-  const std::string prefix = absl::StrCat("/ss", getpid(), "-", id);
+  const std::string prefix = absl::StrCat(ShmPrefix(), id);
   std::vector<std::string> argv = {"tools/localsync/demo_client", "--socket", socket(rank), "--spec", spec,
                                    "--rank", std::to_string(rank), "--role", sources ? "source" : "target",
                                    "--seed", std::to_string(seed), "--shm-prefix", prefix, "--client-id", id};

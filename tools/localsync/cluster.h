@@ -21,6 +21,8 @@ class Process {
   ~Process();  // SIGKILL if still running
   // The next stdout line, or "" at the deadline or end of output.
   std::string ReadLine(absl::Duration timeout);
+  // Everything on stdout until the process closes it (or the deadline).
+  std::string ReadAll(absl::Duration timeout);
   void WriteLine(const std::string& line);
   void Signal(int signal);
   // Waits for the exit; returns the exit code (128 + signal if killed), -1 on timeout.
@@ -68,6 +70,8 @@ class Cluster {
   void DumpLogs() const;
 
  private:
+  std::string ShmPrefix() const;  // unique to this cluster: "/ss-<folder suffix>-"
+
   ClusterOptions options_;
   std::string dir_;
   std::string coordinator_address_;

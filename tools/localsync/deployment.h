@@ -37,6 +37,7 @@ class Deployment {
   const planner::PlanInput& input() const { return input_; }
   uint64_t poison() const { return poison_; }
   std::string RolloutAddress(int rank);
+  Process& trainer(int rank) { return *trainers_.at(rank).process; }
 
  private:
   std::vector<planner::Buffer> TargetBuffers() const;  // the rollouts' arenas
