@@ -81,6 +81,16 @@ class ReplicaBuilder {
 
 }  // namespace
 
+ModelTensor MakeTensor(std::string name, Index shape, DType dtype, TpStyle style, int64_t split_unit) {
+  ModelTensor t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.dtype = dtype;
+  t.style = style;
+  t.split_unit = split_unit;
+  return t;
+}
+
 absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
   if (spec.zero_stage < 1 || spec.zero_stage > 3) {
     return absl::InvalidArgumentError(absl::StrCat("zero_stage must be 1, 2 or 3, got ", spec.zero_stage));

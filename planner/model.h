@@ -33,6 +33,9 @@ struct ModelTensor {
   std::string tied_to;
 };
 
+ModelTensor MakeTensor(std::string name, Index shape, DType dtype = DType::kBFloat16,
+                       TpStyle style = TpStyle::kReplicated, int64_t split_unit = 1);
+
 // q, k and v land in one fused shard per TP rank (vLLM QKVParallelLinear).
 struct FusedQkvGroup {
   std::string q, k, v;

@@ -16,12 +16,7 @@ const std::vector<DenseModelConfig>& Known() {
 }
 
 ModelTensor Tensor(std::string name, Index shape, TpStyle style, int64_t split_unit = 1) {
-  ModelTensor t;
-  t.name = std::move(name);
-  t.shape = std::move(shape);
-  t.style = style;
-  t.split_unit = split_unit;
-  return t;
+  return MakeTensor(std::move(name), std::move(shape), DType::kBFloat16, style, split_unit);
 }
 
 }  // namespace

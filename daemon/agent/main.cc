@@ -1,12 +1,10 @@
 // shardsync-agent: flags parsed here only, into AgentConfig and LinkConfig.
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <fstream>
 #include <iostream>
 
+#include "common/daemon_process.h"
 #include "common/flags.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/services.h"
@@ -47,12 +45,6 @@ int Usage(const std::string& error) {
   return 2;
 }
 
-void WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  std::ofstream(temporary) << text << "\n";
-  std::rename(temporary.c_str(), path.c_str());
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,12 +73,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(c.log_level));
   spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
 
-  // Signals are taken by sigwait below, in the main thread only.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  shardsync::BlockStopSignals();
 
   shardsync::executor::HostShmBackend host_shm;
   shardsync::agent::Registry registry(c.agent.rank, {&host_shm});
@@ -127,12 +114,10 @@ int main(int argc, char** argv) {
   const std::string address =
       c.advertise.empty() ? c.listen.substr(0, c.listen.rfind(':')) + ":" + std::to_string(port) : c.advertise;
   link.Start(address);
-  if (!c.port_file.empty()) WriteAtomically(c.port_file, std::to_string(port));
+  if (!c.port_file.empty()) shardsync::WritePortFile(c.port_file, port);
   spdlog::info("serving clients on {} and the coordinator and peers on {}", c.socket, address);
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("stopping on signal {}", signal_number);
+  spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
   agent.Shutdown();
   local_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   control_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

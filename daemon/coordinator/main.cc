@@ -1,10 +1,7 @@
 // shardsync-coordinator: flags parsed here only, into CoordinatorConfig.
-#include <signal.h>
-
-#include <cstdio>
-#include <fstream>
 #include <iostream>
 
+#include "common/daemon_process.h"
 #include "common/flags.h"
 #include "daemon/coordinator/services.h"
 #include "grpcpp/grpcpp.h"
@@ -55,11 +52,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e coordinator %l %v");
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  shardsync::BlockStopSignals();
 
   shardsync::coordinator::Coordinator coordinator(config);
   shardsync::coordinator::CoordinatorService service(coordinator);
@@ -73,14 +66,9 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", listen);
     return 1;
   }
-  if (!port_file.empty()) {
-    std::ofstream(port_file + ".tmp") << port << "\n";
-    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
-  }
+  if (!port_file.empty()) shardsync::WritePortFile(port_file, port);
   spdlog::info("serving on port {} for a world of {} agents", port, config.world_size);
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("stopping on signal {}", signal_number);
+  spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

@@ -38,12 +38,7 @@ Index RandomShape(std::mt19937_64& rng, int axes) {
 }
 
 ModelTensor Tensor(std::string name, Index shape, planner::DType dtype, TpStyle style = TpStyle::kReplicated) {
-  ModelTensor t;
-  t.name = std::move(name);
-  t.shape = std::move(shape);
-  t.dtype = dtype;
-  t.style = style;
-  return t;
+  return planner::MakeTensor(std::move(name), std::move(shape), dtype, style);
 }
 
 }  // namespace
