@@ -24,25 +24,15 @@ uint8_t* DirectAddress(const planner::Plan& plan, const planner::PeerStream& str
 
 }  // namespace
 
-uint8_t* RoundEngine::Staging(std::map<int32_t, std::vector<uint8_t>>& pool, int32_t peer, int64_t budget) {
-  std::vector<uint8_t>& staging = pool[peer];
-  if (static_cast<int64_t>(staging.size()) != budget) staging.assign(budget, 0);
-  return staging.data();
-}
-
 absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const planner::Plan& plan,
                                                 const planner::Schedule& schedule, const BufferTable& buffers,
                                                 int64_t staging_bytes, absl::Time deadline) {
   const absl::Time start = absl::Now();
   ExecutionStats stats;
-  for (int32_t index : schedule.local_segments) {
-    const planner::Segment& s = plan.segments[index];
-    CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
-    stats.local_bytes += planner::SegmentBytes(s);
-  }
+  if (auto s = device_.CopyLocal(plan, schedule.local_segments, schedule.fills, buffers); !s.ok()) return s;
+  for (int32_t index : schedule.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
   for (int32_t index : schedule.fills) {
     const planner::FillOp& f = plan.fills[index];
-    FillHost(f, buffers[f.fill.holder.buffer]);
     stats.fill_bytes += planner::NumElements(f.fill.shape) * planner::ElementBytes(f.dtype);
   }
 
@@ -59,7 +49,9 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
       const planner::Chunk& chunk = stream.chunks[round];
       uint8_t* into = DirectAddress(plan, stream, chunk, buffers, /*source=*/false);
       if (into == nullptr) {
-        into = Staging(receive_staging_, stream.peer, staging_bytes);
+        auto staging = device_.Staging(stream.peer, /*send=*/false, staging_bytes);
+        if (!staging.ok()) return staging.status();
+        into = *staging;
         to_unpack.emplace_back(&stream, into);
         staging_in_use += chunk.bytes;
         stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
@@ -71,14 +63,11 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
       const planner::Chunk& chunk = stream.chunks[round];
       const uint8_t* from = DirectAddress(plan, stream, chunk, buffers, /*source=*/true);
       if (from == nullptr) {
-        uint8_t* staging = Staging(send_staging_, stream.peer, staging_bytes);
-        int64_t at = 0;
-        for (const planner::ChunkPart& part : planner::ChunkParts(plan, stream, chunk)) {
-          const planner::Segment& s = plan.segments[part.segment];
-          PackHost(s, part.begin, part.end, buffers[s.src.buffer], staging + at);
-          at += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
-        }
-        from = staging;
+        auto staging = device_.Staging(stream.peer, /*send=*/true, staging_bytes);
+        if (!staging.ok()) return staging.status();
+        const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+        if (auto s = device_.Pack(plan, parts, buffers, *staging); !s.ok()) return s;
+        from = *staging;
         staging_in_use += chunk.bytes;
         stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
       }
@@ -89,18 +78,14 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
     stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, staging_in_use);
     if (auto status = transport_.RunRound(sync_id, round, sends, receives, deadline); !status.ok()) return status;
     for (const auto& [stream, staging] : to_unpack) {
-      const planner::Chunk& chunk = stream->chunks[round];
-      int64_t at = 0;
-      for (const planner::ChunkPart& part : planner::ChunkParts(plan, *stream, chunk)) {
-        const planner::Segment& s = plan.segments[part.segment];
-        UnpackHost(s, part.begin, part.end, staging + at, buffers[s.dst.buffer]);
-        at += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
-      }
+      const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, *stream, stream->chunks[round]);
+      if (auto s = device_.Unpack(plan, parts, staging, buffers); !s.ok()) return s;
     }
     for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
     stats.chunks += static_cast<int64_t>(receives.size());
     ++stats.rounds;
   }
+  if (auto s = device_.Synchronize(); !s.ok()) return s;
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;
 }

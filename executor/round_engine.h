@@ -1,16 +1,15 @@
-// Runs one rank's part of a schedule, whatever the transport: local copies and fills,
-// then every round — receives posted before sends, chunks packed into and unpacked from
-// bounded staging (never more than the budget per peer per direction), and chunks that
-// are contiguous on their side moved without staging.
+// Runs one rank's part of a schedule, whatever the device and transport: local copies
+// and fills (beside the rounds on a device), then every round — receives posted before
+// sends, chunks packed into and unpacked from bounded staging (never more than the
+// budget per peer per direction), chunks contiguous on their side moved without staging.
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "executor/device.h"
 #include "executor/transport.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
@@ -29,12 +28,9 @@ struct ExecutionStats {
   double seconds = 0;
 };
 
-// This rank's buffers by the plan's Holder::buffer id; nullptr for ids it does not hold.
-using BufferTable = std::vector<uint8_t*>;
-
 class RoundEngine {
  public:
-  explicit RoundEngine(Transport& transport) : transport_(transport) {}
+  RoundEngine(Device& device, Transport& transport) : device_(device), transport_(transport) {}
 
   // Contract: every buffer the schedule touches on this rank is in `buffers` and was
   // checked (bounds, roles) at Prepare. Sources are only read.
@@ -43,12 +39,8 @@ class RoundEngine {
                                      int64_t staging_bytes, absl::Time deadline);
 
  private:
-  // Staging per peer and direction, allocated once at the budget and reused.
-  uint8_t* Staging(std::map<int32_t, std::vector<uint8_t>>& pool, int32_t peer, int64_t budget);
-
+  Device& device_;
   Transport& transport_;
-  std::map<int32_t, std::vector<uint8_t>> send_staging_;
-  std::map<int32_t, std::vector<uint8_t>> receive_staging_;
 };
 
 }  // namespace shardsync::executor

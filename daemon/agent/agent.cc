@@ -26,7 +26,7 @@ Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link)
       registry_(registry),
       link_(link),
       transport_(config_.rank, mailbox_),
-      engine_(transport_) {}
+      engine_(device_, transport_) {}
 
 grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
                              grpc::ServerWriter<v1::RegisterEvent>* writer) {

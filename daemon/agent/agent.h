@@ -60,6 +60,7 @@ class Agent {
   CoordinatorLink& link_;
   executor::Mailbox mailbox_;
   GrpcTransport transport_;
+  executor::HostDevice device_;
   executor::RoundEngine engine_;
   std::atomic<bool> shutting_down_{false};
 

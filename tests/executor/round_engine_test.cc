@@ -58,7 +58,8 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
     for (int32_t r = 0; r < plan->num_ranks; ++r) {
       threads.emplace_back([&, r] {
         LoopbackTransport transport(r, world.pointers);
-        RoundEngine engine(transport);
+        HostDevice device;
+        RoundEngine engine(device, transport);
         results[r] = engine.Run("sync-1", *plan, (*schedules)[r], TableFor(r, buffers), budget,
                                 absl::Now() + absl::Seconds(20));
       });

@@ -1,0 +1,42 @@
+#include "executor/device.h"
+#include "executor/host_copy.h"
+
+namespace shardsync::executor {
+
+absl::StatusOr<uint8_t*> HostDevice::Staging(int32_t peer, bool send, int64_t bytes) {
+  std::vector<uint8_t>& staging = staging_[{peer, send}];
+  if (static_cast<int64_t>(staging.size()) != bytes) staging.assign(bytes, 0);
+  return staging.data();
+}
+
+absl::Status HostDevice::Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
+                              const BufferTable& buffers, uint8_t* out) {
+  for (const planner::ChunkPart& part : parts) {
+    const planner::Segment& s = plan.segments[part.segment];
+    PackHost(s, part.begin, part.end, buffers[s.src.buffer], out);
+    out += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
+                                const uint8_t* in, const BufferTable& buffers) {
+  for (const planner::ChunkPart& part : parts) {
+    const planner::Segment& s = plan.segments[part.segment];
+    UnpackHost(s, part.begin, part.end, in, buffers[s.dst.buffer]);
+    in += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                                   absl::Span<const int32_t> fills, const BufferTable& buffers) {
+  for (int32_t index : segments) {
+    const planner::Segment& s = plan.segments[index];
+    CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
+  }
+  for (int32_t index : fills) FillHost(plan.fills[index], buffers[plan.fills[index].fill.holder.buffer]);
+  return absl::OkStatus();
+}
+
+}  // namespace shardsync::executor
