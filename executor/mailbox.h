@@ -49,6 +49,7 @@ class LoopbackTransport final : public Transport {
       : rank_(rank), mailboxes_(std::move(mailboxes)) {}
   absl::string_view name() const override { return "loopback"; }
   bool device_memory() const override { return false; }
+  absl::Status Setup(const PeerSetup&, absl::Time) override { return absl::OkStatus(); }
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                         absl::Span<const RecvOp> receives, absl::Time deadline) override;
   void Abort(absl::string_view reason) override { mailboxes_.at(rank_)->Abort(reason); }

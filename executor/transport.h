@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -25,12 +27,27 @@ struct RecvOp {
   int64_t bytes = 0;
 };
 
+// What a transport needs to reach its peers in a sync.
+struct PeerSetup {
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  std::map<int32_t, std::string> addresses;  // host transport: peers' AgentControl addresses
+  std::string communicator_id;                // NCCL: the unique id of `generation`
+  int64_t generation = 0;                     // NCCL: a new value means a new communicator
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual absl::string_view name() const = 0;
   // Capability: sends from and receives into device memory.
   virtual bool device_memory() const = 0;
+  // Makes the peers reachable before a sync's rounds. For NCCL a new generation builds
+  // a new communicator: a collective call, every rank makes it with the same id.
+  virtual absl::Status Setup(const PeerSetup& setup, absl::Time deadline) = 0;
+  // NCCL, on the rank that roots the bootstrap: a fresh communicator id. Transports
+  // that need none return an empty string.
+  virtual absl::StatusOr<std::string> NewCommunicatorId() { return std::string(); }
   // One round with many peers: every receive is posted before any send; returns when
   // all are complete. A peer that does not complete by `deadline` fails the round with
   // UNAVAILABLE naming it; after Abort every wait returns ABORTED.

@@ -21,11 +21,14 @@ bool Fits(int64_t base, const int64_t* shape, const int64_t* strides, int axes, 
 
 }  // namespace
 
-Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link)
+Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
+             executor::Transport& transport, executor::Mailbox& mailbox)
     : config_(std::move(config)),
       registry_(registry),
       link_(link),
-      transport_(config_.rank, mailbox_),
+      device_(device),
+      transport_(transport),
+      mailbox_(mailbox),
       engine_(device_, transport_) {}
 
 grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
@@ -121,6 +124,8 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
       return response;
     }
     it->second.sync_id = request.sync_id();
+    it->second.peers.communicator_id = request.communicator_id();
+    it->second.peers.generation = request.communicator_generation();
     if (auto status = Check(it->second.local); !status.ok()) return refuse(status);
     response.set_ok(true);
     return response;
@@ -128,9 +133,14 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
   auto local = daemon::DecodeSchedule(request, config_.rank);
   if (!local.ok()) return refuse(local.status());
   if (auto status = Check(*local); !status.ok()) return refuse(status);
+  executor::PeerSetup peers;
+  peers.rank = config_.rank;
+  peers.world_size = request.world_size();
+  peers.addresses.insert(request.peer_addresses().begin(), request.peer_addresses().end());
+  peers.communicator_id = request.communicator_id();
+  peers.generation = request.communicator_generation();
   Prepared prepared{*std::move(local), request.sync_id(), request.staging_bytes(),
-                    absl::Milliseconds(request.deadline_ms()),
-                    {request.peer_addresses().begin(), request.peer_addresses().end()}};
+                    absl::Milliseconds(request.deadline_ms()), std::move(peers)};
   prepared_.clear();  // one plan per epoch: the previous one is stale
   prepared_[request.digest()] = std::move(prepared);
   response.set_ok(true);
@@ -165,9 +175,12 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
     held.push_back(std::move(entry));
   }
   transport_.Reset();
-  transport_.SetPeers(prepared.peers);
-  auto stats = engine_.Run(request.sync_id(), prepared.local.plan, prepared.local.schedule, table,
-                           prepared.staging_bytes, absl::Now() + prepared.deadline);
+  const absl::Time deadline = absl::Now() + prepared.deadline;
+  const absl::Status setup = transport_.Setup(prepared.peers, deadline);
+  const absl::StatusOr<executor::ExecutionStats> stats =
+      setup.ok() ? engine_.Run(request.sync_id(), prepared.local.plan, prepared.local.schedule, table,
+                               prepared.staging_bytes, deadline)
+                 : absl::StatusOr<executor::ExecutionStats>(setup);
   absl::MutexLock lock(&mu_);
   target_valid_ = stats.ok();
   if (!stats.ok()) {

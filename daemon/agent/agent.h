@@ -10,11 +10,12 @@
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/agent/coordinator_link.h"
-#include "daemon/agent/grpc_transport.h"
 #include "daemon/agent/registry.h"
 #include "daemon/common/schedule_codec.h"
+#include "executor/device.h"
 #include "executor/mailbox.h"
 #include "executor/round_engine.h"
+#include "executor/transport.h"
 #include "proto/shardsync.grpc.pb.h"
 
 namespace shardsync::agent {
@@ -28,7 +29,10 @@ struct AgentConfig {
 
 class Agent {
  public:
-  Agent(AgentConfig config, Registry& registry, CoordinatorLink& link);
+  // `device` and `transport` are the data path (host memory and the agents' gRPC
+  // channels, or a CUDA device and NCCL); `mailbox` takes peers' Transfer calls (host).
+  Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
+        executor::Transport& transport, executor::Mailbox& mailbox);
 
   // Agent service (unix socket).
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
@@ -40,6 +44,7 @@ class Agent {
   absl::StatusOr<v1::RankStats> Execute(const v1::ExecuteRequest& request);
   void Abort(const v1::AbortRequest& request);
   absl::Status Transfer(const v1::TransferRequest& request, absl::Time deadline);
+  absl::StatusOr<std::string> NewCommunicatorId() { return transport_.NewCommunicatorId(); }
 
   // Ends every Register call so the server can shut down.
   void Shutdown() { shutting_down_ = true; }
@@ -50,7 +55,7 @@ class Agent {
     std::string sync_id;
     int64_t staging_bytes = 0;
     absl::Duration deadline;
-    std::map<int32_t, std::string> peers;
+    executor::PeerSetup peers;
   };
   // Every buffer the schedule touches, present, of the right role, and in bounds.
   absl::Status Check(const daemon::LocalSchedule& local) const;
@@ -58,9 +63,9 @@ class Agent {
   const AgentConfig config_;
   Registry& registry_;
   CoordinatorLink& link_;
-  executor::Mailbox mailbox_;
-  GrpcTransport transport_;
-  executor::HostDevice device_;
+  executor::Device& device_;
+  executor::Transport& transport_;
+  executor::Mailbox& mailbox_;
   executor::RoundEngine engine_;
   std::atomic<bool> shutting_down_{false};
 

@@ -9,15 +9,16 @@
 
 namespace shardsync::agent {
 
-void GrpcTransport::SetPeers(const std::map<int32_t, std::string>& addresses) {
+absl::Status GrpcTransport::Setup(const executor::PeerSetup& setup, absl::Time) {
   absl::MutexLock lock(&mu_);
-  for (const auto& [rank, address] : addresses) {
+  for (const auto& [rank, address] : setup.addresses) {
     addresses_[rank] = address;
     if (stubs_.count(address)) continue;
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
     stubs_[address] = v1::AgentControl::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   }
+  return absl::OkStatus();
 }
 
 absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,

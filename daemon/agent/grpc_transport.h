@@ -19,11 +19,10 @@ class GrpcTransport final : public executor::Transport {
  public:
   GrpcTransport(int32_t rank, executor::Mailbox& mailbox) : rank_(rank), mailbox_(mailbox) {}
 
-  // Peers' AgentControl addresses for the next rounds (channels are kept per address).
-  void SetPeers(const std::map<int32_t, std::string>& addresses);
-
   absl::string_view name() const override { return "grpc-host"; }
   bool device_memory() const override { return false; }
+  // Keeps the peers' AgentControl addresses (channels are kept per address).
+  absl::Status Setup(const executor::PeerSetup& setup, absl::Time deadline) override;
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
                         absl::Span<const executor::RecvOp> receives, absl::Time deadline) override;
   void Abort(absl::string_view reason) override;

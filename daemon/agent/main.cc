@@ -2,13 +2,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/services.h"
+#include "daemon/agent/grpc_transport.h"
+#include "executor/cuda_device.h"
+#include "executor/cuda_memory.h"
 #include "executor/host_shm.h"
+#include "executor/nccl_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
@@ -28,7 +33,8 @@ chunks to each other.
   --advertise ADDR       address peers and the coordinator use (default: the listen host
                          with the bound port)
   --port-file PATH       write the bound TCP port here once serving (for scripts, tests)
-  --device D             cpu (default); a GPU index comes with the GPU data path
+  --device D             cpu (default: host shared memory, the agents' gRPC channels) or
+                         a CUDA device ordinal (CUDA IPC buffers, copy kernels, NCCL)
   --rpc-deadline-ms N    deadline of every control RPC this agent makes (default 5000)
   --max-staging-bytes B  largest staging budget accepted per peer per direction
                          (default 268435456); also bounds a Transfer message
@@ -69,14 +75,38 @@ int main(int argc, char** argv) {
   if (c.agent.rank < 0 || c.coordinator.empty() || c.socket.empty()) {
     return Usage("--rank, --coordinator and --socket are required");
   }
-  if (c.agent.device != "cpu") return Usage("--device " + c.agent.device + ": this build serves host memory only (cpu)");
+  int ordinal = -1;
+  if (c.agent.device != "cpu") {
+    char* end = nullptr;
+    ordinal = static_cast<int>(std::strtol(c.agent.device.c_str(), &end, 10));
+    if (c.agent.device.empty() || *end != '\0' || ordinal < 0) return Usage("--device must be cpu or a CUDA ordinal");
+    c.agent.device = "cuda:" + c.agent.device;
+  }
   spdlog::set_level(spdlog::level::from_str(c.log_level));
   spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
 
   shardsync::BlockStopSignals();
 
-  shardsync::executor::HostShmBackend host_shm;
-  shardsync::agent::Registry registry(c.agent.rank, {&host_shm});
+  // The data path: host memory and the agents' gRPC channels, or one CUDA device and NCCL.
+  shardsync::executor::Mailbox mailbox;
+  std::unique_ptr<shardsync::executor::MemoryBackend> memory;
+  std::unique_ptr<shardsync::executor::Device> device;
+  std::unique_ptr<shardsync::executor::Transport> transport;
+  if (ordinal < 0) {
+    memory = std::make_unique<shardsync::executor::HostShmBackend>();
+    device = std::make_unique<shardsync::executor::HostDevice>();
+    transport = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox);
+  } else {
+    auto cuda = shardsync::executor::CudaDevice::Open(ordinal);
+    if (!cuda.ok()) {
+      spdlog::error("--device {}: {}", ordinal, std::string(cuda.status().message()));
+      return 1;
+    }
+    memory = std::make_unique<shardsync::executor::CudaIpcBackend>(ordinal);
+    transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->stream());
+    device = *std::move(cuda);
+  }
+  shardsync::agent::Registry registry(c.agent.rank, {memory.get()});
   shardsync::agent::LinkConfig link_config;
   link_config.coordinator = c.coordinator;
   link_config.rpc_deadline = c.agent.rpc_deadline;
@@ -86,7 +116,7 @@ int main(int argc, char** argv) {
   link_config.join.set_host(host);
   link_config.join.set_device(c.agent.device);
   shardsync::agent::CoordinatorLink link(link_config, registry);
-  shardsync::agent::Agent agent(c.agent, registry, link);
+  shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox);
   shardsync::agent::ControlService control(agent);
   shardsync::agent::LocalService local(agent);
 

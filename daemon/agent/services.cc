@@ -21,4 +21,12 @@ grpc::Status ControlService::Transfer(grpc::ServerContext* context, const v1::Tr
   return ToGrpcStatus(agent_.Transfer(*request, deadline));
 }
 
+grpc::Status ControlService::NewCommunicatorId(grpc::ServerContext*, const v1::NewCommunicatorIdRequest*,
+                                               v1::NewCommunicatorIdResponse* response) {
+  auto id = agent_.NewCommunicatorId();
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  response->set_communicator_id(*std::move(id));
+  return grpc::Status::OK;
+}
+
 }  // namespace shardsync::agent

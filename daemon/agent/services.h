@@ -34,6 +34,8 @@ class ControlService final : public v1::AgentControl::Service {
     return grpc::Status::OK;
   }
   grpc::Status Transfer(grpc::ServerContext* context, const v1::TransferRequest* request, v1::TransferResponse*) override;
+  grpc::Status NewCommunicatorId(grpc::ServerContext*, const v1::NewCommunicatorIdRequest*,
+                                 v1::NewCommunicatorIdResponse* response) override;
 
  private:
   Agent& agent_;

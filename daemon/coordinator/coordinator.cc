@@ -33,6 +33,7 @@ v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
   AgentEntry& entry = agents_[request.rank()];
   if (!entry.stub || entry.join.address() != request.address()) {
     if (entry.stub) spdlog::info("rank {} rejoined at {}", request.rank(), request.address());
+    communicator_valid_ = false;  // a returning agent needs a new communicator
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
     args.SetMaxReceiveMessageSize(-1);
@@ -104,7 +105,29 @@ absl::StatusOr<bool> Coordinator::EnsurePlan() {
   return true;
 }
 
+absl::Status Coordinator::RenewCommunicator() {
+  v1::AgentControl::Stub* root;
+  {
+    absl::MutexLock lock(&mu_);
+    if (communicator_valid_) return absl::OkStatus();
+    root = agents_.at(0).stub.get();
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+  v1::NewCommunicatorIdResponse response;
+  const grpc::Status status = root->NewCommunicatorId(&context, v1::NewCommunicatorIdRequest(), &response);
+  if (!status.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", status.error_message()));
+  communicator_id_ = response.communicator_id();
+  ++communicator_generation_;
+  absl::MutexLock lock(&mu_);
+  communicator_valid_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline) {
+  if (auto status = RenewCommunicator(); !status.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
+  }
   std::map<int32_t, std::string> addresses;
   std::map<int32_t, v1::AgentControl::Stub*> stubs;
   {
@@ -126,6 +149,9 @@ absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration 
       request.set_digest(cache_.digest);
       request.set_staging_bytes(config_.staging_bytes);
       request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
+      request.set_communicator_id(communicator_id_);
+      request.set_communicator_generation(communicator_generation_);
+      request.set_world_size(config_.world_size);
       for (const planner::PeerStream& stream : cache_.schedules[rank].sends) {
         (*request.mutable_peer_addresses())[stream.peer] = addresses[stream.peer];
       }
@@ -221,6 +247,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     {
       absl::MutexLock lock(&mu_);
       targets_valid_ = false;
+      communicator_valid_ = false;  // NCCL aborted it somewhere
     }
     return finish(absl::UnavailableError(absl::StrCat("sync ", sync_id, " failed; targets are invalid until the next sync succeeds: ",
                                                       absl::StrJoin(failures, "; "))));

@@ -54,6 +54,8 @@ class Coordinator {
   // Plans the current epoch unless cached; true when it planned now. Requires sync_mu_.
   absl::StatusOr<bool> EnsurePlan();
   absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline);
+  // A fresh communicator id from rank 0 when the last one may be broken.
+  absl::Status RenewCommunicator();
 
   const CoordinatorConfig config_;
   const std::string instance_id_;
@@ -69,6 +71,11 @@ class Coordinator {
   absl::Mutex sync_mu_;  // one sync (or explain) at a time; held before mu_
   CachedPlan cache_ ABSL_GUARDED_BY(sync_mu_);
   std::map<int32_t, std::string> delivered_ ABSL_GUARDED_BY(sync_mu_);  // rank -> digest it holds
+  // The communicator every agent builds for NCCL: a new id and generation after any
+  // failed sync or rejoin (empty ids for host transports).
+  std::string communicator_id_ ABSL_GUARDED_BY(sync_mu_);
+  int64_t communicator_generation_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  bool communicator_valid_ ABSL_GUARDED_BY(mu_) = false;  // Join invalidates it
   int64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
 };
 

@@ -1,0 +1,54 @@
+// One CUDA device: copies run as batched kernels on the agent's stream (packs, unpacks)
+// and a second stream (local copies and fills, beside the network rounds). Staging is
+// device memory, allocated once per peer and direction and reused.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "executor/copy_kernels.h"
+#include "executor/device.h"
+
+namespace shardsync::executor {
+
+class CudaDevice final : public Device {
+ public:
+  // Creates the streams on `ordinal`; fails when there is no such device.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Open(int ordinal);
+  ~CudaDevice() override;
+
+  absl::string_view name() const override { return "cuda"; }
+  int ordinal() const { return ordinal_; }
+  cudaStream_t stream() const { return stream_; }  // the transport enqueues here too
+  absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) override;
+  absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
+                    const BufferTable& buffers, uint8_t* out) override;
+  absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
+                      const BufferTable& buffers) override;
+  absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                         absl::Span<const int32_t> fills, const BufferTable& buffers) override;
+  absl::Status Synchronize() override;
+
+ private:
+  // Descriptors of one launch and their device copy, per stream.
+  struct Batch {
+    std::vector<CopyDescriptor> descriptors;
+    std::vector<int64_t> first_block;
+    uint8_t* device = nullptr;  // descriptors, then first_block
+    size_t capacity = 0;
+  };
+  CudaDevice(int ordinal, cudaStream_t stream, cudaStream_t local_stream)
+      : ordinal_(ordinal), stream_(stream), local_stream_(local_stream) {}
+  absl::Status Launch(Batch& batch, cudaStream_t stream);
+
+  const int ordinal_;
+  cudaStream_t stream_;
+  cudaStream_t local_stream_;
+  Batch network_batch_;
+  Batch local_batch_;
+  std::map<std::pair<int32_t, bool>, std::pair<uint8_t*, int64_t>> staging_;
+};
+
+}  // namespace shardsync::executor

@@ -1,0 +1,99 @@
+#include "executor/nccl_transport.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "executor/cuda_check.h"
+
+namespace shardsync::executor {
+
+NcclTransport::~NcclTransport() { Drop(); }
+
+void NcclTransport::Drop() {
+  if (comm_ != nullptr) {
+    cudaSetDevice(ordinal_);
+    ncclCommAbort(comm_);  // safe whatever state the communicator is in
+  }
+  comm_ = nullptr;
+  generation_ = -1;
+}
+
+absl::StatusOr<std::string> NcclTransport::NewCommunicatorId() {
+  ncclUniqueId id;
+  if (auto s = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"); !s.ok()) return s;
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+absl::Status NcclTransport::Await(absl::Time deadline, bool stream_too, const std::string& what) {
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      const std::string error = ncclGetErrorString(state);
+      Drop();
+      return absl::UnavailableError(absl::StrCat(what, " failed: ", error, "; the communicator is aborted"));
+    }
+    const bool stream_done = !stream_too || cudaStreamQuery(stream_) == cudaSuccess;
+    if (state == ncclSuccess && stream_done) return absl::OkStatus();
+    if (aborted_) {
+      Drop();
+      return absl::AbortedError(absl::StrCat(what, " aborted"));
+    }
+    if (absl::Now() > deadline) {
+      Drop();
+      return absl::UnavailableError(absl::StrCat(what, " did not finish before the deadline; the communicator is aborted"));
+    }
+    absl::SleepFor(absl::Microseconds(20));
+  }
+}
+
+absl::Status NcclTransport::Setup(const PeerSetup& setup, absl::Time deadline) {
+  if (comm_ != nullptr && setup.generation == generation_) return absl::OkStatus();
+  Drop();
+  if (setup.communicator_id.size() != sizeof(ncclUniqueId)) {
+    return absl::FailedPreconditionError("no NCCL communicator id was handed out for this sync");
+  }
+  ncclUniqueId id;
+  std::memcpy(&id, setup.communicator_id.data(), sizeof(id));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so a missing peer cannot hang the init past the deadline
+  if (auto s = NcclStatus(ncclCommInitRankConfig(&comm_, setup.world_size, id, setup.rank, &config),
+                          "ncclCommInitRankConfig");
+      !s.ok()) {
+    comm_ = nullptr;
+    return s;
+  }
+  if (auto s = Await(deadline, false, absl::StrCat("building the NCCL communicator of ", setup.world_size, " ranks"));
+      !s.ok()) {
+    return s;
+  }
+  generation_ = setup.generation;
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
+                                     absl::Span<const RecvOp> receives, absl::Time deadline) {
+  if (comm_ == nullptr) return absl::FailedPreconditionError("no NCCL communicator: Setup first");
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  std::vector<int32_t> peers;
+  ncclGroupStart();
+  for (const RecvOp& r : receives) {  // receives first, then sends, in one group
+    ncclRecv(r.data, static_cast<size_t>(r.bytes), ncclUint8, r.peer, comm_, stream_);
+    peers.push_back(r.peer);
+  }
+  for (const SendOp& s : sends) {
+    ncclSend(s.data, static_cast<size_t>(s.bytes), ncclUint8, s.peer, comm_, stream_);
+    peers.push_back(s.peer);
+  }
+  if (auto s = NcclStatus(ncclGroupEnd(), "ncclGroupEnd"); !s.ok()) {
+    Drop();
+    return s;
+  }
+  return Await(deadline, true,
+               absl::StrCat("sync ", sync_id, " round ", round, " with rank ", absl::StrJoin(peers, ", rank ")));
+}
+
+}  // namespace shardsync::executor
