@@ -1,0 +1,75 @@
+"""PyTorch CUDA tensors as shardsync buffers (GPU mode). Importing this needs torch.
+
+Ordering: the trainer's writes must be complete before a sync reads them
+(``torch.cuda.synchronize()`` before asking for the sync), and the rollout reads its
+arena only after ``sync()`` returns. The arena's memory never moves, so CUDA graphs
+captured on it read the new weights after every sync.
+"""
+
+import math
+
+import torch
+
+import layout_pb2
+import shardsync_pb2
+from shardsync.client import ShardsyncError
+from shardsync.layouts import ALIGNMENT
+
+import grpc
+
+TORCH_DTYPES = {
+    torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+    torch.int64: "int64", torch.int32: "int32", torch.int8: "int8", torch.uint8: "uint8",
+}
+
+
+def cuda_buffer(tensor):
+    """(MemoryHandle, bytes) of a contiguous CUDA tensor: the CUDA IPC handle of its
+    caching-allocator segment and the tensor's byte offset inside it."""
+    if not tensor.is_cuda or not tensor.is_contiguous():
+        raise ValueError("a shardsync buffer is a contiguous CUDA tensor")
+    storage = tensor.untyped_storage()
+    try:
+        shared = storage._share_cuda_()
+    except RuntimeError as error:
+        raise ShardsyncError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"this tensor's memory cannot be shared through a CUDA IPC handle ({error}); with "
+            "PyTorch's expandable segments set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False") from None
+    device, handle, _storage_bytes, storage_offset = shared[0], shared[1], shared[2], shared[3]
+    offset = storage_offset + tensor.storage_offset() * tensor.element_size()
+    nbytes = tensor.numel() * tensor.element_size()
+    return shardsync_pb2.MemoryHandle(cuda_ipc_handle=bytes(handle), offset_bytes=offset, device=device), nbytes
+
+
+class TorchWeightArena:
+    """A rank's target tensors as views of one CUDA allocation that is never
+    reallocated; each view starts on a 256-byte boundary. `shards` are
+    (name, shard_shape, torch dtype)."""
+
+    def __init__(self, shards, device, buffer_name="arena"):
+        self.buffer_name = buffer_name
+        self.offsets = {}
+        used = 0
+        for name, shape, dtype in shards:
+            start = (used + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+            self.offsets[name] = (start, tuple(shape), dtype)
+            used = start + math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        # Over-allocate so the first view can start on an aligned address.
+        self._raw = torch.empty(used + ALIGNMENT, dtype=torch.uint8, device=device)
+        skip = (-self._raw.data_ptr()) % ALIGNMENT
+        self.memory = self._raw[skip:skip + used]
+        self.views = {}
+        for name, (start, shape, dtype) in self.offsets.items():
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            self.views[name] = self.memory[start:start + nbytes].view(dtype).view(shape)
+
+    def placement(self, name, box_lo, box_hi):
+        start, _, dtype = self.offsets[name]
+        return (box_lo, box_hi, self.buffer_name, start // torch.empty((), dtype=dtype).element_size())
+
+    def buffers(self):
+        return {self.buffer_name: cuda_buffer(self.memory)}
+
+    def data_ptr(self):
+        return self.memory.data_ptr()

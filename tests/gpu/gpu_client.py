@@ -1,0 +1,158 @@
+"""A trainer or rollout process for the GPU tests: torch CUDA tensors registered with
+the agent of its device through CUDA IPC. Lines on stdin drive it:
+  refill SEED   trainer: new source values (synchronized before answering)
+  check SEED    rollout: every arena element against the values of SEED -> "ok" / "mismatch N"
+  graph         rollout: capture a CUDA graph that sums every arena view into one tensor
+  replay SEED   rollout: replay the graph; its sums against SEED's -> "ok" / "mismatch"
+  address       rollout: the arena's data pointer
+  reregister    register again (after the agent restarted)
+  exit
+"""
+
+import argparse
+import sys
+
+import torch
+
+import model
+import shardsync
+from shardsync.torch_support import TorchWeightArena, cuda_buffer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--socket", required=True)
+parser.add_argument("--device", type=int, required=True)
+parser.add_argument("--rank", type=int, required=True)
+parser.add_argument("--role", choices=["trainer", "rollout"], required=True)
+parser.add_argument("--zero", type=int, default=3)
+parser.add_argument("--dp", type=int, required=True)          # trainer DP world (ranks 0..dp-1)
+parser.add_argument("--tp", type=int, default=1)              # rollout TP size
+parser.add_argument("--tp-rank", type=int, default=0)
+parser.add_argument("--seed", type=int, default=1)
+parser.add_argument("--scale", type=int, default=1)
+parser.add_argument("--drop", default="")
+args = parser.parse_args()
+torch.cuda.set_device(args.device)
+device = torch.device("cuda", args.device)
+TENSORS = model.tensors(args.scale)
+
+
+class Trainer:
+    """ZeRO-3: each parameter's flat partition, back to back, 256-byte aligned.
+    ZeRO-1/2: the whole bf16 flat on every rank."""
+
+    def __init__(self):
+        self.parts, at = [], 0
+        for i, (name, shape, _) in enumerate(TENSORS):
+            numel = int(torch.Size(shape).numel())
+            begin, end = (model.flat_partition(numel, args.dp, args.rank) if args.zero == 3 else (0, numel))
+            at = (at + 127) // 128 * 128  # elements of bf16: 256 bytes
+            self.parts.append((i, name, shape, begin, end, at))
+            at += end - begin
+        self.flat = torch.empty(at, dtype=torch.bfloat16, device=device)
+        self.refill(args.seed)
+
+    def refill(self, seed):
+        for i, name, shape, begin, end, at in self.parts:
+            if end > begin:
+                self.flat[at:at + end - begin].copy_(model.values(seed, i, shape).flatten()[begin:end])
+        torch.cuda.synchronize()  # the writes are complete before any sync reads them
+
+    def layouts(self):
+        return [shardsync.tensor_layout(name, shape, "bfloat16", flat_placements=[(begin, end, "flat", at)])
+                for i, name, shape, begin, end, at in self.parts if end > begin and name != args.drop]
+
+    def buffers(self):
+        return {"flat": cuda_buffer(self.flat)}
+
+
+class Rollout:
+    def __init__(self):
+        self.boxes = {name: model.shard_box(shape, style, args.tp, args.tp_rank) for name, shape, style in TENSORS}
+        shards = [(name, [h - l for l, h in zip(*self.boxes[name])], torch.bfloat16) for name, _, _ in TENSORS]
+        self.arena = TorchWeightArena(shards, device)
+        self.arena.memory.fill_(0xAB)  # poison
+        torch.cuda.synchronize()
+        self.graph = None
+
+    def layouts(self):
+        return [shardsync.tensor_layout(name, shape, "bfloat16", placements=[self.arena.placement(name, *self.boxes[name])])
+                for name, shape, _ in TENSORS]
+
+    def buffers(self):
+        return self.arena.buffers()
+
+    def expected(self, seed, i, name, shape):
+        lo, hi = self.boxes[name]
+        full = model.values(seed, i, shape)
+        return full[tuple(slice(l, h) for l, h in zip(lo, hi))].to(device)
+
+    def check(self, seed):
+        mismatched = 0
+        for i, (name, shape, _) in enumerate(TENSORS):
+            got = self.arena.views[name]
+            want = self.expected(seed, i, name, shape)
+            mismatched += int((got.view(torch.int16) != want.view(torch.int16)).sum().item())
+        return mismatched
+
+    def capture(self):
+        self.sums = torch.zeros(len(TENSORS), dtype=torch.float32, device=device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._sum()  # warm up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._sum()
+
+    def _sum(self):
+        for i, (name, _, _) in enumerate(TENSORS):
+            self.sums[i] = self.arena.views[name].float().sum()
+
+    def replay(self, seed):
+        self.graph.replay()
+        torch.cuda.synchronize()
+        want = torch.stack([self.expected(seed, i, name, shape).float().sum() for i, (name, shape, _) in enumerate(TENSORS)])
+        return torch.equal(self.sums, want)
+
+
+side = Trainer() if args.role == "trainer" else Rollout()
+agent = shardsync.AgentClient(args.socket)
+
+
+def register():
+    try:
+        return agent.register(f"{args.role}-{args.rank}", "source" if args.role == "trainer" else "target",
+                              side.buffers(), side.layouts(), timeout=30)
+    except shardsync.ShardsyncError as error:
+        print("refused", error.message, flush=True)
+        sys.exit(3)
+
+
+registration = register()
+print("ready", registration.layout_epoch, flush=True)
+for line in sys.stdin:
+    command = line.split()
+    if not command:
+        continue
+    if command[0] == "refill":
+        side.refill(int(command[1]))
+        print("refilled", flush=True)
+    elif command[0] == "check":
+        torch.cuda.synchronize()
+        mismatched = side.check(int(command[1]))
+        print("ok" if mismatched == 0 else f"mismatch {mismatched}", flush=True)
+    elif command[0] == "graph":
+        side.capture()
+        print("captured", flush=True)
+    elif command[0] == "replay":
+        print("ok" if side.replay(int(command[1])) else "mismatch", flush=True)
+    elif command[0] == "address":
+        print("address", side.arena.data_ptr(), flush=True)
+    elif command[0] == "reregister":
+        registration.close()
+        registration = register()
+        print("ready", registration.layout_epoch, flush=True)
+    elif command[0] == "exit":
+        break
+registration.close()

@@ -1,0 +1,277 @@
+"""GPU tests: real agents on CUDA devices, NCCL between them, trainer and rollout
+processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machine.
+
+  1 GPU : ZeRO-3 partitions into a TP1 arena on the same GPU; every element equal; a
+          CUDA graph captured on the arena before the sync reads the new weights after
+          it; the arena keeps its address.
+  2 GPUs: ZeRO-1, 2 and 3 over 2 ranks into TP2 and into TP1 x 2; every element equal
+          after two syncs with changed sources; under ZeRO-1/2 no byte crosses GPUs; a
+          missing shard makes the sync refused and no target changes; an agent killed
+          during a sync fails it within its deadline naming the rank, and a restarted
+          agent syncs again.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import torch
+
+import shardsync
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--bin", required=True)   # folder with shardsync-agent, shardsync-coordinator
+parser.add_argument("--out", default="")      # where to write results.json and logs
+args = parser.parse_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+GPUS = torch.cuda.device_count()
+OUT = args.out or tempfile.mkdtemp(prefix="ss-gpu-")
+RESULTS = []
+
+
+def wait_port(path, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(path):
+            text = open(path).read().strip()
+            if text:
+                return int(text)
+        time.sleep(0.01)
+    raise RuntimeError(f"no port in {path}")
+
+
+class Cluster:
+    def __init__(self, name, world, staging=64 << 20, sync_timeout_ms=20000):
+        self.dir = tempfile.mkdtemp(prefix=f"ss-{name}-", dir="/tmp")
+        self.logs = os.path.join(OUT, name)
+        os.makedirs(self.logs, exist_ok=True)
+        self.world, self.agents, self.clients = world, {}, []
+        self.coordinator_process = self.spawn(
+            [f"{args.bin}/shardsync-coordinator", "--world", str(world), "--listen", "127.0.0.1:0", "--port-file",
+             f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", str(sync_timeout_ms),
+             "--rpc-deadline-ms", "5000"], "coordinator")
+        self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
+        for rank in range(world):
+            self.start_agent(rank)
+
+    def spawn(self, argv, name, **kwargs):
+        log = open(os.path.join(self.logs, f"{name}.log"), "a")
+        return subprocess.Popen(argv, stdout=kwargs.pop("stdout", log), stderr=log, **kwargs)
+
+    def socket(self, rank):
+        return f"{self.dir}/a{rank}.sock"
+
+    def start_agent(self, rank):
+        port_file = f"{self.dir}/a{rank}.port"
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        self.agents[rank] = self.spawn(
+            [f"{args.bin}/shardsync-agent", "--rank", str(rank), "--coordinator", self.coordinator, "--socket",
+             self.socket(rank), "--device", str(rank), "--port-file", port_file, "--rpc-deadline-ms", "5000"],
+            f"agent{rank}")
+        wait_port(port_file)
+
+    def client(self, role, rank, **flags):
+        argv = [sys.executable, os.path.join(HERE, "gpu_client.py"), "--socket", self.socket(rank), "--device",
+                str(rank), "--rank", str(rank), "--role", role]
+        for key, value in flags.items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+        process = self.spawn(argv, f"{role}{rank}", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.clients.append(process)
+        return process
+
+    def stop(self):
+        for p in self.clients:
+            if p.poll() is None:
+                p.stdin.write("exit\n")
+                p.stdin.flush()
+        for p in self.clients:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for p in list(self.agents.values()) + [self.coordinator_process]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in list(self.agents.values()) + [self.coordinator_process]:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def ask(process, line):
+    process.stdin.write(line + "\n")
+    process.stdin.flush()
+    return process.stdout.readline().strip()
+
+
+def ready(process):
+    line = process.stdout.readline().strip()
+    assert line.startswith("ready"), f"client did not register: {line!r}"
+
+
+def sync(cluster, timeout=60):
+    return shardsync.CoordinatorClient(cluster.coordinator).sync(timeout=timeout)
+
+
+def case(name):
+    def wrap(fn):
+        def run():
+            started = time.time()
+            try:
+                detail = fn() or ""
+                RESULTS.append({"case": name, "result": "passed", "seconds": round(time.time() - started, 2), "detail": detail})
+                print(f"PASSED {name} {detail}", flush=True)
+            except Exception as error:  # a failed case must not stop the others
+                RESULTS.append({"case": name, "result": "failed", "error": repr(error), "trace": traceback.format_exc()})
+                print(f"FAILED {name}: {error!r}", flush=True)
+        return run
+    return wrap
+
+
+@case("1 GPU: ZeRO-3 into a TP1 arena on the same GPU; a CUDA graph reads the new weights; the arena stays put")
+def one_gpu():
+    cluster = Cluster("one-gpu", 1)
+    try:
+        trainer = cluster.client("trainer", 0, zero=3, dp=1, seed=1)
+        rollout = cluster.client("rollout", 0, tp=1, seed=1)
+        ready(trainer)
+        ready(rollout)
+        address = ask(rollout, "address")
+        assert ask(rollout, "graph") == "captured"
+        response = sync(cluster)
+        assert ask(rollout, "check 1") == "ok"
+        assert ask(rollout, "replay 1") == "ok", "the graph did not see the first sync's weights"
+        assert ask(trainer, "refill 2") == "refilled"
+        sync(cluster)
+        assert ask(rollout, "check 2") == "ok"
+        assert ask(rollout, "replay 2") == "ok", "the graph did not see the second sync's weights"
+        assert ask(rollout, "address") == address
+        return f"{response.ranks[0].local_bytes} bytes local in {response.ranks[0].seconds:.4f} s"
+    finally:
+        cluster.stop()
+
+
+def two_gpu_layout(zero, tp):
+    @case(f"2 GPUs: ZeRO-{zero} over 2 ranks into {'TP2' if tp == 2 else 'TP1 x 2'}, two syncs")
+    def run():
+        cluster = Cluster(f"zero{zero}-tp{tp}", 2)
+        try:
+            trainers = [cluster.client("trainer", r, zero=zero, dp=2, seed=10 + zero) for r in range(2)]
+            rollouts = [cluster.client("rollout", r, tp=tp, tp_rank=r if tp == 2 else 0, seed=10 + zero) for r in range(2)]
+            for p in trainers + rollouts:
+                ready(p)
+            first = sync(cluster)
+            for r in rollouts:
+                assert ask(r, "check %d" % (10 + zero)) == "ok"
+            for t in trainers:
+                assert ask(t, "refill %d" % (20 + zero)) == "refilled"
+            second = sync(cluster)
+            for r in rollouts:
+                assert ask(r, "check %d" % (20 + zero)) == "ok"
+            sent = sum(r.sent_bytes for r in second.ranks)
+            if zero < 3:
+                assert sent == 0, f"{sent} bytes crossed GPUs under ZeRO-{zero}"
+            moved = sum(r.received_bytes + r.local_bytes for r in second.ranks)
+            return f"second sync {second.seconds * 1e3:.2f} ms, {moved} bytes written, {sent} over NVLink"
+        finally:
+            cluster.stop()
+    return run
+
+
+@case("2 GPUs: a missing shard refuses the sync, naming the rank, and no target changes")
+def missing_shard():
+    cluster = Cluster("missing", 2)
+    try:
+        trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=5, drop="layers.1.up" if r == 1 else "") for r in range(2)]
+        rollouts = [cluster.client("rollout", r, tp=2, tp_rank=r, seed=5) for r in range(2)]
+        for p in trainers + rollouts:
+            ready(p)
+        try:
+            sync(cluster)
+            raise AssertionError("the sync was not refused")
+        except shardsync.ShardsyncError as error:
+            assert error.code.name == "FAILED_PRECONDITION", error
+            assert "no byte moved" in error.message and "by none of rank 1" in error.message, error.message
+        for r in rollouts:
+            assert ask(r, "check 5").startswith("mismatch"), "a target changed although the sync was refused"
+        return "refused: " + error.message[:120]
+    finally:
+        cluster.stop()
+
+
+@case("2 GPUs: an agent killed during a sync fails it within the deadline, naming it; restarted, it syncs again")
+def agent_killed():
+    # A tiny staging budget makes the sync long (many rounds) so the kill lands inside it.
+    cluster = Cluster("killed", 2, staging=16 << 10, sync_timeout_ms=10000)
+    try:
+        trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=7, scale=64) for r in range(2)]
+        rollouts = [cluster.client("rollout", r, tp=1, seed=7, scale=64) for r in range(2)]
+        for p in trainers + rollouts:
+            ready(p)
+        sync(cluster)  # builds the communicator and checks that the layout works
+        outcome = {}
+
+        def run_sync():
+            started = time.time()
+            try:
+                sync(cluster, timeout=10)
+                outcome["error"] = None
+            except shardsync.ShardsyncError as error:
+                outcome["error"] = error
+            outcome["seconds"] = time.time() - started
+
+        worker = threading.Thread(target=run_sync)
+        worker.start()
+        time.sleep(0.15)
+        cluster.agents[1].kill()
+        worker.join(30)
+        assert not worker.is_alive(), "the sync hung"
+        error = outcome["error"]
+        assert error is not None, "the sync finished before the kill; make it longer"
+        assert "rank 1" in error.message, error.message
+        assert outcome["seconds"] < 12, f"took {outcome['seconds']:.1f} s"
+        cluster.start_agent(1)
+        for p in (trainers[1], rollouts[1]):
+            assert ask(p, "reregister").startswith("ready")
+        deadline = time.time() + 30
+        while True:
+            try:
+                sync(cluster)
+                break
+            except shardsync.ShardsyncError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        for r in rollouts:
+            assert ask(r, "check 7") == "ok"
+        return f"failed after {outcome['seconds']:.2f} s: {error.message[:160]}"
+    finally:
+        cluster.stop()
+
+
+def main():
+    print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
+    cases = [one_gpu]
+    if GPUS >= 2:
+        cases += [two_gpu_layout(z, tp) for z in (1, 2, 3) for tp in (2, 1)] + [missing_shard, agent_killed]
+    for run in cases:
+        run()
+    passed = sum(r["result"] == "passed" for r in RESULTS)
+    failed = len(RESULTS) - passed
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump({"gpus": GPUS, "device": torch.cuda.get_device_name(0), "results": RESULTS}, f, indent=1)
+    print(f"{passed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
