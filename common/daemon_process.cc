@@ -4,7 +4,6 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 
 namespace shardsync {
 namespace {
@@ -31,10 +30,14 @@ int WaitForStopSignal() {
   return signal_number;
 }
 
-void WritePortFile(const std::string& path, int port) {
+// Plain stdio, not iostreams: a GPU agent also loads the shared libstdc++ (NCCL needs
+// it) beside the static one of a portable build, and their iostreams do not mix.
+bool WritePortFile(const std::string& path, int port) {
   const std::string temporary = path + ".tmp";
-  std::ofstream(temporary) << port << "\n";
-  std::rename(temporary.c_str(), path.c_str());
+  FILE* file = std::fopen(temporary.c_str(), "w");
+  if (file == nullptr) return false;
+  const bool written = std::fprintf(file, "%d\n", port) > 0;
+  return std::fclose(file) == 0 && written && std::rename(temporary.c_str(), path.c_str()) == 0;
 }
 
 }  // namespace shardsync

@@ -12,6 +12,7 @@ void BlockStopSignals();
 // Waits for SIGINT or SIGTERM; returns its number.
 int WaitForStopSignal();
 // Writes `port` to `path` through a rename, so a reader never sees half a file.
-void WritePortFile(const std::string& path, int port);
+// Returns false when it could not.
+bool WritePortFile(const std::string& path, int port);
 
 }  // namespace shardsync

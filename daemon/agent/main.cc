@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <iostream>
+#include <cstdio>
 
 #include "common/daemon_process.h"
 #include "common/flags.h"
@@ -47,7 +47,7 @@ struct Config {
 };
 
 int Usage(const std::string& error) {
-  std::cerr << "shardsync-agent: " << error << "\n\n" << kHelp;
+  std::fprintf(stderr, "shardsync-agent: %s\n\n%s", error.c_str(), kHelp);
   return 2;
 }
 
@@ -56,7 +56,7 @@ int Usage(const std::string& error) {
 int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 1);
   if (flags.TakeSwitch("help")) {
-    std::cout << kHelp;
+    std::fputs(kHelp, stdout);
     return 0;
   }
   Config c;
@@ -144,7 +144,10 @@ int main(int argc, char** argv) {
   const std::string address =
       c.advertise.empty() ? c.listen.substr(0, c.listen.rfind(':')) + ":" + std::to_string(port) : c.advertise;
   link.Start(address);
-  if (!c.port_file.empty()) shardsync::WritePortFile(c.port_file, port);
+  if (!c.port_file.empty() && !shardsync::WritePortFile(c.port_file, port)) {
+    spdlog::error("cannot write the port file {}", c.port_file);
+    return 1;
+  }
   spdlog::info("serving clients on {} and the coordinator and peers on {}", c.socket, address);
 
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());

@@ -1,5 +1,6 @@
 #include "daemon/coordinator/coordinator.h"
 
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -220,6 +221,22 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   }
   std::vector<grpc::Status> results(config_.world_size);
   std::vector<v1::ExecuteResponse> responses(config_.world_size);
+  // The first rank that fails makes every rank abort at once: nobody waits out its
+  // deadline on a peer that is gone.
+  std::once_flag aborting;
+  const auto abort_all = [&](int32_t failed, const std::string& why) {
+    std::call_once(aborting, [&] {
+      ForEachRank(config_.world_size, [&](int32_t rank) {
+        v1::AbortRequest abort;
+        abort.set_sync_id(sync_id);
+        abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+        v1::AbortResponse ignored;
+        stubs[rank]->Abort(&context, abort, &ignored);
+      });
+    });
+  };
   ForEachRank(config_.world_size, [&](int32_t rank) {
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
@@ -228,21 +245,13 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     // The agent's own waits end at the timeout; this leaves it room to say so.
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + config_.rpc_deadline));
     results[rank] = stubs[rank]->Execute(&context, execute, &responses[rank]);
+    if (!results[rank].ok()) abort_all(rank, results[rank].error_message());
   });
   std::vector<std::string> failures;
   for (int32_t rank = 0; rank < config_.world_size; ++rank) {
     if (!results[rank].ok()) failures.push_back(absl::StrCat("rank ", rank, ": ", results[rank].error_message()));
   }
   if (!failures.empty()) {
-    ForEachRank(config_.world_size, [&](int32_t rank) {
-      v1::AbortRequest abort;
-      abort.set_sync_id(sync_id);
-      abort.set_reason(absl::StrJoin(failures, "; "));
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
-      v1::AbortResponse ignored;
-      stubs[rank]->Abort(&context, abort, &ignored);
-    });
     delivered_.clear();
     {
       absl::MutexLock lock(&mu_);

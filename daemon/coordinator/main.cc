@@ -1,5 +1,5 @@
 // shardsync-coordinator: flags parsed here only, into CoordinatorConfig.
-#include <iostream>
+#include <cstdio>
 
 #include "common/daemon_process.h"
 #include "common/flags.h"
@@ -25,7 +25,7 @@ agent, then Execute only if all said ok.
 )";
 
 int Usage(const std::string& error) {
-  std::cerr << "shardsync-coordinator: " << error << "\n\n" << kHelp;
+  std::fprintf(stderr, "shardsync-coordinator: %s\n\n%s", error.c_str(), kHelp);
   return 2;
 }
 
@@ -34,7 +34,7 @@ int Usage(const std::string& error) {
 int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 1);
   if (flags.TakeSwitch("help")) {
-    std::cout << kHelp;
+    std::fputs(kHelp, stdout);
     return 0;
   }
   shardsync::coordinator::CoordinatorConfig config;
@@ -66,7 +66,10 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", listen);
     return 1;
   }
-  if (!port_file.empty()) shardsync::WritePortFile(port_file, port);
+  if (!port_file.empty() && !shardsync::WritePortFile(port_file, port)) {
+    spdlog::error("cannot write the port file {}", port_file);
+    return 1;
+  }
   spdlog::info("serving on port {} for a world of {} agents", port, config.world_size);
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -24,7 +24,7 @@ parser.add_argument("--device", type=int, required=True)
 parser.add_argument("--rank", type=int, required=True)
 parser.add_argument("--role", choices=["trainer", "rollout"], required=True)
 parser.add_argument("--zero", type=int, default=3)
-parser.add_argument("--dp", type=int, required=True)          # trainer DP world (ranks 0..dp-1)
+parser.add_argument("--dp", type=int, default=1)             # trainer DP world (ranks 0..dp-1)
 parser.add_argument("--tp", type=int, default=1)              # rollout TP size
 parser.add_argument("--tp-rank", type=int, default=0)
 parser.add_argument("--seed", type=int, default=1)

@@ -17,6 +17,26 @@ from shardsync.layouts import ALIGNMENT
 
 import grpc
 
+CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+def _raw_ipc_handle(handle):
+    """The cudaIpcMemHandle_t inside torch's shareable handle: older torch gives the 64
+    bytes alone; newer ones prefix a version byte and a type byte ('c' for a cudaMalloc
+    block, 'e' for an expandable segment, which has no such handle)."""
+    handle = bytes(handle)
+    if len(handle) == CUDA_IPC_HANDLE_BYTES:
+        return handle
+    if len(handle) == CUDA_IPC_HANDLE_BYTES + 2 and handle[1] == ord("c"):
+        return handle[2:]
+    if len(handle) >= 2 and handle[1] == ord("e"):
+        raise ShardsyncError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "this tensor lives in an expandable segment, which has no CUDA IPC handle; "
+            "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False in the trainer and rollout")
+    raise ShardsyncError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown torch IPC handle format ({len(handle)} bytes)")
+
+
 TORCH_DTYPES = {
     torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
     torch.int64: "int64", torch.int32: "int32", torch.int8: "int8", torch.uint8: "uint8",
@@ -39,7 +59,8 @@ def cuda_buffer(tensor):
     device, handle, _storage_bytes, storage_offset = shared[0], shared[1], shared[2], shared[3]
     offset = storage_offset + tensor.storage_offset() * tensor.element_size()
     nbytes = tensor.numel() * tensor.element_size()
-    return shardsync_pb2.MemoryHandle(cuda_ipc_handle=bytes(handle), offset_bytes=offset, device=device), nbytes
+    return shardsync_pb2.MemoryHandle(cuda_ipc_handle=_raw_ipc_handle(handle), offset_bytes=offset,
+                                      device=device), nbytes
 
 
 class TorchWeightArena:
