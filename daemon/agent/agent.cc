@@ -185,7 +185,7 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
   target_valid_ = stats.ok();
   if (!stats.ok()) {
     spdlog::error("sync {} failed on rank {}: {}", request.sync_id(), config_.rank, std::string(stats.status().message()));
-    return absl::Status(stats.status().code(), absl::StrCat("rank ", config_.rank, ": ", stats.status().message()));
+    return stats.status();  // the coordinator names the rank
   }
   v1::RankStats out;
   out.set_rank(config_.rank);

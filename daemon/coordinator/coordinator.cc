@@ -249,7 +249,12 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   });
   std::vector<std::string> failures;
   for (int32_t rank = 0; rank < config_.world_size; ++rank) {
-    if (!results[rank].ok()) failures.push_back(absl::StrCat("rank ", rank, ": ", results[rank].error_message()));
+    const grpc::Status& r = results[rank];
+    if (r.ok()) continue;
+    // A dead agent's call often ends with no message: its code says enough.
+    const absl::Status status = FromGrpcStatus(r);
+    failures.push_back(absl::StrCat("rank ", rank, ": ", absl::StatusCodeToString(status.code()),
+                                    r.error_message().empty() ? " (no answer)" : ": " + r.error_message()));
   }
   if (!failures.empty()) {
     delivered_.clear();
