@@ -163,6 +163,7 @@ class PythonClientTest(unittest.TestCase):
 
         response = coordinator.sync(timeout=20)
         self.assertEqual(len(response.ranks), WORLD)
+        self.assertEqual(coordinator.stats(), response)
         self.check(arenas, values)
 
         values = {name: rng.randbytes(len(v)) for name, v in values.items()}

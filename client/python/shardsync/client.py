@@ -103,11 +103,18 @@ class CoordinatorClient:
     def __init__(self, address):
         self._channel = grpc.insecure_channel(address)
         self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
+        self._last = None
 
     def sync(self, timeout=60.0):
         """Runs one sync on every agent and returns its SyncResponse (stats per rank)."""
         request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000))
-        return _call(self._stub.Sync, request, timeout + 10)
+        self._last = _call(self._stub.Sync, request, timeout + 10)
+        return self._last
+
+    def stats(self):
+        """The SyncResponse of this client's last successful sync (None before one):
+        per rank bytes sent, received and copied locally, rounds, chunks, staging, seconds."""
+        return self._last
 
     def explain(self, link_gbps=0.0, memory_gbps=0.0, timeout=30.0):
         request = shardsync_pb2.ExplainRequest(link_gbps=link_gbps, memory_gbps=memory_gbps)
