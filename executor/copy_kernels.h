@@ -32,7 +32,7 @@ struct CopyDescriptor {
 };
 
 // Elements each block copies; a descriptor gets ceil(count / kElementsPerBlock) blocks.
-inline constexpr int64_t kElementsPerBlock = 8192;
+inline constexpr int64_t kElementsPerBlock = 32768;
 
 // `descriptors` and `first_block` (the first block of each descriptor, `count` + 1
 // entries, the last being the total) are in device memory.

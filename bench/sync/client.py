@@ -1,0 +1,106 @@
+"""A trainer or rollout process of the sync benchmark (torch, one GPU). Commands on
+stdin: "check SEED" -> "ok" / "mismatch N"; "memory" -> bytes allocated now and the
+peak; "exit"."""
+
+import argparse
+import math
+import sys
+
+import torch
+
+import models
+import shardsync
+from shardsync.torch_support import TorchWeightArena, cuda_buffer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--socket", required=True)
+parser.add_argument("--rank", type=int, required=True)
+parser.add_argument("--world", type=int, required=True)
+parser.add_argument("--role", choices=["trainer", "rollout"], required=True)
+parser.add_argument("--model", required=True)
+parser.add_argument("--zero", type=int, default=3)
+parser.add_argument("--tp", type=int, default=1)
+parser.add_argument("--fused", action="store_true")
+parser.add_argument("--seed", type=int, default=1)
+args = parser.parse_args()
+torch.cuda.set_device(args.rank)
+device = torch.device("cuda", args.rank)
+TENSORS = models.tensors(args.model)
+
+
+def values(seed, index, shape):
+    generator = torch.Generator(device=device).manual_seed(seed * 100003 + index)
+    return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(torch.bfloat16)
+
+
+if args.role == "trainer":
+    parts, at = [], 0
+    for i, (name, shape, _, _) in enumerate(TENSORS):
+        numel = math.prod(shape)
+        begin, end = models.flat_partition(numel, args.world, args.rank) if args.zero == 3 else (0, numel)
+        parts.append((i, name, shape, begin, end, at))
+        at += end - begin
+    flat = torch.empty(at, dtype=torch.bfloat16, device=device)
+    for i, name, shape, begin, end, offset in parts:
+        if end > begin:
+            flat[offset:offset + end - begin].copy_(values(args.seed, i, shape).flatten()[begin:end])
+    torch.cuda.synchronize()
+    layouts = [shardsync.tensor_layout(name, shape, "bfloat16", flat_placements=[(begin, end, "flat", offset)])
+               for i, name, shape, begin, end, offset in parts if end > begin]
+    buffers = {"flat": cuda_buffer(flat)}
+else:
+    tp_rank = args.rank % args.tp
+    boxes = {name: models.shard_box(shape, style, args.tp, tp_rank) for name, shape, style, _ in TENSORS}
+    # The arena holds one view per tensor, or per fused group with its members' shards
+    # stacked by rows in order. place[name] = (view key, first row in that view).
+    place, shards = {}, {}
+    for name, shape, style, group in TENSORS:
+        lo, hi = boxes[name]
+        extent = [h - l for l, h in zip(lo, hi)]
+        key = group if args.fused and group else name
+        if key in shards:
+            place[name] = (key, shards[key][0])
+            shards[key][0] += extent[0]
+        else:
+            place[name] = (key, 0)
+            shards[key] = extent
+    arena = TorchWeightArena([(key, tuple(extent), torch.bfloat16) for key, extent in shards.items()], device)
+    arena.memory.fill_(0xAB)
+    layouts = []
+    for name, shape, style, group in TENSORS:
+        key, row = place[name]
+        lo, hi = boxes[name]
+        row_elements = math.prod(hi[k] - lo[k] for k in range(1, len(shape)))
+        base = arena.offsets[key][0] // 2 + row * row_elements
+        layouts.append(shardsync.tensor_layout(name, shape, "bfloat16", placements=[(lo, hi, "arena", base)]))
+    buffers = arena.buffers()
+    torch.cuda.synchronize()
+
+
+def check(seed):
+    mismatched = 0
+    for i, (name, shape, _, _) in enumerate(TENSORS):
+        key, row = place[name]
+        lo, hi = boxes[name]
+        got = arena.views[key][row:row + hi[0] - lo[0]]
+        want = values(seed, i, shape)[tuple(slice(l, h) for l, h in zip(lo, hi))]
+        mismatched += int((got.reshape(want.shape).view(torch.int16) != want.view(torch.int16)).sum().item())
+    return mismatched
+
+
+registration = shardsync.AgentClient(args.socket).register(
+    f"{args.role}-{args.rank}", "source" if args.role == "trainer" else "target", buffers, layouts, timeout=120)
+print("ready", flush=True)
+torch.cuda.reset_peak_memory_stats()
+base_memory = torch.cuda.memory_allocated()
+for line in sys.stdin:
+    command = line.split()
+    if command and command[0] == "check":
+        torch.cuda.synchronize()
+        n = check(int(command[1]))
+        print("ok" if n == 0 else f"mismatch {n}", flush=True)
+    elif command and command[0] == "memory":
+        print("memory", torch.cuda.max_memory_allocated() - base_memory, flush=True)
+    elif command and command[0] == "exit":
+        break
+registration.close()

@@ -1,0 +1,250 @@
+"""Sync benchmark on the GPU machine: in one run, the floor (link and memory speeds
+measured now, bytes from shardsync's own plan), PyTorch baselines (gather every
+parameter then slice; bucketed gather), and shardsync through its daemons and
+clients (CUDA IPC, NCCL): median of the timed syncs after a warm-up, checked element
+by element afterwards.
+  python3 bench/sync/sync_bench.py --bin dist/bin --out DIR [--cases NAME,...] [--syncs N]
+"""
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import models
+import shardsync
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = {  # name: (model, zero stage, tp, fused)
+    "qwen3-1.7b tp2": ("qwen3-1.7b", 3, 2, False),
+    "qwen3-1.7b tp1x2": ("qwen3-1.7b", 3, 1, False),
+    "qwen3-1.7b zero1 tp2": ("qwen3-1.7b", 1, 2, False),
+    "qwen3-8b tp2": ("qwen3-8b", 3, 2, False),
+    "qwen3-8b tp1x2": ("qwen3-8b", 3, 1, False),
+    "qwen3-8b fused tp2": ("qwen3-8b", 3, 2, True),
+}
+
+
+def timed(fn, repeats):
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def worker(rank, world, init, cases, repeats, results):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    peer = 1 - rank
+    out = {}
+    # Link: 1 GiB each way at once, as a sync's rounds run; memory: an on-GPU copy.
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    link = timed(lambda: [w.wait() for w in dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, a, peer), dist.P2POp(dist.irecv, b, peer)])], repeats)
+    big = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+    big2 = torch.empty_like(big)
+    copy = timed(lambda: big2.copy_(big), repeats)
+    out["link_gbps"] = (1 << 30) / link / 1e9
+    out["memory_gbps"] = 2 * (4 << 30) / copy / 1e9
+    del a, b, big, big2
+    for name in cases:
+        model, zero, tp, fused = CASES[name]
+        tensors = models.tensors(model)
+        # DeepSpeed ZeRO-3: each parameter's partition padded to p = ceil(n / world).
+        parts, at = [], 0
+        for i, (pname, shape, style, _) in enumerate(tensors):
+            p = math.ceil(math.prod(shape) / world)
+            parts.append((pname, shape, style, p, at))
+            at += p
+        flat = torch.randn(at, device="cuda").to(torch.bfloat16)
+        tp_rank = rank % tp
+        arena = {pname: torch.empty([h - l for l, h in zip(*models.shard_box(shape, style, tp, tp_rank))],
+                                    dtype=torch.bfloat16, device="cuda") for pname, shape, style, _, _ in parts}
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+
+        def place(pname, shape, style, full):
+            lo, hi = models.shard_box(shape, style, tp, tp_rank)
+            arena[pname].copy_(full.view(shape)[tuple(slice(l, h) for l, h in zip(lo, hi))])
+
+        def gather_each():  # GatheredParameters on each parameter, then this rank's slice
+            for pname, shape, style, p, off in parts:
+                full = torch.empty(p * world, dtype=torch.bfloat16, device="cuda")
+                dist.all_gather_into_tensor(full, flat[off:off + p])
+                place(pname, shape, style, full[:math.prod(shape)])
+
+        def gather_buckets(bucket_bytes=512 << 20):  # one all_gather per bucket of partitions
+            start = 0
+            while start < len(parts):
+                end, size = start, 0
+                while end < len(parts) and (size == 0 or (size + parts[end][3]) * 2 * world <= bucket_bytes):
+                    size += parts[end][3]
+                    end += 1
+                off0 = parts[start][4]
+                gathered = torch.empty(world, size, dtype=torch.bfloat16, device="cuda")
+                dist.all_gather_into_tensor(gathered.view(-1), flat[off0:off0 + size])
+                for pname, shape, style, p, off in parts[start:end]:
+                    full = gathered[:, off - off0:off - off0 + p].reshape(-1)[:math.prod(shape)]
+                    place(pname, shape, style, full)
+                start = end
+
+        entry = {}
+        for label, fn in (("gather", gather_each), ("bucketed_gather", gather_buckets)):
+            torch.cuda.reset_peak_memory_stats()
+            entry[label] = timed(fn, repeats)
+            entry[label + "_peak_bytes"] = torch.cuda.max_memory_allocated() - base
+        out[name] = entry
+        del flat, arena
+        torch.cuda.empty_cache()
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def baselines(cases, repeats):
+    manager = mp.Manager()
+    results = manager.dict()
+    init = f"file://{tempfile.mktemp(prefix='ss-bench-')}"
+    mp.spawn(worker, args=(2, init, cases, repeats, results), nprocs=2, join=True)
+    return dict(results)
+
+
+class Cluster:
+    def __init__(self, bin_dir, out, staging):
+        self.dir = tempfile.mkdtemp(prefix="ss-bench-", dir="/tmp")
+        self.out, self.procs = out, []
+        self.spawn([f"{bin_dir}/shardsync-coordinator", "--world", "2", "--listen", "127.0.0.1:0", "--port-file",
+                    f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", "120000"], "coordinator")
+        self.coordinator = f"127.0.0.1:{self.port(f'{self.dir}/c.port')}"
+        for r in range(2):
+            self.spawn([f"{bin_dir}/shardsync-agent", "--rank", str(r), "--coordinator", self.coordinator, "--socket",
+                        f"{self.dir}/a{r}.sock", "--device", str(r), "--port-file", f"{self.dir}/a{r}.port",
+                        "--max-staging-bytes", str(1 << 30)], f"agent{r}")
+            self.port(f"{self.dir}/a{r}.port")
+
+    def spawn(self, argv, name, **kw):
+        log = open(os.path.join(self.out, f"{name}.log"), "a")
+        p = subprocess.Popen(argv, stdout=kw.pop("stdout", log), stderr=log, **kw)
+        self.procs.append(p)
+        return p
+
+    @staticmethod
+    def port(path):
+        for _ in range(3000):
+            if os.path.exists(path) and open(path).read().strip():
+                return int(open(path).read())
+            time.sleep(0.01)
+        raise RuntimeError(f"no port in {path}")
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def ask(p, line):
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+    return p.stdout.readline().strip()
+
+
+def shardsync_case(name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
+    model, zero, tp, fused = CASES[name]
+    logs = os.path.join(out, name.replace(" ", "_"))
+    os.makedirs(logs, exist_ok=True)
+    cluster = Cluster(bin_dir, logs, staging)
+    try:
+        clients = []
+        for role in ("trainer", "rollout"):
+            for r in range(2):
+                argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", f"{cluster.dir}/a{r}.sock",
+                        "--rank", str(r), "--world", "2", "--role", role, "--model", model, "--zero", str(zero),
+                        "--tp", str(tp), "--seed", "3"] + (["--fused"] if fused else [])
+                clients.append(cluster.spawn(argv, f"{role}{r}", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for c in clients:
+            line = c.stdout.readline().strip()
+            assert line == "ready", f"a client did not register: {line!r}"
+        coordinator = shardsync.CoordinatorClient(cluster.coordinator)
+        first = coordinator.sync(timeout=120)  # warm-up: plans, builds the communicator
+        times, ranks = [], None
+        for _ in range(syncs):
+            start = time.perf_counter()
+            response = coordinator.sync(timeout=120)
+            times.append(time.perf_counter() - start)
+            ranks = response.ranks
+        explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
+        checks = [ask(c, "check 3") for c in clients[2:]]
+        memory = [int(ask(c, "memory").split()[1]) for c in clients]
+        for c in clients:
+            c.stdin.write("exit\n")
+            c.stdin.flush()
+        for c in clients:
+            c.wait(timeout=60)
+        return {
+            "seconds": statistics.median(times), "all_seconds": times, "plan_seconds": first.plan_seconds,
+            "floor_seconds": explain.floor_seconds, "checks": checks,
+            "sent_bytes": [r.sent_bytes for r in ranks], "received_bytes": [r.received_bytes for r in ranks],
+            "local_bytes": [r.local_bytes for r in ranks], "rounds": [r.rounds for r in ranks],
+            "agent_peak_staging_bytes": [r.peak_staging_bytes for r in ranks], "client_peak_extra_bytes": memory,
+            "agent_seconds": [r.seconds for r in ranks],
+        }
+    finally:
+        cluster.stop()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--syncs", type=int, default=5)
+    parser.add_argument("--staging-bytes", type=int, default=64 << 20)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cases = [c for c in args.cases.split(",") if c]
+    started = time.time()
+    base = baselines(cases, args.syncs)
+    link = min(base[r]["link_gbps"] for r in range(2))
+    memory = min(base[r]["memory_gbps"] for r in range(2))
+    print(f"measured: link {link:.1f} GB/s each way at once, on-GPU copy {memory:.0f} GB/s (read + write)", flush=True)
+    rows = []
+    for name in cases:
+        result = shardsync_case(name, args.bin, args.out, args.syncs, args.staging_bytes, link, memory)
+        gather = max(base[r][name]["gather"] for r in range(2))
+        bucketed = max(base[r][name]["bucketed_gather"] for r in range(2))
+        row = {"case": name, **result, "gather_seconds": gather, "bucketed_gather_seconds": bucketed,
+               "gather_peak_bytes": max(base[r][name]["gather_peak_bytes"] for r in range(2)),
+               "bucketed_gather_peak_bytes": max(base[r][name]["bucketed_gather_peak_bytes"] for r in range(2))}
+        rows.append(row)
+        print(f"{name}: shardsync {row['seconds'] * 1e3:.2f} ms (floor {row['floor_seconds'] * 1e3:.2f} ms, "
+              f"x{row['seconds'] / row['floor_seconds']:.2f}); gather {gather * 1e3:.2f} ms; bucketed gather "
+              f"{bucketed * 1e3:.2f} ms; checks {row['checks']}", flush=True)
+    with open(os.path.join(args.out, "sync_bench.json"), "w") as f:
+        json.dump({"link_gbps": link, "memory_gbps": memory, "staging_bytes": args.staging_bytes, "syncs": args.syncs,
+                   "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows,
+                   "wall_seconds": time.time() - started}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
