@@ -194,8 +194,9 @@ def shardsync_case(name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
             times.append(time.perf_counter() - start)
             ranks = response.ranks
         explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
-        checks = [ask(c, "check 3") for c in clients[2:]]
+        # Peak extra memory of the clients during the syncs, before the checks allocate.
         memory = [int(ask(c, "memory").split()[1]) for c in clients]
+        checks = [ask(c, "check 3") for c in clients[2:]]
         for c in clients:
             c.stdin.write("exit\n")
             c.stdin.flush()
