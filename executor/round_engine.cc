@@ -5,51 +5,21 @@
 namespace shardsync::executor {
 namespace {
 
-// On a transport that takes many operations per peer (NCCL), a part at least this big
-// is its own operation, straight between source and target memory where its side is
-// contiguous. Both ends decide by size alone, so their operations pair up.
-constexpr int64_t kDirectPartBytes = 1 << 20;
-
-// Where elements [begin, end) of a segment start on one side, if they are back to back
-// there (and need no conversion); else nullptr.
-uint8_t* DirectAddress(const planner::Segment& s, int64_t begin, int64_t end, const BufferTable& buffers,
-                       bool source) {
-  if (s.src_dtype != s.dst_dtype || !IsContiguousRange(s, begin, end, source)) return nullptr;
+// A chunk that is one contiguous run on `source`'s side moves without staging; returns
+// where it starts, or nullptr.
+uint8_t* DirectAddress(const planner::Plan& plan, const planner::PeerStream& stream, const planner::Chunk& chunk,
+                       const BufferTable& buffers, bool source) {
+  if (chunk.first != chunk.last) return nullptr;
+  const planner::Segment& s = plan.segments[stream.segments[chunk.first]];
+  if (s.src_dtype != s.dst_dtype || !IsContiguousRange(s, chunk.first_begin, chunk.last_end, source)) return nullptr;
   int64_t offset = source ? s.src_base : s.dst_base;
-  int64_t rest = begin;
+  int64_t rest = chunk.first_begin;
   for (int k = s.axes - 1; k >= 0; --k) {
     offset += (rest % s.shape[k]) * (source ? s.src_strides[k] : s.dst_strides[k]);
     rest /= s.shape[k];
   }
-  return buffers[(source ? s.src : s.dst).buffer] + offset * planner::ElementBytes(s.dst_dtype);
-}
-
-int64_t PartBytes(const planner::Plan& plan, const planner::ChunkPart& part) {
-  return (part.end - part.begin) * planner::ElementBytes(plan.segments[part.segment].dst_dtype);
-}
-
-// A chunk's operations with one peer: each big part alone (when the transport takes
-// several per peer), the rest packed together. `staged` parts go through staging.
-struct Operation {
-  std::vector<planner::ChunkPart> parts;
-  int64_t bytes = 0;
-};
-
-std::vector<Operation> SplitChunk(const planner::Plan& plan, const std::vector<planner::ChunkPart>& parts,
-                                  bool many_per_peer) {
-  std::vector<Operation> operations;
-  Operation rest;
-  for (const planner::ChunkPart& part : parts) {
-    const int64_t bytes = PartBytes(plan, part);
-    if (many_per_peer && bytes >= kDirectPartBytes) {
-      operations.push_back(Operation{{part}, bytes});
-    } else {
-      rest.parts.push_back(part);
-      rest.bytes += bytes;
-    }
-  }
-  if (!rest.parts.empty()) operations.push_back(std::move(rest));
-  return operations;
+  uint8_t* base = buffers[(source ? s.src : s.dst).buffer];
+  return base + offset * planner::ElementBytes(s.dst_dtype);
 }
 
 }  // namespace
@@ -68,9 +38,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
 
   std::vector<SendOp> sends;
   std::vector<RecvOp> receives;
-  // Staged receives to unpack after the round: (parts, where they landed).
-  std::vector<std::pair<std::vector<planner::ChunkPart>, uint8_t*>> to_unpack;
-  const bool many_per_peer = transport_.device_memory();
+  std::vector<std::pair<const planner::PeerStream*, uint8_t*>> to_unpack;
   for (int32_t round = 0; round < schedule.rounds; ++round) {
     sends.clear();
     receives.clear();
@@ -79,62 +47,42 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
     for (const planner::PeerStream& stream : schedule.receives) {
       if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
       const planner::Chunk& chunk = stream.chunks[round];
-      uint8_t* staging = nullptr;
-      int64_t staged = 0;
-      for (Operation& op : SplitChunk(plan, planner::ChunkParts(plan, stream, chunk), many_per_peer)) {
-        const planner::ChunkPart& first = op.parts.front();
-        uint8_t* into = op.parts.size() == 1 ? DirectAddress(plan.segments[first.segment], first.begin, first.end,
-                                                             buffers, /*source=*/false)
-                                             : nullptr;
-        if (into == nullptr) {
-          if (staging == nullptr) {
-            auto allocated = device_.Staging(stream.peer, /*send=*/false, staging_bytes);
-            if (!allocated.ok()) return allocated.status();
-            staging = *allocated;
-          }
-          into = staging + staged;
-          staged += op.bytes;
-          to_unpack.emplace_back(std::move(op.parts), into);
-        }
-        receives.push_back(RecvOp{stream.peer, into, op.bytes});
+      uint8_t* into = DirectAddress(plan, stream, chunk, buffers, /*source=*/false);
+      if (into == nullptr) {
+        auto staging = device_.Staging(stream.peer, /*send=*/false, staging_bytes);
+        if (!staging.ok()) return staging.status();
+        into = *staging;
+        to_unpack.emplace_back(&stream, into);
+        staging_in_use += chunk.bytes;
+        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
       }
-      staging_in_use += staged;
-      stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, staged);
-      stats.received_bytes += chunk.bytes;
-      ++stats.chunks;
+      receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
     }
     for (const planner::PeerStream& stream : schedule.sends) {
       if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
       const planner::Chunk& chunk = stream.chunks[round];
-      uint8_t* staging = nullptr;
-      int64_t staged = 0;
-      for (const Operation& op : SplitChunk(plan, planner::ChunkParts(plan, stream, chunk), many_per_peer)) {
-        const planner::ChunkPart& first = op.parts.front();
-        const uint8_t* from = op.parts.size() == 1 ? DirectAddress(plan.segments[first.segment], first.begin,
-                                                                   first.end, buffers, /*source=*/true)
-                                                   : nullptr;
-        if (from == nullptr) {
-          if (staging == nullptr) {
-            auto allocated = device_.Staging(stream.peer, /*send=*/true, staging_bytes);
-            if (!allocated.ok()) return allocated.status();
-            staging = *allocated;
-          }
-          if (auto s = device_.Pack(plan, op.parts, buffers, staging + staged); !s.ok()) return s;
-          from = staging + staged;
-          staged += op.bytes;
-        }
-        sends.push_back(SendOp{stream.peer, from, op.bytes});
+      const uint8_t* from = DirectAddress(plan, stream, chunk, buffers, /*source=*/true);
+      if (from == nullptr) {
+        auto staging = device_.Staging(stream.peer, /*send=*/true, staging_bytes);
+        if (!staging.ok()) return staging.status();
+        const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+        if (auto s = device_.Pack(plan, parts, buffers, *staging); !s.ok()) return s;
+        from = *staging;
+        staging_in_use += chunk.bytes;
+        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
       }
-      staging_in_use += staged;
-      stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, staged);
+      sends.push_back(SendOp{stream.peer, from, chunk.bytes});
       stats.sent_bytes += chunk.bytes;
       ++stats.chunks;
     }
     stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, staging_in_use);
     if (auto status = transport_.RunRound(sync_id, round, sends, receives, deadline); !status.ok()) return status;
-    for (const auto& [parts, landed] : to_unpack) {
-      if (auto s = device_.Unpack(plan, parts, landed, buffers); !s.ok()) return s;
+    for (const auto& [stream, staging] : to_unpack) {
+      const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, *stream, stream->chunks[round]);
+      if (auto s = device_.Unpack(plan, parts, staging, buffers); !s.ok()) return s;
     }
+    for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
+    stats.chunks += static_cast<int64_t>(receives.size());
     ++stats.rounds;
   }
   if (auto s = device_.Synchronize(); !s.ok()) return s;
