@@ -92,8 +92,17 @@ absl::Status NcclTransport::RunRound(absl::string_view sync_id, int32_t round, a
     Drop();
     return s;
   }
-  return Await(deadline, true,
-               absl::StrCat("sync ", sync_id, " round ", round, " with rank ", absl::StrJoin(peers, ", rank ")));
+  queued_ = absl::StrCat("sync ", sync_id, " up to round ", round, " with rank ", absl::StrJoin(peers, ", rank "));
+  // A failed peer shows here at once; waiting for the stream is left to Finish.
+  ncclResult_t state = ncclSuccess;
+  ncclCommGetAsyncError(comm_, &state);
+  if (state != ncclSuccess && state != ncclInProgress) return Await(deadline, true, queued_);
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::Finish(absl::Time deadline) {
+  if (comm_ == nullptr) return absl::OkStatus();
+  return Await(deadline, true, queued_);
 }
 
 }  // namespace shardsync::executor

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <string>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -24,8 +25,10 @@ class NcclTransport final : public Transport {
   bool device_memory() const override { return true; }
   absl::Status Setup(const PeerSetup& setup, absl::Time deadline) override;
   absl::StatusOr<std::string> NewCommunicatorId() override;
+  // Queues the round on the stream and returns: the host does not wait between rounds.
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                         absl::Span<const RecvOp> receives, absl::Time deadline) override;
+  absl::Status Finish(absl::Time deadline) override;
   void Abort(absl::string_view) override { aborted_ = true; }
   void Reset() override { aborted_ = false; }
 
@@ -40,6 +43,7 @@ class NcclTransport final : public Transport {
   ncclComm_t comm_ = nullptr;
   int64_t generation_ = -1;
   std::atomic<bool> aborted_{false};
+  std::string queued_;  // what the queued rounds were, for an error message
 };
 
 }  // namespace shardsync::executor

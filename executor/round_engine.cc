@@ -85,6 +85,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
     stats.chunks += static_cast<int64_t>(receives.size());
     ++stats.rounds;
   }
+  if (auto s = transport_.Finish(deadline); !s.ok()) return s;
   if (auto s = device_.Synchronize(); !s.ok()) return s;
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;

@@ -48,11 +48,15 @@ class Transport {
   // NCCL, on the rank that roots the bootstrap: a fresh communicator id. Transports
   // that need none return an empty string.
   virtual absl::StatusOr<std::string> NewCommunicatorId() { return std::string(); }
-  // One round with many peers: every receive is posted before any send; returns when
-  // all are complete. A peer that does not complete by `deadline` fails the round with
-  // UNAVAILABLE naming it; after Abort every wait returns ABORTED.
+  // One round with many peers: every receive is posted before any send. A host
+  // transport returns when the round is complete; a device transport may return once
+  // the round is queued on the device's stream, in order with the copies around it.
+  // A peer that does not complete by `deadline` fails with UNAVAILABLE naming it; after
+  // Abort every wait returns ABORTED.
   virtual absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                                 absl::Span<const RecvOp> receives, absl::Time deadline) = 0;
+  // Waits for every round queued so far, with the same deadline and abort rules.
+  virtual absl::Status Finish(absl::Time) { return absl::OkStatus(); }
   virtual void Abort(absl::string_view reason) = 0;
   // Clears an abort before the next sync.
   virtual void Reset() = 0;
