@@ -93,11 +93,9 @@ absl::Status NcclTransport::RunRound(absl::string_view sync_id, int32_t round, a
     return s;
   }
   queued_ = absl::StrCat("sync ", sync_id, " up to round ", round, " with rank ", absl::StrJoin(peers, ", rank "));
-  // A failed peer shows here at once; waiting for the stream is left to Finish.
-  ncclResult_t state = ncclSuccess;
-  ncclCommGetAsyncError(comm_, &state);
-  if (state != ncclSuccess && state != ncclInProgress) return Await(deadline, true, queued_);
-  return absl::OkStatus();
+  // A nonblocking communicator takes no new call until the group is launched: wait for
+  // that (not for the stream; Finish waits for the stream once).
+  return Await(deadline, /*stream_too=*/false, queued_);
 }
 
 absl::Status NcclTransport::Finish(absl::Time deadline) {
