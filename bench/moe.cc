@@ -59,7 +59,7 @@ planner::Layout TpTarget(const Index& shape, Split split, const std::vector<int3
   }
   const std::vector<int64_t> sizes = planner::UnevenSplit(shape[split], static_cast<int>(ranks.size()));
   for (size_t i = 0; i < ranks.size(); ++i) {
-    offsets.push_back(arena.Reserve(ranks[i], planner::NumElements(shape) / shape[split] * sizes[i], dtype));
+    offsets.push_back(arena.Reserve(ranks[i], planner::ElementsPerIndex(shape, split) * sizes[i], dtype));
   }
   return *planner::TpSplit(shape, split, sizes, ranks, arena.buffer_id(), offsets);
 }

@@ -44,7 +44,7 @@ class ReplicaBuilder {
     std::vector<int64_t> offsets;
     for (size_t r = 0; r < ranks_.size(); ++r) {
       sizes[r] *= t.split_unit;
-      offsets.push_back(arena_.Reserve(ranks_[r], NumElements(t.shape) / t.shape[axis] * sizes[r], t.dtype));
+      offsets.push_back(arena_.Reserve(ranks_[r], ElementsPerIndex(t.shape, axis) * sizes[r], t.dtype));
     }
     return TpSplit(t.shape, axis, sizes, ranks_, arena_.buffer_id(), offsets);
   }

@@ -49,4 +49,12 @@ int64_t NumElements(const Index& shape) {
   return n;
 }
 
+int64_t ElementsPerIndex(const Index& shape, int axis) {
+  int64_t n = 1;
+  for (int k = 0; k < static_cast<int>(shape.size()); ++k) {
+    if (k != axis) n *= shape[k];
+  }
+  return n;
+}
+
 }  // namespace shardsync::planner

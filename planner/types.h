@@ -88,5 +88,7 @@ struct PlanInput {
 // Row-major contiguous strides of `shape`.
 Index ContiguousStrides(const Index& shape);
 int64_t NumElements(const Index& shape);
+// Elements per index of `axis`: the product of every other axis (0-sized tensors too).
+int64_t ElementsPerIndex(const Index& shape, int axis);
 
 }  // namespace shardsync::planner

@@ -4,6 +4,7 @@
 #include "planner/box.h"
 #include "planner/builders.h"
 #include "planner/model.h"
+#include "planner/plan.h"
 
 namespace shardsync::planner {
 namespace {
@@ -129,6 +130,19 @@ TEST_CASE("tied embeddings: the head's target placements read the embedding's so
   REQUIRE(input->tensors.size() == 1);
   CHECK(input->tensors[0].target.placements.size() == 4);  // two ranks, embedding and head
   CHECK(input->tensors[0].target.fills.size() == 2);
+}
+
+TEST_CASE("a model with zero-sized tensors expands and plans to nothing to move") {
+  ModelLayoutSpec spec;
+  spec.dp_ranks = {0, 1, 2};
+  spec.replicas = {{0, 1, 2}};
+  spec.tensors = {MakeTensor("rows", Index{0, 8}, DType::kBFloat16, TpStyle::kColumn),
+                  MakeTensor("cols", Index{8, 0}, DType::kBFloat16, TpStyle::kRow)};
+  auto input = ExpandModel(spec);
+  REQUIRE(input.ok());
+  auto plan = MakePlan(*input, *LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  CHECK(plan->segments.empty());
 }
 
 }  // namespace

@@ -139,7 +139,7 @@ planner::PlanInput RandomMixedSources(std::mt19937_64& rng) {
     const std::vector<int32_t> ranks = RandomRanks(rng, world, Uniform(rng, 1, world));
     const std::vector<int64_t> sizes = planner::UnevenSplit(shape[axis], static_cast<int>(ranks.size()));
     std::vector<int64_t> offsets;
-    for (size_t i = 0; i < ranks.size(); ++i) offsets.push_back(sources.Reserve(ranks[i], numel / shape[axis] * sizes[i], dtype));
+    for (size_t i = 0; i < ranks.size(); ++i) offsets.push_back(sources.Reserve(ranks[i], planner::ElementsPerIndex(shape, axis) * sizes[i], dtype));
     source_parts.push_back(*planner::TpSplit(shape, axis, sizes, ranks, 0, offsets));
   }
   if (Uniform(rng, 0, 1)) {  // TP shards that are themselves ZeRO-3 partitioned
@@ -170,7 +170,7 @@ planner::PlanInput RandomMixedSources(std::mt19937_64& rng) {
     const std::vector<int64_t> sizes = planner::UnevenSplit(shape[target_axis], static_cast<int>(ranks.size()));
     std::vector<int64_t> offsets;
     for (size_t i = 0; i < ranks.size(); ++i) {
-      offsets.push_back(targets.Reserve(ranks[i], numel / shape[target_axis] * sizes[i], dtype));
+      offsets.push_back(targets.Reserve(ranks[i], planner::ElementsPerIndex(shape, target_axis) * sizes[i], dtype));
     }
     inner.push_back(*planner::TpSplit(shape, target_axis, sizes, ranks, 1, offsets));
   }

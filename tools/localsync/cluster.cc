@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/cpp/client.h"
 
 namespace shardsync::localsync {
 namespace {
@@ -153,6 +154,15 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)), dir_(Te
   if (port < 0) throw std::runtime_error("the coordinator did not start:\n" + ReadFile(dir_ + "/coordinator.log"));
   coordinator_address_ = absl::StrCat("127.0.0.1:", port);
   for (int r = 0; r < options_.agents; ++r) StartAgent(r);
+  // Agents join on their own thread: wait until the coordinator has all of them.
+  client::CoordinatorClient coordinator(coordinator_address_);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (true) {
+    auto status = coordinator.Status(absl::Seconds(1));
+    if (status.ok() && status->agents_size() == options_.agents) break;
+    if (absl::Now() > deadline) throw std::runtime_error("the agents did not all join the coordinator");
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 }
 
 Cluster::~Cluster() {

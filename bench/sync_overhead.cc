@@ -1,0 +1,56 @@
+// The control plane alone: a coordinator and N agents on this machine, each rank's
+// trainer and rollout registering a tensor with nothing to move (zero elements), then
+// many syncs timed from the client. Prints one JSON line: median and p99 milliseconds.
+//   bazel build -c opt //bench:sync_overhead && cd bazel-bin/bench/sync_overhead.runfiles/shardsync &&
+//   ../../sync_overhead [--agents 8] [--syncs 200]
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/flags.h"
+#include "tools/localsync/deployment.h"
+
+int main(int argc, char** argv) {
+  using namespace shardsync;
+  Flags flags(argc, argv, 1);
+  localsync::ClusterOptions options;
+  options.agents = flags.TakeNumber("agents", 8);
+  const int syncs = flags.TakeNumber("syncs", 200);
+  if (!flags.error().empty() || !flags.Leftover().empty() || options.agents < 1 || syncs < 1) {
+    std::fprintf(stderr, "usage: sync_overhead [--agents N] [--syncs N]\n");
+    return 2;
+  }
+  std::vector<std::string> ranks;
+  for (int r = 0; r < options.agents; ++r) ranks.push_back(std::to_string(r));
+  // One zero-element tensor, replicated on every rank on both sides: every rank
+  // registers it, every agent is prepared and executes, and no byte moves.
+  const std::string spec = absl::StrCat(
+      R"({"model": {"tensors": [{"name": "empty", "shape": [0, 8]}], "zero_stage": 1, "dp_ranks": [)",
+      absl::StrJoin(ranks, ", "), R"(], "replicas": [{"ranks": [)", absl::StrJoin(ranks, ", "), "]}]}}");
+  localsync::Cluster cluster(options);
+  localsync::Deployment deployment(cluster, "overhead", spec, 1);
+  for (const std::string& line : deployment.WaitReady()) {
+    if (line.rfind("ready", 0) != 0) {
+      std::fprintf(stderr, "a client did not register: %s\n", line.c_str());
+      return 1;
+    }
+  }
+  std::vector<double> ms;
+  for (int i = 0; i < syncs + 1; ++i) {
+    const absl::Time start = absl::Now();
+    auto response = localsync::SyncOnce(cluster, absl::Seconds(10));
+    if (!response.ok()) {
+      std::fprintf(stderr, "sync failed: %s\n", std::string(response.status().message()).c_str());
+      return 1;
+    }
+    if (i > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));  // the first plans
+  }
+  std::sort(ms.begin(), ms.end());
+  std::printf("{\"agents\": %d, \"syncs\": %d, \"median_ms\": %.3f, \"p99_ms\": %.3f, \"min_ms\": %.3f}\n",
+              options.agents, syncs, ms[ms.size() / 2], ms[ms.size() * 99 / 100], ms.front());
+  return 0;
+}
