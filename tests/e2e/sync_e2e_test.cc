@@ -172,6 +172,25 @@ TEST_CASE("a client process that dies has its registrations dropped; a sync that
   CHECK(deployment.ReadTargets() == before);
 }
 
+TEST_CASE("the coordinator killed and restarted: agents rejoin and republish on their own; the next sync works") {
+  Cluster cluster(ClusterOptions{});
+  Deployment deployment(cluster, "restart", ModelJson(3, kLayouts[0].replicas), 19);
+  RequireReady(deployment);
+  REQUIRE(SyncOnce(cluster, absl::Seconds(20)).ok());
+  deployment.Refill(20);
+  cluster.RestartCoordinator();
+  // Nobody re-registers: the agents find the new coordinator and publish again.
+  client::CoordinatorClient coordinator(cluster.coordinator());
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  absl::StatusOr<v1::SyncResponse> sync = absl::UnavailableError("not tried");
+  while (!sync.ok() && absl::Now() < deadline) {
+    sync = SyncOnce(cluster, absl::Seconds(20));
+    if (!sync.ok()) absl::SleepFor(absl::Milliseconds(100));
+  }
+  REQUIRE(sync.ok());
+  CHECK(deployment.CheckTargets(20).empty());
+}
+
 // Runs shardsyncctl with `args`; returns (exit code, stdout).
 std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string> args) {
   std::vector<std::string> argv = {"client/cli/shardsyncctl"};

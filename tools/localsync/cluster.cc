@@ -142,17 +142,7 @@ int WaitForPortFile(const std::string& path, absl::Duration timeout) {
 }
 
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)), dir_(TempDir()) {
-  const std::string port_file = dir_ + "/coordinator.port";
-  coordinator_ = std::make_unique<Process>(
-      std::vector<std::string>{"daemon/coordinator/shardsync-coordinator", "--world", std::to_string(options_.agents),
-                               "--listen", "127.0.0.1:0", "--port-file", port_file, "--staging-bytes",
-                               std::to_string(options_.staging_bytes), "--sync-timeout-ms",
-                               std::to_string(options_.sync_timeout_ms), "--rpc-deadline-ms",
-                               std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"},
-      dir_ + "/coordinator.log");
-  const int port = WaitForPortFile(port_file, absl::Seconds(20));
-  if (port < 0) throw std::runtime_error("the coordinator did not start:\n" + ReadFile(dir_ + "/coordinator.log"));
-  coordinator_address_ = absl::StrCat("127.0.0.1:", port);
+  StartCoordinator("127.0.0.1:0");
   for (int r = 0; r < options_.agents; ++r) StartAgent(r);
   // Agents join on their own thread: wait until the coordinator has all of them.
   client::CoordinatorClient coordinator(coordinator_address_);
@@ -163,6 +153,27 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)), dir_(Te
     if (absl::Now() > deadline) throw std::runtime_error("the agents did not all join the coordinator");
     absl::SleepFor(absl::Milliseconds(5));
   }
+}
+
+void Cluster::StartCoordinator(const std::string& listen) {
+  const std::string port_file = dir_ + "/coordinator.port";
+  unlink(port_file.c_str());
+  coordinator_ = std::make_unique<Process>(
+      std::vector<std::string>{"daemon/coordinator/shardsync-coordinator", "--world", std::to_string(options_.agents),
+                               "--listen", listen, "--port-file", port_file, "--staging-bytes",
+                               std::to_string(options_.staging_bytes), "--sync-timeout-ms",
+                               std::to_string(options_.sync_timeout_ms), "--rpc-deadline-ms",
+                               std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"},
+      dir_ + "/coordinator.log");
+  const int port = WaitForPortFile(port_file, absl::Seconds(20));
+  if (port < 0) throw std::runtime_error("the coordinator did not start:\n" + ReadFile(dir_ + "/coordinator.log"));
+  coordinator_address_ = absl::StrCat("127.0.0.1:", port);
+}
+
+void Cluster::RestartCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(absl::Seconds(5));
+  StartCoordinator(coordinator_address_);
 }
 
 Cluster::~Cluster() {

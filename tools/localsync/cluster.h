@@ -57,6 +57,8 @@ class Cluster {
   std::string socket(int rank) const;
   const std::string& dir() const { return dir_; }
   void StartAgent(int rank);
+  // Kills the coordinator (SIGKILL) and starts a new one on the same port.
+  void RestartCoordinator();
   Process& agent(int rank) { return *agents_.at(rank); }
   // A client helper (tools/localsync/demo_client) for one rank and side; its buffers are the
   // shared memory objects `shm_prefix` + "-r<rank>-<buffer name>".
@@ -70,6 +72,7 @@ class Cluster {
   void DumpLogs() const;
 
  private:
+  void StartCoordinator(const std::string& listen);
   std::string ShmPrefix() const;  // unique to this cluster: "/ss-<folder suffix>-"
 
   ClusterOptions options_;
