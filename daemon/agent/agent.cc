@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/metrics_http.h"
 #include "planner/box.h"
 #include "spdlog/spdlog.h"
 
@@ -63,6 +64,30 @@ v1::AgentStatus Agent::Status() const {
   status.set_last_sync_id(last_sync_id_);
   status.set_target_valid(target_valid_);
   return status;
+}
+
+std::string Agent::Metrics() const {
+  int64_t buffers = 0, bytes = 0;
+  const std::vector<v1::ClientInfo> clients = registry_.Clients();
+  for (const v1::ClientInfo& c : clients) {
+    buffers += c.buffers();
+    bytes += c.bytes();
+  }
+  std::string out;
+  AppendMetric(&out, "shardsync_agent_clients", "gauge", "Clients registered with this agent.",
+               static_cast<double>(clients.size()));
+  AppendMetric(&out, "shardsync_agent_registered_buffers", "gauge", "Buffers registered with this agent.", buffers);
+  AppendMetric(&out, "shardsync_agent_registered_bytes", "gauge", "Bytes of the buffers registered here.", bytes);
+  absl::MutexLock lock(&mu_);
+  AppendMetric(&out, "shardsync_agent_syncs_executed_total", "counter", "Syncs this rank finished.", executed_);
+  AppendMetric(&out, "shardsync_agent_syncs_failed_total", "counter", "Syncs that failed on this rank.", failed_);
+  AppendMetric(&out, "shardsync_agent_sent_bytes_total", "counter", "Bytes this rank sent.", moved_.sent_bytes);
+  AppendMetric(&out, "shardsync_agent_received_bytes_total", "counter", "Bytes this rank received.",
+               moved_.received_bytes);
+  AppendMetric(&out, "shardsync_agent_local_bytes_total", "counter", "Bytes this rank copied locally.",
+               moved_.local_bytes);
+  AppendMetric(&out, "shardsync_agent_target_valid", "gauge", "1 unless the last sync failed part way.", target_valid_);
+  return out;
 }
 
 absl::Status Agent::Check(const daemon::LocalSchedule& local) const {
@@ -183,6 +208,12 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
                  : absl::StatusOr<executor::ExecutionStats>(setup);
   absl::MutexLock lock(&mu_);
   target_valid_ = stats.ok();
+  ++(stats.ok() ? executed_ : failed_);
+  if (stats.ok()) {
+    moved_.sent_bytes += stats->sent_bytes;
+    moved_.received_bytes += stats->received_bytes;
+    moved_.local_bytes += stats->local_bytes;
+  }
   if (!stats.ok()) {
     spdlog::error("sync {} failed on rank {}: {}", request.sync_id(), config_.rank, std::string(stats.status().message()));
     return stats.status();  // the coordinator names the rank

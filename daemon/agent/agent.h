@@ -38,6 +38,8 @@ class Agent {
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
                         grpc::ServerWriter<v1::RegisterEvent>* writer);
   v1::AgentStatus Status() const;
+  // Prometheus text: registrations, syncs executed, bytes moved, target validity.
+  std::string Metrics() const;
 
   // AgentControl service (TCP).
   v1::PrepareResponse Prepare(const v1::PrepareRequest& request);
@@ -75,6 +77,9 @@ class Agent {
   std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
   bool target_valid_ ABSL_GUARDED_BY(mu_) = true;
+  int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  executor::ExecutionStats moved_ ABSL_GUARDED_BY(mu_);  // totals of successful syncs
 };
 
 }  // namespace shardsync::agent

@@ -7,6 +7,7 @@
 
 #include "common/daemon_process.h"
 #include "common/flags.h"
+#include "common/metrics_http.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/services.h"
 #include "daemon/agent/grpc_transport.h"
@@ -38,12 +39,17 @@ chunks to each other.
   --rpc-deadline-ms N    deadline of every control RPC this agent makes (default 5000)
   --max-staging-bytes B  largest staging budget accepted per peer per direction
                          (default 268435456); also bounds a Transfer message
+  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics (default: off;
+                         port 0 lets the OS choose)
+  --metrics-port-file P  write the metrics port here once serving
   --log-level L          trace, debug, info (default), warn, error
+The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
 )";
 
 struct Config {
   shardsync::agent::AgentConfig agent;
   std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, log_level = "info";
+  std::string metrics_listen, metrics_port_file;
 };
 
 int Usage(const std::string& error) {
@@ -70,6 +76,8 @@ int main(int argc, char** argv) {
   c.agent.rpc_deadline = absl::Milliseconds(flags.TakeNumber("rpc-deadline-ms", 5000));
   c.agent.max_staging_bytes = flags.TakeNumber("max-staging-bytes", c.agent.max_staging_bytes);
   c.log_level = flags.Take("log-level", c.log_level);
+  c.metrics_listen = flags.Take("metrics-listen", "");
+  c.metrics_port_file = flags.Take("metrics-port-file", "");
   if (!flags.error().empty()) return Usage(flags.error());
   if (!flags.Leftover().empty()) return Usage(flags.Leftover());
   if (c.agent.rank < 0 || c.coordinator.empty() || c.socket.empty()) {
@@ -120,6 +128,7 @@ int main(int argc, char** argv) {
   shardsync::agent::ControlService control(agent);
   shardsync::agent::LocalService local(agent);
 
+  grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
   grpc::ServerBuilder control_builder;
   control_builder.AddListeningPort(c.listen, grpc::InsecureServerCredentials(), &port);
@@ -147,6 +156,16 @@ int main(int argc, char** argv) {
   if (!c.port_file.empty() && !shardsync::WritePortFile(c.port_file, port)) {
     spdlog::error("cannot write the port file {}", c.port_file);
     return 1;
+  }
+  std::unique_ptr<shardsync::MetricsServer> metrics;
+  if (!c.metrics_listen.empty()) {
+    auto started = shardsync::MetricsServer::Start(c.metrics_listen, [&agent] { return agent.Metrics(); });
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      return 1;
+    }
+    metrics = *std::move(started);
+    if (!c.metrics_port_file.empty()) shardsync::WritePortFile(c.metrics_port_file, metrics->port());
   }
   spdlog::info("serving clients on {} and the coordinator and peers on {}", c.socket, address);
 

@@ -188,8 +188,14 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   const absl::Time start = absl::Now();
   const std::string sync_id = absl::StrCat("sync-", instance_id_.substr(instance_id_.size() - 6), "-", ++syncs_);
   const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : config_.sync_timeout;
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.started;
+  }
   const auto finish = [&](absl::Status status) -> absl::Status {
     absl::MutexLock lock(&mu_);
+    ++(status.ok() ? counters_.succeeded : counters_.failed);
+    if (status.ok()) durations_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
     last_sync_id_ = sync_id;
     last_sync_ok_ = status.ok();
     last_sync_error_ = std::string(status.message());
@@ -277,6 +283,14 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   response.set_plan_seconds(*planned ? cache_.plan_seconds : 0);
   for (v1::ExecuteResponse& r : responses) *response.add_ranks() = r.stats();
   response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  {
+    absl::MutexLock lock(&mu_);
+    for (const v1::RankStats& r : response.ranks()) {
+      counters_.sent += r.sent_bytes();
+      counters_.received += r.received_bytes();
+      counters_.local += r.local_bytes();
+    }
+  }
   finish(absl::OkStatus()).IgnoreError();
   return response;
 }
@@ -334,6 +348,36 @@ v1::CoordinatorStatus Coordinator::Status() const {
   status.set_last_sync_error(last_sync_error_);
   status.set_targets_valid(targets_valid_);
   return status;
+}
+
+std::string Coordinator::Metrics() const {
+  absl::MutexLock lock(&mu_);
+  std::string out;
+  AppendMetric(&out, "shardsync_syncs_started_total", "counter", "Syncs asked for.", counters_.started);
+  AppendMetric(&out, "shardsync_syncs_succeeded_total", "counter", "Syncs every agent finished.", counters_.succeeded);
+  AppendMetric(&out, "shardsync_syncs_failed_total", "counter", "Syncs refused or failed.", counters_.failed);
+  AppendMetric(&out, "shardsync_sent_bytes_total", "counter", "Bytes sent between agents by successful syncs.",
+               counters_.sent);
+  AppendMetric(&out, "shardsync_received_bytes_total", "counter", "Bytes received by agents in successful syncs.",
+               counters_.received);
+  AppendMetric(&out, "shardsync_local_bytes_total", "counter", "Bytes copied on one agent in successful syncs.",
+               counters_.local);
+  durations_.Append(&out, "shardsync_sync_duration_seconds", "Wall time of successful syncs.");
+  AppendMetric(&out, "shardsync_last_sync_version", "gauge", "Number of the last successful sync (0: none).",
+               counters_.succeeded);
+  AppendMetric(&out, "shardsync_targets_valid", "gauge", "1 unless the last sync failed part way.", targets_valid_);
+  AppendMetric(&out, "shardsync_layout_epoch", "gauge", "Layout epoch (changes with every publication).", epoch_);
+  AppendMetric(&out, "shardsync_agents", "gauge", "Agents joined.", static_cast<double>(agents_.size()));
+  int64_t buffers = 0, bytes = 0;
+  for (const auto& [rank, publication] : published_) {
+    for (const v1::PublishedLayout& layout : publication.layouts()) {
+      buffers += layout.buffers_size();
+      for (const v1::BufferInfo& b : layout.buffers()) bytes += b.bytes();
+    }
+  }
+  AppendMetric(&out, "shardsync_registered_buffers", "gauge", "Buffers registered on all agents.", buffers);
+  AppendMetric(&out, "shardsync_registered_bytes", "gauge", "Bytes of the buffers registered on all agents.", bytes);
+  return out;
 }
 
 }  // namespace shardsync::coordinator

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics_http.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "proto/shardsync.grpc.pb.h"
@@ -34,6 +35,8 @@ class Coordinator {
   absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
   absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request);
   v1::CoordinatorStatus Status() const;
+  // Prometheus text: syncs started/succeeded/failed, bytes, durations, agents, epoch.
+  std::string Metrics() const;
 
  private:
   struct AgentEntry {
@@ -67,6 +70,12 @@ class Coordinator {
   std::string last_sync_error_ ABSL_GUARDED_BY(mu_);
   bool last_sync_ok_ ABSL_GUARDED_BY(mu_) = false;
   bool targets_valid_ ABSL_GUARDED_BY(mu_) = true;
+  struct Counters {
+    int64_t started = 0, succeeded = 0, failed = 0;
+    int64_t sent = 0, received = 0, local = 0;  // bytes, successful syncs
+  };
+  Counters counters_ ABSL_GUARDED_BY(mu_);
+  Histogram durations_ ABSL_GUARDED_BY(mu_){{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
 
   absl::Mutex sync_mu_;  // one sync (or explain) at a time; held before mu_
   CachedPlan cache_ ABSL_GUARDED_BY(sync_mu_);

@@ -3,6 +3,7 @@
 
 #include "common/daemon_process.h"
 #include "common/flags.h"
+#include "common/metrics_http.h"
 #include "daemon/coordinator/services.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
@@ -21,7 +22,11 @@ agent, then Execute only if all said ok.
   --staging-bytes B      staging budget per peer per direction (default 67108864)
   --rpc-deadline-ms N    deadline of Prepare and Abort calls (default 5000)
   --sync-timeout-ms N    default deadline of a sync's Execute (default 60000)
+  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics (default: off;
+                         port 0 lets the OS choose)
+  --metrics-port-file P  write the metrics port here once serving
   --log-level L          trace, debug, info (default), warn, error
+The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
 )";
 
 int Usage(const std::string& error) {
@@ -45,6 +50,8 @@ int main(int argc, char** argv) {
   config.rpc_deadline = absl::Milliseconds(flags.TakeNumber("rpc-deadline-ms", 5000));
   config.sync_timeout = absl::Milliseconds(flags.TakeNumber("sync-timeout-ms", 60000));
   const std::string log_level = flags.Take("log-level", "info");
+  const std::string metrics_listen = flags.Take("metrics-listen", "");
+  const std::string metrics_port_file = flags.Take("metrics-port-file", "");
   if (!flags.error().empty()) return Usage(flags.error());
   if (!flags.Leftover().empty()) return Usage(flags.Leftover());
   if (config.world_size < 1) return Usage("--world must be at least 1");
@@ -56,6 +63,7 @@ int main(int argc, char** argv) {
 
   shardsync::coordinator::Coordinator coordinator(config);
   shardsync::coordinator::CoordinatorService service(coordinator);
+  grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -69,6 +77,16 @@ int main(int argc, char** argv) {
   if (!port_file.empty() && !shardsync::WritePortFile(port_file, port)) {
     spdlog::error("cannot write the port file {}", port_file);
     return 1;
+  }
+  std::unique_ptr<shardsync::MetricsServer> metrics;
+  if (!metrics_listen.empty()) {
+    auto started = shardsync::MetricsServer::Start(metrics_listen, [&coordinator] { return coordinator.Metrics(); });
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      return 1;
+    }
+    metrics = *std::move(started);
+    if (!metrics_port_file.empty()) shardsync::WritePortFile(metrics_port_file, metrics->port());
   }
   spdlog::info("serving on port {} for a world of {} agents", port, config.world_size);
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cpp/client.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/health.grpc.pb.h"
 #include "tools/localsync/deployment.h"
 
 namespace shardsync::localsync {
@@ -189,6 +191,45 @@ TEST_CASE("the coordinator killed and restarted: agents rejoin and republish on 
   }
   REQUIRE(sync.ok());
   CHECK(deployment.CheckTargets(20).empty());
+}
+
+TEST_CASE("both daemons answer the standard health check and serve Prometheus metrics that count the syncs") {
+  ClusterOptions options;
+  options.metrics = true;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "metrics", ModelJson(3, kLayouts[0].replicas), 21);
+  RequireReady(deployment);
+  REQUIRE(SyncOnce(cluster, absl::Seconds(20)).ok());
+
+  const std::string coordinator = HttpGet(cluster.MetricsPort(-1), "/metrics");
+  CHECK_THAT(coordinator, StartsWith("HTTP/1.0 200 OK"));
+  CHECK_THAT(coordinator, Contains("shardsync_syncs_started_total 1\n") &&
+                              Contains("shardsync_syncs_succeeded_total 1\n") &&
+                              Contains("shardsync_syncs_failed_total 0\n") &&
+                              Contains("shardsync_sync_duration_seconds_count 1\n") &&
+                              Contains("shardsync_sync_duration_seconds_bucket{le=\"+Inf\"} 1\n") &&
+                              Contains("shardsync_last_sync_version 1\n") && Contains("shardsync_agents 4\n") &&
+                              Contains("shardsync_registered_buffers 8\n"));
+  const std::string agent = HttpGet(cluster.MetricsPort(0), "/metrics");
+  CHECK_THAT(agent, Contains("shardsync_agent_clients 2\n") && Contains("shardsync_agent_registered_buffers 2\n") &&
+                        Contains("shardsync_agent_syncs_executed_total 1\n") &&
+                        Contains("shardsync_agent_target_valid 1\n"));
+  CHECK_THAT(HttpGet(cluster.MetricsPort(-1), "/other"), StartsWith("HTTP/1.0 404"));
+
+  auto status = client::CoordinatorClient(cluster.coordinator()).Status(absl::Seconds(5));
+  REQUIRE(status.ok());
+  std::vector<std::string> addresses = {cluster.coordinator()};
+  for (const v1::AgentInfo& a : status->agents()) addresses.push_back(a.address());
+  for (const std::string& address : addresses) {
+    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status checked = health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
+    INFO(address << ": " << checked.error_message());
+    CHECK(checked.ok());
+    CHECK(response.status() == grpc::health::v1::HealthCheckResponse::SERVING);
+  }
 }
 
 // Runs shardsyncctl with `args`; returns (exit code, stdout).

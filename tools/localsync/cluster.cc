@@ -1,6 +1,9 @@
 #include "tools/localsync/cluster.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <signal.h>
@@ -158,13 +161,15 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)), dir_(Te
 void Cluster::StartCoordinator(const std::string& listen) {
   const std::string port_file = dir_ + "/coordinator.port";
   unlink(port_file.c_str());
-  coordinator_ = std::make_unique<Process>(
-      std::vector<std::string>{"daemon/coordinator/shardsync-coordinator", "--world", std::to_string(options_.agents),
-                               "--listen", listen, "--port-file", port_file, "--staging-bytes",
-                               std::to_string(options_.staging_bytes), "--sync-timeout-ms",
-                               std::to_string(options_.sync_timeout_ms), "--rpc-deadline-ms",
-                               std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"},
-      dir_ + "/coordinator.log");
+  std::vector<std::string> argv = {"daemon/coordinator/shardsync-coordinator", "--world", std::to_string(options_.agents),
+                                   "--listen", listen, "--port-file", port_file, "--staging-bytes",
+                                   std::to_string(options_.staging_bytes), "--sync-timeout-ms",
+                                   std::to_string(options_.sync_timeout_ms), "--rpc-deadline-ms",
+                                   std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"};
+  if (options_.metrics) {
+    argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", dir_ + "/coordinator.metrics"});
+  }
+  coordinator_ = std::make_unique<Process>(argv, dir_ + "/coordinator.log");
   const int port = WaitForPortFile(port_file, absl::Seconds(20));
   if (port < 0) throw std::runtime_error("the coordinator did not start:\n" + ReadFile(dir_ + "/coordinator.log"));
   coordinator_address_ = absl::StrCat("127.0.0.1:", port);
@@ -190,6 +195,30 @@ Cluster::~Cluster() {
   std::filesystem::remove_all(dir_);
 }
 
+int Cluster::MetricsPort(int rank) const {
+  const std::string file = rank < 0 ? dir_ + "/coordinator.metrics" : absl::StrCat(dir_, "/agent", rank, ".metrics");
+  return WaitForPortFile(file, absl::Seconds(10));
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char chunk[4096];
+      ssize_t n;
+      while ((n = read(fd, chunk, sizeof(chunk))) > 0) response.append(chunk, n);
+    }
+  }
+  close(fd);
+  return response;
+}
+
 std::string Cluster::ShmPrefix() const {
   return absl::StrCat("/ss-", std::filesystem::path(dir_).filename().string(), "-");
 }
@@ -203,6 +232,10 @@ void Cluster::StartAgent(int rank) {
                                    coordinator_address_, "--socket", socket(rank), "--listen", "127.0.0.1:0",
                                    "--port-file", port_file, "--rpc-deadline-ms",
                                    std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"};
+  if (options_.metrics) {
+    argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
+                             absl::StrCat(dir_, "/agent", rank, ".metrics")});
+  }
   if (options_.agent_max_staging_bytes.count(rank)) {
     argv.push_back("--max-staging-bytes");
     argv.push_back(std::to_string(options_.agent_max_staging_bytes.at(rank)));

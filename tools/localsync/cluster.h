@@ -46,6 +46,7 @@ struct ClusterOptions {
   int64_t sync_timeout_ms = 10000;
   int64_t rpc_deadline_ms = 3000;
   std::map<int, int64_t> agent_max_staging_bytes;  // per rank, default the agent's
+  bool metrics = false;  // every daemon serves /metrics on an OS-chosen port
 };
 
 // A coordinator and one agent per rank, all on localhost.
@@ -59,6 +60,8 @@ class Cluster {
   void StartAgent(int rank);
   // Kills the coordinator (SIGKILL) and starts a new one on the same port.
   void RestartCoordinator();
+  // With ClusterOptions::metrics: the metrics port of the coordinator (-1) or a rank.
+  int MetricsPort(int rank) const;
   Process& agent(int rank) { return *agents_.at(rank); }
   // A client helper (tools/localsync/demo_client) for one rank and side; its buffers are the
   // shared memory objects `shm_prefix` + "-r<rank>-<buffer name>".
@@ -85,5 +88,7 @@ class Cluster {
 
 // Reads an integer written to `path` by a daemon (a port), waiting up to `timeout`.
 int WaitForPortFile(const std::string& path, absl::Duration timeout);
+// GET http://127.0.0.1:port/path: the whole response, headers included ("" if none).
+std::string HttpGet(int port, const std::string& path);
 
 }  // namespace shardsync::localsync

@@ -1,0 +1,103 @@
+#include "common/metrics_http.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardsync {
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    std::function<std::string()> render) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("metrics address '", address, "' has no port"));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(address.substr(colon + 1).c_str())));
+  const std::string host = address.substr(0, colon);
+  if (inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address, "': not an IPv4 address"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
+    const int error = errno;
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(absl::StrCat("metrics on ", address, ": ", std::strerror(error)));
+  }
+  socklen_t length = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  return std::unique_ptr<MetricsServer>(new MetricsServer(fd, ntohs(addr.sin_port), std::move(render)));
+}
+
+MetricsServer::MetricsServer(int fd, int port, std::function<std::string()> render)
+    : fd_(fd), port_(port), render_(std::move(render)), thread_([this] { Serve(); }) {}
+
+MetricsServer::~MetricsServer() {
+  stop_ = true;
+  thread_.join();
+  close(fd_);
+}
+
+void MetricsServer::Serve() {
+  while (!stop_) {
+    pollfd listening{fd_, POLLIN, 0};
+    if (poll(&listening, 1, 100) <= 0) continue;
+    const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client < 0) continue;
+    // One short request line is all a scraper sends first; wait briefly for it.
+    pollfd readable{client, POLLIN, 0};
+    char request[1024] = {};
+    if (poll(&readable, 1, 1000) > 0) {
+      const ssize_t n = read(client, request, sizeof(request) - 1);
+      if (n < 0) request[0] = '\0';
+    }
+    std::string response;
+    if (std::strncmp(request, "GET /metrics", 12) == 0) {
+      const std::string body = render_();
+      response = absl::StrCat("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ",
+                              body.size(), "\r\nConnection: close\r\n\r\n", body);
+    } else {
+      response = "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    }
+    for (size_t sent = 0; sent < response.size();) {
+      const ssize_t n = write(client, response.data() + sent, response.size() - sent);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    close(client);
+  }
+}
+
+void AppendMetric(std::string* out, const std::string& name, const char* type, const std::string& help,
+                  double value) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value, "\n");
+}
+
+void Histogram::Observe(double value) {
+  size_t bucket = 0;
+  while (bucket < bounds_.size() && value > bounds_[bucket]) ++bucket;
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Append(std::string* out, const std::string& name, const std::string& help) const {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < counts_.size(); ++i) {
+    cumulative += counts_[i];
+    const std::string le = i < bounds_.size() ? absl::StrCat(bounds_[i]) : "+Inf";
+    absl::StrAppend(out, name, "_bucket{le=\"", le, "\"} ", cumulative, "\n");
+  }
+  absl::StrAppend(out, name, "_sum ", sum_, "\n", name, "_count ", count_, "\n");
+}
+
+}  // namespace shardsync
