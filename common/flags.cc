@@ -1,5 +1,7 @@
 #include "common/flags.h"
 
+#include <cstdio>
+
 namespace shardsync {
 
 Flags::Flags(int argc, char** argv, int first) {
@@ -18,6 +20,38 @@ Flags::Flags(int argc, char** argv, int first) {
       values_[arg.substr(2)] = "";
     }
   }
+}
+
+bool Flags::MergeConfigFile(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  if (file == nullptr) {
+    error_ = "cannot read the config file '" + path + "'";
+    return false;
+  }
+  char buffer[4096];
+  int number = 0;
+  while (std::fgets(buffer, sizeof(buffer), file) != nullptr) {
+    ++number;
+    std::string line = buffer;
+    line = line.substr(0, line.find('#'));
+    const auto trim = [](std::string text) {
+      const size_t first = text.find_first_not_of(" \t\r\n");
+      if (first == std::string::npos) return std::string();
+      return text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
+    };
+    line = trim(line);
+    if (line.empty()) continue;
+    const size_t eq = line.find('=');
+    const std::string name = trim(line.substr(0, eq));
+    if (name.empty() || name.rfind("--", 0) == 0 || name.find(' ') != std::string::npos) {
+      error_ = path + ":" + std::to_string(number) + ": expected 'name = value'";
+      std::fclose(file);
+      return false;
+    }
+    if (!values_.count(name)) values_[name] = eq == std::string::npos ? "" : trim(line.substr(eq + 1));
+  }
+  std::fclose(file);
+  return true;
 }
 
 std::string Flags::Take(const std::string& name, const std::string& fallback) {

@@ -1,6 +1,6 @@
 // Command-line flags for main.cc files: "--name value", "--name=value" and bare
-// "--switch". Each main takes the flags it knows into its typed config; anything left
-// over is an error.
+// "--switch", and a config file of the same names. Each main takes the flags it knows
+// into its typed config; anything left over is an error.
 #pragma once
 
 #include <cstdlib>
@@ -16,6 +16,10 @@ class Flags {
   Flags(int argc, char** argv, int first);
 
   const std::string& error() const { return error_; }
+  // Adds the settings of a config file: one "name = value" per line (a bare "name" is a
+  // switch), names as the flags have them without "--", "#" starts a comment. A flag
+  // given on the command line wins over the file.
+  bool MergeConfigFile(const std::string& path);
   std::string Take(const std::string& name, const std::string& fallback);
   bool TakeSwitch(const std::string& name);
   template <typename T>

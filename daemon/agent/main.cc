@@ -43,6 +43,8 @@ chunks to each other.
                          port 0 lets the OS choose)
   --metrics-port-file P  write the metrics port here once serving
   --log-level L          trace, debug, info (default), warn, error
+  --config FILE          settings as "name = value" lines, named like these flags (no
+                         "--"); a flag on the command line wins over the file
 The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
 )";
 
@@ -65,6 +67,8 @@ int main(int argc, char** argv) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  const std::string config_file = flags.Take("config", "");
+  if (!config_file.empty() && !flags.MergeConfigFile(config_file)) return Usage(flags.error());
   Config c;
   c.agent.rank = flags.TakeNumber("rank", -1);
   c.coordinator = flags.Take("coordinator", "");

@@ -26,6 +26,8 @@ agent, then Execute only if all said ok.
                          port 0 lets the OS choose)
   --metrics-port-file P  write the metrics port here once serving
   --log-level L          trace, debug, info (default), warn, error
+  --config FILE          settings as "name = value" lines, named like these flags (no
+                         "--"); a flag on the command line wins over the file
 The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
 )";
 
@@ -42,6 +44,8 @@ int main(int argc, char** argv) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  const std::string config_file = flags.Take("config", "");
+  if (!config_file.empty() && !flags.MergeConfigFile(config_file)) return Usage(flags.error());
   shardsync::coordinator::CoordinatorConfig config;
   config.world_size = flags.TakeNumber("world", 0);
   const std::string listen = flags.Take("listen", "127.0.0.1:7070");
