@@ -26,9 +26,21 @@ uint8_t* DirectAddress(const planner::Plan& plan, const planner::PeerStream& str
 
 absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const planner::Plan& plan,
                                                 const planner::Schedule& schedule, const BufferTable& buffers,
-                                                int64_t staging_bytes, absl::Time deadline) {
+                                                int64_t staging_bytes, absl::Time deadline,
+                                                ExecutionProgress* progress) {
   const absl::Time start = absl::Now();
   ExecutionStats stats;
+  ExecutionProgress unused;
+  if (progress == nullptr) progress = &unused;
+  int64_t total = 0;
+  for (int32_t index : schedule.local_segments) total += planner::SegmentBytes(plan.segments[index]);
+  for (const auto* streams : {&schedule.sends, &schedule.receives}) {
+    for (const planner::PeerStream& stream : *streams) total += stream.bytes;
+  }
+  progress->bytes_total = total;
+  progress->rounds_total = schedule.rounds;
+  progress->bytes_done = 0;
+  progress->rounds_done = 0;
   if (auto s = device_.CopyLocal(plan, schedule.local_segments, schedule.fills, buffers); !s.ok()) return s;
   for (int32_t index : schedule.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
   for (int32_t index : schedule.fills) {
@@ -84,9 +96,12 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
     for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
     stats.chunks += static_cast<int64_t>(receives.size());
     ++stats.rounds;
+    progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
+    progress->rounds_done = stats.rounds;
   }
   if (auto s = transport_.Finish(deadline); !s.ok()) return s;
   if (auto s = device_.Synchronize(); !s.ok()) return s;
+  progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;
 }

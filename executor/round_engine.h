@@ -4,6 +4,7 @@
 // budget per peer per direction), chunks contiguous on their side moved without staging.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,14 @@ struct ExecutionStats {
   double seconds = 0;
 };
 
+// How far a run is, readable from another thread while it goes.
+struct ExecutionProgress {
+  std::atomic<int64_t> bytes_done{0};
+  std::atomic<int64_t> bytes_total{0};
+  std::atomic<int32_t> rounds_done{0};
+  std::atomic<int32_t> rounds_total{0};
+};
+
 class RoundEngine {
  public:
   RoundEngine(Device& device, Transport& transport) : device_(device), transport_(transport) {}
@@ -36,7 +45,8 @@ class RoundEngine {
   // checked (bounds, roles) at Prepare. Sources are only read.
   absl::StatusOr<ExecutionStats> Run(absl::string_view sync_id, const planner::Plan& plan,
                                      const planner::Schedule& schedule, const BufferTable& buffers,
-                                     int64_t staging_bytes, absl::Time deadline);
+                                     int64_t staging_bytes, absl::Time deadline,
+                                     ExecutionProgress* progress = nullptr);
 
  private:
   Device& device_;

@@ -9,6 +9,7 @@
 #include "client/cli/plan_command.h"
 #include "client/cli/rpc_commands.h"
 #include "common/flags.h"
+#include "common/version.h"
 #include "planner/models.h"
 
 namespace {
@@ -18,8 +19,10 @@ constexpr char kUsage[] = R"(usage: shardsyncctl COMMAND [FLAGS]
 Commands:
   sync      Run one sync through the coordinator; print bytes, rounds and time per rank.
   status    Agents, layout epoch and the last sync, as the coordinator sees them.
-  explain   The current plan's bytes per rank and link and its cost floor; moves nothing.
+  agents    The agents: rank, address, host, device, state, last seen, clients.
+  explain   The current plan's bytes per rank (and link), imbalance and floor; moves nothing.
   plan      Plan a layout spec offline (no daemons); print bytes per rank and the floor.
+  version   This build's version (--json: as JSON).
 
 Exit codes: 0 ok, 2 usage error, 3 refused (bad layout or input).
 Run `shardsyncctl COMMAND --help` for a command's flags.
@@ -48,16 +51,20 @@ Flags:
   --json                one JSON object instead of tables
 )";
 
-constexpr char kRpcHelp[] = R"(usage: shardsyncctl (sync | status | explain) [FLAGS]
+constexpr char kRpcHelp[] = R"(usage: shardsyncctl (sync | status | agents | explain) [FLAGS]
 
   sync      Plans (once per layout epoch) and runs one sync on every agent: Prepare
             everywhere, Execute only if every agent agreed. Waits for the end and
             prints per rank the bytes sent, received and copied locally, rounds,
-            chunks, peak staging, seconds and effective GB/s.
+            chunks, peak staging, seconds and effective GB/s. With --watch, prints
+            every rank's bytes and rounds done every 100 ms while it runs.
   status    The agents (rank, address, host, device, state, clients), the layout
             epoch, the last sync and whether the targets are valid.
-  explain   The plan of the current layouts: bytes per rank and per link, and the
-            cost floor at the given speeds. Nothing is moved.
+  agents    One line per agent: rank, address, host, device, joined or silent, seconds
+            since its last heartbeat, clients registered; and who has not joined.
+  explain   The plan of the current layouts: bytes per rank, the imbalance (busiest
+            rank's link bytes over the mean) and the cost floor at the given speeds;
+            with --layout, the bytes of every link too. Nothing is moved.
 
 Flags:
   --coordinator ADDR    the coordinator's host:port (default 127.0.0.1:7070)
@@ -65,6 +72,8 @@ Flags:
   --link-gbps X         explain: link speed, GB/s one direction per rank (default 360)
   --memory-gbps X       explain: memory speed, GB/s read + write (default 4200)
   --json                the response as JSON (proto field names)
+  --watch               sync: live progress per rank
+  --layout              explain: bytes per link
 
 Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing
 agent; no byte moved), 4 failed (a peer died or timed out; targets are invalid).
@@ -116,13 +125,19 @@ int Rpc(const std::string& command, shardsync::Flags& flags) {
   config.link_gbps = flags.TakeNumber("link-gbps", config.link_gbps);
   config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
   config.json = flags.TakeSwitch("json");
+  config.watch = flags.TakeSwitch("watch");
+  config.layout = flags.TakeSwitch("layout");
   if (!flags.error().empty()) return Usage(flags.error(), kRpcHelp);
   if (!flags.Leftover().empty()) return Usage(flags.Leftover(), kRpcHelp);
+  if ((config.watch && command != "sync") || (config.layout && command != "explain")) {
+    return Usage("--watch goes with sync, --layout with explain", kRpcHelp);
+  }
   if (config.timeout_ms <= 0 || config.link_gbps <= 0 || config.memory_gbps <= 0) {
     return Usage("--timeout-ms and the speeds must be positive", kRpcHelp);
   }
   if (command == "sync") return shardsync::cli::RunSyncCommand(config, std::cout, std::cerr);
   if (command == "status") return shardsync::cli::RunStatusCommand(config, std::cout, std::cerr);
+  if (command == "agents") return shardsync::cli::RunAgentsCommand(config, std::cout, std::cerr);
   return shardsync::cli::RunExplainCommand(config, std::cout, std::cerr);
 }
 
@@ -137,6 +152,18 @@ int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 2);
   if (!flags.error().empty()) return Usage(flags.error(), kUsage);
   if (command == "plan") return Plan(flags);
-  if (command == "sync" || command == "status" || command == "explain") return Rpc(command, flags);
+  if (command == "sync" || command == "status" || command == "agents" || command == "explain") {
+    return Rpc(command, flags);
+  }
+  if (command == "version") {
+    const bool json = flags.TakeSwitch("json");
+    if (!flags.Leftover().empty()) return Usage(flags.Leftover(), kUsage);
+    if (json) {
+      std::cout << "{\"version\": \"" << shardsync::kVersion << "\", \"api\": \"shardsync.v1\"}\n";
+    } else {
+      std::cout << "shardsyncctl " << shardsync::kVersion << " (API shardsync.v1)\n";
+    }
+    return 0;
+  }
   return Usage("unknown command '" + command + "'", kUsage);
 }

@@ -1,6 +1,12 @@
 #include "client/cli/rpc_commands.h"
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "client/cli/format.h"
 #include "client/cli/sync_table.h"
 #include "client/cpp/client.h"
@@ -30,9 +36,32 @@ void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
 
 }  // namespace
 
+// Prints each rank's progress every 100 ms until `done` is set.
+void Watch(const RpcCommandConfig& c, const std::atomic<bool>& done, std::ostream& out) {
+  client::CoordinatorClient coordinator(c.coordinator);
+  out << "watching the sync (bytes done per rank):\n";
+  while (!done) {
+    auto status = coordinator.Status(absl::Seconds(2));
+    if (status.ok() && !status->running_sync_id().empty()) {
+      std::string line = status->running_sync_id() + ":";
+      for (const v1::RankProgress& p : status->progress()) {
+        absl::StrAppend(&line, " rank ", p.rank(), " ", Bytes(p.bytes_done()), "/", Bytes(p.bytes_total()), " (round ",
+                        p.rounds_done(), "/", p.rounds_total(), ")");
+      }
+      out << line << "\n" << std::flush;
+    }
+    for (int i = 0; i < 10 && !done; ++i) absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient coordinator(c.coordinator);
+  std::atomic<bool> done{false};
+  std::thread watcher;
+  if (c.watch) watcher = std::thread([&] { Watch(c, done, out); });
   auto response = coordinator.Sync(absl::Milliseconds(c.timeout_ms));
+  done = true;
+  if (watcher.joinable()) watcher.join();
   if (!response.ok()) return Fail("sync", response.status(), err);
   if (c.json) {
     PrintJson(*response, out);
@@ -75,16 +104,51 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
   out << absl::StrFormat("plan of epoch %d, digest %s: %d tensors, %d segments, %d chunks, %d rounds\n",
                          explain->layout_epoch(), explain->digest(), explain->tensors(), explain->segments(),
                          explain->chunks(), explain->rounds());
-  out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory\n\n",
+  out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory\n",
                          explain->floor_seconds() * 1e3, c.link_gbps, c.memory_gbps);
+  // Imbalance: the busiest rank's link bytes over the mean; 1.00 is perfectly even.
+  int64_t busiest = 0, sum = 0, busiest_rank = 0;
+  for (const v1::RankStats& r : explain->ranks()) {
+    const int64_t bytes = std::max(r.sent_bytes(), r.received_bytes());
+    sum += bytes;
+    if (bytes > busiest) busiest = bytes, busiest_rank = r.rank();
+  }
+  const double mean = explain->ranks_size() > 0 ? static_cast<double>(sum) / explain->ranks_size() : 0;
+  out << absl::StrFormat("imbalance %.2f (the busiest link is rank %d's: %s)\n\n", mean > 0 ? busiest / mean : 1.0,
+                         busiest_rank, Bytes(busiest));
   out << absl::StrFormat("%-6s %12s %12s %12s %10s\n", "rank", "sent", "received", "local", "fill");
   for (const v1::RankStats& r : explain->ranks()) {
     out << absl::StrFormat("%-6d %12s %12s %12s %10s\n", r.rank(), Bytes(r.sent_bytes()), Bytes(r.received_bytes()),
                            Bytes(r.local_bytes()), Bytes(r.fill_bytes()));
   }
-  out << "\nlinks (from -> to: bytes)\n";
-  for (const v1::LinkBytes& l : explain->links()) {
-    out << absl::StrFormat("  %d -> %d: %s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()));
+  if (c.layout) {
+    out << "\nlinks (from -> to: bytes)\n";
+    for (const v1::LinkBytes& l : explain->links()) {
+      out << absl::StrFormat("  %d -> %d: %s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()));
+    }
+  }
+  return 0;
+}
+
+int RunAgentsCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
+  client::CoordinatorClient coordinator(c.coordinator);
+  auto status = coordinator.Status(absl::Milliseconds(c.timeout_ms));
+  if (!status.ok()) return Fail("agents", status.status(), err);
+  if (c.json) {
+    v1::CoordinatorStatus agents_only;
+    *agents_only.mutable_agents() = status->agents();
+    PrintJson(agents_only, out);
+    return 0;
+  }
+  out << absl::StrFormat("%-6s %-22s %-16s %-8s %-8s %10s %s\n", "rank", "address", "host", "device", "state",
+                         "last seen", "clients");
+  for (const v1::AgentInfo& a : status->agents()) {
+    out << absl::StrFormat("%-6d %-22s %-16s %-8s %-8s %8.1fs %d\n", a.rank(), a.address(), a.host(), a.device(),
+                           a.reachable() ? "joined" : "silent", a.seconds_since_seen(), a.clients());
+  }
+  if (status->agents_size() < status->world_size()) {
+    out << absl::StrFormat("%d of %d agents have not joined\n", status->world_size() - status->agents_size(),
+                           status->world_size());
   }
   return 0;
 }

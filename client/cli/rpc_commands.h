@@ -13,10 +13,13 @@ struct RpcCommandConfig {
   double link_gbps = 360;     // explain only
   double memory_gbps = 4200;  // explain only
   bool json = false;
+  bool watch = false;   // sync: live progress per rank while it runs
+  bool layout = false;  // explain: bytes per link too
 };
 
 int RunSyncCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
 int RunStatusCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
 int RunExplainCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
+int RunAgentsCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
 
 }  // namespace shardsync::cli

@@ -66,6 +66,20 @@ v1::AgentStatus Agent::Status() const {
   return status;
 }
 
+v1::RankProgress Agent::Progress() const {
+  v1::RankProgress progress;
+  progress.set_rank(config_.rank);
+  {
+    absl::MutexLock lock(&mu_);
+    progress.set_sync_id(running_sync_id_);
+  }
+  progress.set_bytes_done(progress_.bytes_done);
+  progress.set_bytes_total(progress_.bytes_total);
+  progress.set_rounds_done(progress_.rounds_done);
+  progress.set_rounds_total(progress_.rounds_total);
+  return progress;
+}
+
 std::string Agent::Metrics() const {
   int64_t buffers = 0, bytes = 0;
   const std::vector<v1::ClientInfo> clients = registry_.Clients();
@@ -186,6 +200,7 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
     }
     prepared = it->second;
     last_sync_id_ = request.sync_id();
+    running_sync_id_ = request.sync_id();
   }
   // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
   std::vector<std::shared_ptr<const BufferEntry>> held;
@@ -204,9 +219,10 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
   const absl::Status setup = transport_.Setup(prepared.peers, deadline);
   const absl::StatusOr<executor::ExecutionStats> stats =
       setup.ok() ? engine_.Run(request.sync_id(), prepared.local.plan, prepared.local.schedule, table,
-                               prepared.staging_bytes, deadline)
+                               prepared.staging_bytes, deadline, &progress_)
                  : absl::StatusOr<executor::ExecutionStats>(setup);
   absl::MutexLock lock(&mu_);
+  running_sync_id_.clear();
   target_valid_ = stats.ok();
   ++(stats.ok() ? executed_ : failed_);
   if (stats.ok()) {

@@ -47,6 +47,7 @@ class Agent {
   void Abort(const v1::AbortRequest& request);
   absl::Status Transfer(const v1::TransferRequest& request, absl::Time deadline);
   absl::StatusOr<std::string> NewCommunicatorId() { return transport_.NewCommunicatorId(); }
+  v1::RankProgress Progress() const;
 
   // Ends every Register call so the server can shut down.
   void Shutdown() { shutting_down_ = true; }
@@ -69,12 +70,14 @@ class Agent {
   executor::Transport& transport_;
   executor::Mailbox& mailbox_;
   executor::RoundEngine engine_;
+  executor::ExecutionProgress progress_;
   std::atomic<bool> shutting_down_{false};
 
   mutable absl::Mutex mu_;
   std::map<std::string, Prepared> prepared_ ABSL_GUARDED_BY(mu_);  // by digest
   absl::Mutex execute_mu_;  // one sync at a time on this rank
   std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
+  std::string running_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
   bool target_valid_ ABSL_GUARDED_BY(mu_) = true;
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -36,6 +36,10 @@ class ControlService final : public v1::AgentControl::Service {
   grpc::Status Transfer(grpc::ServerContext* context, const v1::TransferRequest* request, v1::TransferResponse*) override;
   grpc::Status NewCommunicatorId(grpc::ServerContext*, const v1::NewCommunicatorIdRequest*,
                                  v1::NewCommunicatorIdResponse* response) override;
+  grpc::Status Progress(grpc::ServerContext*, const v1::ProgressRequest*, v1::RankProgress* response) override {
+    *response = agent_.Progress();
+    return grpc::Status::OK;
+  }
 
  private:
   Agent& agent_;

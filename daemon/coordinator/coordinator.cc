@@ -191,10 +191,12 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   {
     absl::MutexLock lock(&mu_);
     ++counters_.started;
+    running_sync_id_ = sync_id;
   }
   const auto finish = [&](absl::Status status) -> absl::Status {
     absl::MutexLock lock(&mu_);
     ++(status.ok() ? counters_.succeeded : counters_.failed);
+    running_sync_id_.clear();
     if (status.ok()) durations_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
     last_sync_id_ = sync_id;
     last_sync_ok_ = status.ok();
@@ -329,8 +331,28 @@ absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainReques
 }
 
 v1::CoordinatorStatus Coordinator::Status() const {
-  absl::MutexLock lock(&mu_);
   v1::CoordinatorStatus status;
+  // While a sync runs, ask every agent how far it is (briefly: a status must not hang).
+  std::map<int32_t, v1::AgentControl::Stub*> stubs;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_sync_id_.empty()) {
+      status.set_running_sync_id(running_sync_id_);
+      for (const auto& [rank, entry] : agents_) stubs[rank] = entry.stub.get();
+    }
+  }
+  if (!stubs.empty()) {
+    std::vector<v1::RankProgress> progress(stubs.size());
+    std::vector<int32_t> ranks;
+    for (const auto& [rank, stub] : stubs) ranks.push_back(rank);
+    ForEachRank(static_cast<int32_t>(ranks.size()), [&](int32_t i) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+      if (!stubs[ranks[i]]->Progress(&context, v1::ProgressRequest(), &progress[i]).ok()) progress[i].set_rank(ranks[i]);
+    });
+    for (v1::RankProgress& p : progress) *status.add_progress() = std::move(p);
+  }
+  absl::MutexLock lock(&mu_);
   status.set_world_size(config_.world_size);
   for (const auto& [rank, entry] : agents_) {
     v1::AgentInfo* info = status.add_agents();
@@ -339,6 +361,7 @@ v1::CoordinatorStatus Coordinator::Status() const {
     info->set_address(entry.join.address());
     info->set_device(entry.join.device());
     info->set_reachable(absl::Now() - entry.last_seen < absl::Seconds(3));
+    info->set_seconds_since_seen(absl::ToDoubleSeconds(absl::Now() - entry.last_seen));
     auto published = published_.find(rank);
     info->set_clients(published == published_.end() ? 0 : published->second.layouts_size());
   }

@@ -67,6 +67,7 @@ class Coordinator {
   std::map<int32_t, v1::PublishRequest> published_ ABSL_GUARDED_BY(mu_);
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
+  std::string running_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string last_sync_error_ ABSL_GUARDED_BY(mu_);
   bool last_sync_ok_ ABSL_GUARDED_BY(mu_) = false;
   bool targets_valid_ ABSL_GUARDED_BY(mu_) = true;

@@ -266,6 +266,40 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
   auto [refused_code, refused] = Ctl(cluster, {"sync"});
   CHECK(refused_code == 3);
   CHECK(Ctl(cluster, {"sync", "--bogus"}).first == 2);
+  CHECK(Ctl(cluster, {"status", "--watch"}).first == 2);
+}
+
+TEST_CASE("shardsyncctl lists agents, explains with imbalance and links, says its version, and watches a sync") {
+  ClusterOptions options;
+  options.rpc_deadline_ms = 1000;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "ctl-more", ModelJson(3, kLayouts[1].replicas), 23);
+  RequireReady(deployment);
+  auto [agents_code, agents] = Ctl(cluster, {"agents"});
+  CHECK(agents_code == 0);
+  for (int rank = 0; rank < 4; ++rank) CHECK_THAT(agents, Contains(absl::StrCat("\n", rank, "      127.0.0.1:")));
+  CHECK_THAT(agents, Contains("joined") && Contains("last seen"));
+  auto [explain_code, explain] = Ctl(cluster, {"explain", "--layout"});
+  CHECK(explain_code == 0);
+  CHECK_THAT(explain, Contains("imbalance ") && Contains("links (from -> to: bytes)") && Contains("0 -> 1:"));
+  CHECK_THAT(Ctl(cluster, {"explain"}).second, !Contains("links (from"));
+  auto [watch_code, watched] = Ctl(cluster, {"sync", "--watch"});
+  CHECK(watch_code == 0);
+  CHECK_THAT(watched, Contains("watching the sync") && Contains("total"));
+  CHECK(deployment.CheckTargets(23).empty());
+  // A stalled agent holds the sync for its deadline: --watch reports every rank meanwhile.
+  cluster.agent(3).Signal(SIGSTOP);
+  auto [stalled_code, stalled] = Ctl(cluster, {"sync", "--watch", "--timeout-ms", "1500"});
+  cluster.agent(3).Signal(SIGCONT);
+  INFO(stalled);
+  CHECK((stalled_code == 3 || stalled_code == 4));
+  CHECK_THAT(stalled, Contains("watching the sync") && Contains("rank 0 ") && Contains("(round "));
+  std::vector<std::string> argv = {"client/cli/shardsyncctl", "version"};
+  Process version(argv, cluster.dir() + "/version.log");
+  CHECK_THAT(version.ReadAll(absl::Seconds(10)), StartsWith("shardsyncctl 0.1.0"));
+  CHECK(version.Wait(absl::Seconds(10)) == 0);
+  Process version_json({"client/cli/shardsyncctl", "version", "--json"}, cluster.dir() + "/version.log");
+  CHECK_THAT(version_json.ReadAll(absl::Seconds(10)), Contains("\"version\": \"0.1.0\""));
 }
 
 }  // namespace

@@ -57,9 +57,35 @@ Deployment::~Deployment() {
 
 std::vector<std::string> Deployment::WaitReady() {
   std::vector<std::string> lines;
+  bool all_ready = true;
   for (auto* clients : {&trainers_, &rollouts_}) {
-    for (auto& [rank, client] : *clients) lines.push_back(client.process->ReadLine(absl::Seconds(20)));
+    for (auto& [rank, client] : *clients) {
+      lines.push_back(client.process->ReadLine(absl::Seconds(20)));
+      all_ready = all_ready && lines.back().rfind("ready", 0) == 0;
+    }
   }
+  if (!all_ready) return lines;
+  // A client is ready once its agent holds it; the agent publishes to the coordinator
+  // on its own thread. Wait until the coordinator shows every rank's clients.
+  std::map<int, int> expected;
+  for (auto* clients : {&trainers_, &rollouts_}) {
+    for (auto& [rank, client] : *clients) ++expected[rank];
+  }
+  client::CoordinatorClient coordinator(cluster_.coordinator());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    auto status = coordinator.Status(absl::Seconds(2));
+    int published = 0;
+    if (status.ok()) {
+      for (const v1::AgentInfo& agent : status->agents()) {
+        auto it = expected.find(agent.rank());
+        published += it != expected.end() && agent.clients() == it->second;
+      }
+    }
+    if (published == static_cast<int>(expected.size())) return lines;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  lines.push_back("the coordinator never saw every client published");
   return lines;
 }
 
