@@ -4,6 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -238,9 +242,16 @@ std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string>
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back("--coordinator");
   argv.push_back(cluster.coordinator());
-  Process ctl(argv, cluster.dir() + "/ctl.log");
+  const std::string log = cluster.dir() + "/ctl.log";
+  unlink(log.c_str());
+  Process ctl(argv, log);
   std::string out = ctl.ReadAll(absl::Seconds(20));
-  return {ctl.Wait(absl::Seconds(20)), out};
+  const int code = ctl.Wait(absl::Seconds(20));
+  if (code != 0) {  // what it said on stderr, for the failure report
+    std::ifstream file(log);
+    out += std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  }
+  return {code, out};
 }
 
 TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit codes") {
