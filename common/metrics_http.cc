@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_process.h"
 
 namespace shardsync {
 
@@ -74,6 +75,18 @@ void MetricsServer::Serve() {
     }
     close(client);
   }
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsIfAsked(const std::string& address,
+                                                                    const std::string& port_file,
+                                                                    std::function<std::string()> render) {
+  if (address.empty()) return std::unique_ptr<MetricsServer>();
+  auto server = MetricsServer::Start(address, std::move(render));
+  if (!server.ok() || port_file.empty()) return server;
+  if (!WritePortFile(port_file, (*server)->port())) {
+    return absl::UnavailableError(absl::StrCat("cannot write the metrics port file ", port_file));
+  }
+  return server;
 }
 
 void AppendMetric(std::string* out, const std::string& name, const char* type, const std::string& help,

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,13 @@ class MetricsServer {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// What a daemon's main does with --metrics-listen and --metrics-port-file: nothing when
+// `address` is empty, else a started server whose port is written to `port_file` (if
+// given).
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsIfAsked(const std::string& address,
+                                                                    const std::string& port_file,
+                                                                    std::function<std::string()> render);
 
 // Prometheus text format, one metric family at a time.
 void AppendMetric(std::string* out, const std::string& name, const char* type, const std::string& help,

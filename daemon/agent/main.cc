@@ -161,15 +161,11 @@ int main(int argc, char** argv) {
     spdlog::error("cannot write the port file {}", c.port_file);
     return 1;
   }
-  std::unique_ptr<shardsync::MetricsServer> metrics;
-  if (!c.metrics_listen.empty()) {
-    auto started = shardsync::MetricsServer::Start(c.metrics_listen, [&agent] { return agent.Metrics(); });
-    if (!started.ok()) {
-      spdlog::error("{}", std::string(started.status().message()));
-      return 1;
-    }
-    metrics = *std::move(started);
-    if (!c.metrics_port_file.empty()) shardsync::WritePortFile(c.metrics_port_file, metrics->port());
+  auto metrics =
+      shardsync::StartMetricsIfAsked(c.metrics_listen, c.metrics_port_file, [&agent] { return agent.Metrics(); });
+  if (!metrics.ok()) {
+    spdlog::error("{}", std::string(metrics.status().message()));
+    return 1;
   }
   spdlog::info("serving clients on {} and the coordinator and peers on {}", c.socket, address);
 

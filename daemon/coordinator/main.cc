@@ -82,15 +82,11 @@ int main(int argc, char** argv) {
     spdlog::error("cannot write the port file {}", port_file);
     return 1;
   }
-  std::unique_ptr<shardsync::MetricsServer> metrics;
-  if (!metrics_listen.empty()) {
-    auto started = shardsync::MetricsServer::Start(metrics_listen, [&coordinator] { return coordinator.Metrics(); });
-    if (!started.ok()) {
-      spdlog::error("{}", std::string(started.status().message()));
-      return 1;
-    }
-    metrics = *std::move(started);
-    if (!metrics_port_file.empty()) shardsync::WritePortFile(metrics_port_file, metrics->port());
+  auto metrics = shardsync::StartMetricsIfAsked(metrics_listen, metrics_port_file,
+                                                [&coordinator] { return coordinator.Metrics(); });
+  if (!metrics.ok()) {
+    spdlog::error("{}", std::string(metrics.status().message()));
+    return 1;
   }
   spdlog::info("serving on port {} for a world of {} agents", port, config.world_size);
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
