@@ -6,7 +6,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -233,6 +236,96 @@ TEST_CASE("both daemons answer the standard health check and serve Prometheus me
     INFO(address << ": " << checked.error_message());
     CHECK(checked.ok());
     CHECK(response.status() == grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+}
+
+// A model big enough that an 8-byte staging budget makes a sync last seconds.
+std::string BigModelJson() {
+  return R"({"model": {"tensors": [
+      {"name": "big", "shape": [512, 64], "style": "COLUMN"},
+      {"name": "wide", "shape": [64, 512], "style": "ROW"}],
+    "zero_stage": 3, "dp_ranks": [0, 1, 2, 3], "replicas": [{"ranks": [0, 1, 2, 3]}]}})";
+}
+
+TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn invalid; restarted, it syncs again") {
+  ClusterOptions options;
+  options.staging_bytes = 8;
+  options.sync_timeout_ms = 5000;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "killed", BigModelJson(), 25);
+  RequireReady(deployment);
+  const absl::Time first = absl::Now();
+  REQUIRE(SyncOnce(cluster, absl::Seconds(60)).ok());
+  const absl::Duration one_sync = absl::Now() - first;
+  REQUIRE(one_sync > absl::Milliseconds(400));  // long enough for the kill to land inside
+  deployment.Refill(26);
+
+  absl::StatusOr<v1::SyncResponse> result = absl::UnknownError("not run");
+  std::thread syncer([&] { result = SyncOnce(cluster, absl::Seconds(60)); });
+  absl::SleepFor(one_sync / 4);
+  cluster.agent(1).Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  syncer.join();
+  REQUIRE_FALSE(result.ok());
+  CHECK(absl::Now() - killed < absl::Seconds(7));  // within the 5 s sync deadline
+  CHECK_THAT(std::string(result.status().message()), Contains("rank 1"));
+  client::CoordinatorClient coordinator(cluster.coordinator());
+  auto invalid = coordinator.Status(absl::Seconds(5));
+  REQUIRE(invalid.ok());
+  CHECK_FALSE(invalid->targets_valid());
+
+  cluster.agent(1).Wait(absl::Seconds(5));
+  cluster.StartAgent(1);
+  for (Process* client : {&deployment.trainer(1), &deployment.rollout(1)}) {
+    client->WriteLine("reregister");
+    CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
+  }
+  REQUIRE(deployment.WaitPublished());
+  REQUIRE(SyncOnce(cluster, absl::Seconds(60)).ok());
+  CHECK(deployment.CheckTargets(26).empty());
+  auto valid = coordinator.Status(absl::Seconds(5));
+  REQUIRE(valid.ok());
+  CHECK(valid->targets_valid());
+}
+
+// Resident memory (KiB) and open file descriptors of a process, from /proc.
+std::pair<int64_t, int64_t> Footprint(pid_t pid) {
+  int64_t rss = 0, fds = 0;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stoll(line.substr(6));
+  }
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    (void)entry;
+    ++fds;
+  }
+  return {rss, fds};
+}
+
+TEST_CASE("1,000 syncs with changing sources all verify; the daemons' memory and descriptors stay flat") {
+  Cluster cluster(ClusterOptions{});
+  Deployment deployment(cluster, "soak", ModelJson(3, kLayouts[0].replicas), 2000);
+  RequireReady(deployment);
+  std::vector<pid_t> daemons = {cluster.coordinator_process().pid()};
+  for (int rank = 0; rank < 4; ++rank) daemons.push_back(cluster.agent(rank).pid());
+  const auto step = [&](uint64_t seed) {
+    deployment.Refill(seed);
+    auto sync = SyncOnce(cluster, absl::Seconds(20));
+    return sync.ok() && deployment.CheckTargets(seed).empty();
+  };
+  for (uint64_t seed = 1; seed <= 50; ++seed) REQUIRE(step(seed));  // warm-up
+  std::vector<std::pair<int64_t, int64_t>> before;
+  for (pid_t pid : daemons) before.push_back(Footprint(pid));
+  int verified = 0;
+  for (uint64_t seed = 100; seed < 1100; ++seed) verified += step(seed);
+  CHECK(verified == 1000);
+  for (size_t i = 0; i < daemons.size(); ++i) {
+    const auto after = Footprint(daemons[i]);
+    std::printf("soak: %s: RSS %lld -> %lld KiB, fds %lld -> %lld\n", i == 0 ? "coordinator" : ("agent " + std::to_string(i - 1)).c_str(),
+                static_cast<long long>(before[i].first), static_cast<long long>(after.first),
+                static_cast<long long>(before[i].second), static_cast<long long>(after.second));
+    CHECK(after.first - before[i].first < 4096);  // KiB
+    CHECK(after.second == before[i].second);
   }
 }
 

@@ -63,6 +63,7 @@ class Cluster {
   // With ClusterOptions::metrics: the metrics port of the coordinator (-1) or a rank.
   int MetricsPort(int rank) const;
   Process& agent(int rank) { return *agents_.at(rank); }
+  Process& coordinator_process() { return *coordinator_; }
   // A client helper (tools/localsync/demo_client) for one rank and side; its buffers are the
   // shared memory objects `shm_prefix` + "-r<rank>-<buffer name>".
   struct Client {

@@ -2,7 +2,8 @@
 // shared-memory buffer for each of its rank's buffers in a layout spec, fills sources
 // with the values of a seed (targets with poison), registers them and holds them.
 // Then answers lines on stdin: "refill SEED" rewrites the sources, "address" prints
-// where the first buffer is mapped, "exit" (or end of input) leaves.
+// where the first buffer is mapped, "reregister" registers again (after its agent
+// restarted), "exit" (or end of input) leaves.
 // Prints "ready rank=R epoch=E" once registered, or "refused MESSAGE" and exits 3.
 #include <cstring>
 #include <iostream>
@@ -79,6 +80,14 @@ int main(int argc, char** argv) {
     if (line.rfind("refill ", 0) == 0) {
       localsync::WriteSources(*input, std::stoull(line.substr(7)), rank, memory_of);
       std::cout << "refilled" << std::endl;
+    } else if (line == "reregister") {
+      registration->reset();
+      registration = agent.Register(request, absl::Seconds(10));
+      if (!registration.ok()) {
+        std::cout << "refused " << registration.status().message() << std::endl;
+        return 3;
+      }
+      std::cout << "ready rank=" << (*registration)->rank() << std::endl;
     } else if (line == "address") {
       std::cout << "address " << static_cast<const void*>(memory.begin()->second->data()) << std::endl;
     } else if (line == "exit") {

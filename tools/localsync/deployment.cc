@@ -64,7 +64,11 @@ std::vector<std::string> Deployment::WaitReady() {
       all_ready = all_ready && lines.back().rfind("ready", 0) == 0;
     }
   }
-  if (!all_ready) return lines;
+  if (all_ready && !WaitPublished()) lines.push_back("the coordinator never saw every client published");
+  return lines;
+}
+
+bool Deployment::WaitPublished() {
   // A client is ready once its agent holds it; the agent publishes to the coordinator
   // on its own thread. Wait until the coordinator shows every rank's clients.
   std::map<int, int> expected;
@@ -82,11 +86,10 @@ std::vector<std::string> Deployment::WaitReady() {
         published += it != expected.end() && agent.clients() == it->second;
       }
     }
-    if (published == static_cast<int>(expected.size())) return lines;
+    if (published == static_cast<int>(expected.size())) return true;
     absl::SleepFor(absl::Milliseconds(5));
   }
-  lines.push_back("the coordinator never saw every client published");
-  return lines;
+  return false;
 }
 
 void Deployment::Refill(uint64_t seed) {

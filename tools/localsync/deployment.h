@@ -24,8 +24,11 @@ class Deployment {
              int extra_rank = -1, const std::string& extra_flags = "");
   ~Deployment();  // clients leave; waits until every agent dropped them
 
-  // Every client's first line: "ready ..." (registered) or why not.
+  // Every client's first line: "ready ..." (registered) or why not; then waits until
+  // the coordinator shows every client published.
   std::vector<std::string> WaitReady();
+  // Waits until the coordinator shows every client published; false at the deadline.
+  bool WaitPublished();
   // Rewrites every trainer's sources with the values of `seed`.
   void Refill(uint64_t seed);
   // Every target buffer's bytes as they are now.
@@ -38,6 +41,7 @@ class Deployment {
   uint64_t poison() const { return poison_; }
   std::string RolloutAddress(int rank);
   Process& trainer(int rank) { return *trainers_.at(rank).process; }
+  Process& rollout(int rank) { return *rollouts_.at(rank).process; }
 
  private:
   std::vector<planner::Buffer> TargetBuffers() const;  // the rollouts' arenas
