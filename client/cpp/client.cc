@@ -14,6 +14,15 @@
 namespace shardsync::client {
 namespace {
 
+// Layouts of large models make large registrations and Explain and Status answers;
+// 64 MiB bounds them, as the daemons do.
+std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
 template <typename Request, typename Response, typename Call>
 absl::StatusOr<Response> Unary(Call call, const Request& request, absl::Duration timeout) {
   grpc::ClientContext context;
@@ -31,8 +40,7 @@ Registration::~Registration() {
   if (holder_.joinable()) holder_.join();
 }
 
-AgentClient::AgentClient(const std::string& socket)
-    : stub_(v1::Agent::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()))) {}
+AgentClient::AgentClient(const std::string& socket) : stub_(v1::Agent::NewStub(Channel("unix:" + socket))) {}
 
 absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::RegisterRequest& request,
                                                                     absl::Duration timeout) {
@@ -69,8 +77,7 @@ absl::StatusOr<v1::AgentStatus> AgentClient::Status(absl::Duration timeout) {
       [&](auto* c, const auto& q, auto* a) { return stub_->Status(c, q, a); }, v1::AgentStatusRequest(), timeout);
 }
 
-CoordinatorClient::CoordinatorClient(const std::string& address)
-    : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+CoordinatorClient::CoordinatorClient(const std::string& address) : stub_(v1::Coordinator::NewStub(Channel(address))) {}
 
 absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout) {
   v1::SyncRequest request;

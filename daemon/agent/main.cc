@@ -1,4 +1,5 @@
 // shardsync-agent: flags parsed here only, into AgentConfig and LinkConfig.
+#include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,6 +40,10 @@ chunks to each other.
   --rpc-deadline-ms N    deadline of every control RPC this agent makes (default 5000)
   --max-staging-bytes B  largest staging budget accepted per peer per direction
                          (default 268435456); also bounds a Transfer message
+  --max-message-bytes B  largest registration or control message accepted (default
+                         67108864: the layouts of a large model)
+  --socket-group NAME    group of the unix socket (mode 0660): its members may register
+                         (default: the agent's own group)
   --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics (default: off;
                          port 0 lets the OS choose)
   --metrics-port-file P  write the metrics port here once serving
@@ -51,7 +56,8 @@ The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC p
 struct Config {
   shardsync::agent::AgentConfig agent;
   std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, log_level = "info";
-  std::string metrics_listen, metrics_port_file;
+  std::string metrics_listen, metrics_port_file, socket_group;
+  int64_t max_message_bytes = int64_t{64} << 20;
 };
 
 int Usage(const std::string& error) {
@@ -81,6 +87,8 @@ int main(int argc, char** argv) {
   c.agent.max_staging_bytes = flags.TakeNumber("max-staging-bytes", c.agent.max_staging_bytes);
   c.log_level = flags.Take("log-level", c.log_level);
   c.metrics_listen = flags.Take("metrics-listen", "");
+  c.socket_group = flags.Take("socket-group", "");
+  c.max_message_bytes = flags.TakeNumber("max-message-bytes", c.max_message_bytes);
   c.metrics_port_file = flags.Take("metrics-port-file", "");
   if (!flags.error().empty()) return Usage(flags.error());
   if (!flags.Leftover().empty()) return Usage(flags.Leftover());
@@ -147,13 +155,21 @@ int main(int argc, char** argv) {
   unlink(c.socket.c_str());  // a stale socket of an earlier run
   grpc::ServerBuilder local_builder;
   local_builder.AddListeningPort("unix:" + c.socket, grpc::InsecureServerCredentials());
+  local_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(c.max_message_bytes, INT32_MAX)));
   local_builder.RegisterService(&local);
   std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
   if (!local_server) {
     spdlog::error("cannot serve the unix socket {}", c.socket);
     return 1;
   }
-  chmod(c.socket.c_str(), 0660);
+  chmod(c.socket.c_str(), 0660);  // owner and group only: who may register buffers
+  if (!c.socket_group.empty()) {
+    const group* g = getgrnam(c.socket_group.c_str());
+    if (g == nullptr || chown(c.socket.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      spdlog::error("cannot give the socket {} to group {}", c.socket, c.socket_group);
+      return 1;
+    }
+  }
   const std::string address =
       c.advertise.empty() ? c.listen.substr(0, c.listen.rfind(':')) + ":" + std::to_string(port) : c.advertise;
   link.Start(address);

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);  // layouts of large models
+  builder.SetMaxReceiveMessageSize(64 << 20);  // layouts of large models; nothing bigger
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

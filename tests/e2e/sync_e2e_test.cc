@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -154,6 +155,14 @@ TEST_CASE("a stalled agent fails the sync within the deadline, naming it; it syn
   auto again = SyncOnce(cluster, absl::Seconds(20));
   REQUIRE(again.ok());
   CHECK(deployment.CheckTargets(13).empty());
+}
+
+TEST_CASE("an agent's unix socket is owner and group only (0660), so only that group may register") {
+  Cluster cluster(ClusterOptions{});
+  struct stat info {};
+  REQUIRE(stat(cluster.socket(0).c_str(), &info) == 0);
+  CHECK(S_ISSOCK(info.st_mode));
+  CHECK((info.st_mode & 0777) == 0660);
 }
 
 TEST_CASE("a client process that dies has its registrations dropped; a sync that needed them is refused") {
