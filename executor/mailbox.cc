@@ -17,15 +17,16 @@ void Mailbox::Post(absl::string_view sync_id, int32_t round, absl::Span<const Re
 absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t round, const uint8_t* data,
                               int64_t bytes, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
+  const auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_sync_ == sync_id; };
   const auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!aborted_.empty()) return true;
+    if (aborted()) return true;
     auto it = slots_.find(from);
     return sync_id_ == sync_id && it != slots_.end() && it->second.round == round && !it->second.done;
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&posted), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat("no receive posted for round ", round, " from rank ", from));
   }
-  if (!aborted_.empty()) return absl::AbortedError(aborted_);
+  if (aborted()) return absl::AbortedError(aborted_);
   Slot& slot = slots_[from];
   if (bytes != slot.op.bytes) {
     return absl::InternalError(absl::StrCat("rank ", from, " sent ", bytes, " bytes for round ", round,
@@ -38,15 +39,16 @@ absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t r
 
 absl::Status Mailbox::Wait(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
+  const auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_sync_ == sync_id_; };
   const auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!aborted_.empty()) return true;
+    if (aborted()) return true;
     for (const auto& [peer, slot] : slots_) {
       if (!slot.done) return false;
     }
     return true;
   };
   const bool finished = mu_.AwaitWithDeadline(absl::Condition(&complete), deadline);
-  if (!aborted_.empty()) return absl::AbortedError(aborted_);
+  if (aborted()) return absl::AbortedError(aborted_);
   if (!finished) {
     std::vector<int32_t> missing;
     for (const auto& [peer, slot] : slots_) {
@@ -59,13 +61,15 @@ absl::Status Mailbox::Wait(absl::Time deadline) {
   return absl::OkStatus();
 }
 
-void Mailbox::Abort(absl::string_view reason) {
+void Mailbox::Abort(absl::string_view sync_id, absl::string_view reason) {
   absl::MutexLock lock(&mu_);
+  aborted_sync_ = std::string(sync_id);
   aborted_ = reason.empty() ? "aborted" : std::string(reason);
 }
 
 void Mailbox::Reset() {
   absl::MutexLock lock(&mu_);
+  aborted_sync_.clear();
   aborted_.clear();
   slots_.clear();
 }

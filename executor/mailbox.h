@@ -26,7 +26,9 @@ class Mailbox {
                        absl::Time deadline);
   // Waits until every posted receive of the round is delivered; names the peers missing.
   absl::Status Wait(absl::Time deadline);
-  void Abort(absl::string_view reason);
+  // Fails every delivery and wait of `sync_id` (only that sync: a delivery for a later
+  // one waits for its receive as usual).
+  void Abort(absl::string_view sync_id, absl::string_view reason);
   void Reset();
 
  private:
@@ -38,7 +40,8 @@ class Mailbox {
   absl::Mutex mu_;
   std::string sync_id_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, Slot> slots_ ABSL_GUARDED_BY(mu_);  // by peer
-  std::string aborted_ ABSL_GUARDED_BY(mu_);
+  std::string aborted_sync_ ABSL_GUARDED_BY(mu_);
+  std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, when aborted_sync_ is set
 };
 
 // An in-process transport between ranks in one process (threads), for tests of
@@ -52,7 +55,9 @@ class LoopbackTransport final : public Transport {
   absl::Status Setup(const PeerSetup&, absl::Time) override { return absl::OkStatus(); }
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                         absl::Span<const RecvOp> receives, absl::Time deadline) override;
-  void Abort(absl::string_view reason) override { mailboxes_.at(rank_)->Abort(reason); }
+  void Abort(absl::string_view sync_id, absl::string_view reason) override {
+    mailboxes_.at(rank_)->Abort(sync_id, reason);
+  }
   void Reset() override { mailboxes_.at(rank_)->Reset(); }
 
  private:

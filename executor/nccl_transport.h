@@ -29,7 +29,8 @@ class NcclTransport final : public Transport {
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                         absl::Span<const RecvOp> receives, absl::Time deadline) override;
   absl::Status Finish(absl::Time deadline) override;
-  void Abort(absl::string_view) override { aborted_ = true; }
+  // Only one sync runs on a rank at a time, and Reset starts the next: a flag is enough.
+  void Abort(absl::string_view, absl::string_view) override { aborted_ = true; }
   void Reset() override { aborted_ = false; }
 
  private:

@@ -57,7 +57,8 @@ class Transport {
                                 absl::Span<const RecvOp> receives, absl::Time deadline) = 0;
   // Waits for every round queued so far, with the same deadline and abort rules.
   virtual absl::Status Finish(absl::Time) { return absl::OkStatus(); }
-  virtual void Abort(absl::string_view reason) = 0;
+  // Stops sync `sync_id` wherever it waits; later syncs are not affected.
+  virtual void Abort(absl::string_view sync_id, absl::string_view reason) = 0;
   // Clears an abort before the next sync.
   virtual void Reset() = 0;
 };

@@ -250,7 +250,7 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
 
 void Agent::Abort(const v1::AbortRequest& request) {
   spdlog::warn("aborting sync {}: {}", request.sync_id(), request.reason());
-  transport_.Abort(absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason()));
+  transport_.Abort(request.sync_id(), absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason()));
   absl::MutexLock lock(&mu_);
   aborted_sync_id_ = request.sync_id();
   target_valid_ = false;

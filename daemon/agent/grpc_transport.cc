@@ -37,6 +37,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
   size_t done = 0;
   {
     absl::MutexLock lock(&mu_);
+    running_sync_ = std::string(sync_id);
     for (const executor::SendOp& send : sends) {
       auto address = addresses_.find(send.peer);
       if (address == addresses_.end()) return absl::UnavailableError(absl::StrCat("no address for rank ", send.peer));
@@ -83,9 +84,10 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
   return mailbox_.Wait(deadline);
 }
 
-void GrpcTransport::Abort(absl::string_view reason) {
-  mailbox_.Abort(reason);
+void GrpcTransport::Abort(absl::string_view sync_id, absl::string_view reason) {
+  mailbox_.Abort(sync_id, reason);
   absl::MutexLock lock(&mu_);
+  if (running_sync_ != sync_id) return;  // a late abort must not cancel a later sync's calls
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
 }
 

@@ -25,7 +25,7 @@ class GrpcTransport final : public executor::Transport {
   absl::Status Setup(const executor::PeerSetup& setup, absl::Time deadline) override;
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
                         absl::Span<const executor::RecvOp> receives, absl::Time deadline) override;
-  void Abort(absl::string_view reason) override;
+  void Abort(absl::string_view sync_id, absl::string_view reason) override;
   void Reset() override;
 
  private:
@@ -35,6 +35,7 @@ class GrpcTransport final : public executor::Transport {
   std::map<int32_t, std::string> addresses_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // cancelled by Abort
+  std::string running_sync_ ABSL_GUARDED_BY(mu_);                     // whose calls they are
 };
 
 }  // namespace shardsync::agent

@@ -32,6 +32,12 @@ Coordinator::Coordinator(CoordinatorConfig config) : config_(config), instance_i
 v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
   absl::MutexLock lock(&mu_);
   AgentEntry& entry = agents_[request.rank()];
+  if (entry.stub && entry.join.incarnation() != request.incarnation()) {
+    // A new agent process: whatever the old one published died with it.
+    spdlog::info("rank {} restarted; its old layouts are dropped", request.rank());
+    if (published_.erase(request.rank()) > 0) ++epoch_;
+    communicator_valid_ = false;
+  }
   if (!entry.stub || entry.join.address() != request.address()) {
     if (entry.stub) spdlog::info("rank {} rejoined at {}", request.rank(), request.address());
     communicator_valid_ = false;  // a returning agent needs a new communicator

@@ -290,7 +290,9 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
     CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
   }
   REQUIRE(deployment.WaitPublished());
-  REQUIRE(SyncOnce(cluster, absl::Seconds(60)).ok());
+  auto again = SyncOnce(cluster, absl::Seconds(60));
+  INFO(again.status().message());
+  REQUIRE(again.ok());
   CHECK(deployment.CheckTargets(26).empty());
   auto valid = coordinator.Status(absl::Seconds(5));
   REQUIRE(valid.ok());

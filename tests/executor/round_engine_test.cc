@@ -98,8 +98,10 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   CHECK(absl::IsUnavailable(waited));
   CHECK_THAT(std::string(waited.message()), Contains("rank 9"));
 
-  mailbox.Abort("peer 9 died");
+  mailbox.Abort("s", "peer 9 died");
   CHECK(absl::IsAborted(mailbox.Deliver("s", 9, 0, data, 4, absl::Now() + absl::Seconds(1))));
+  // The abort belongs to sync "s": a delivery for the next sync waits for its receive.
+  CHECK(absl::IsDeadlineExceeded(mailbox.Deliver("t", 9, 0, data, 4, absl::Now() + absl::Milliseconds(50))));
 }
 
 }  // namespace
