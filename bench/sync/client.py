@@ -37,7 +37,7 @@ if args.role == "trainer":
     parts, at = [], 0
     for i, (name, shape, _, _) in enumerate(TENSORS):
         numel = math.prod(shape)
-        begin, end = models.flat_partition(numel, args.world, args.rank) if args.zero == 3 else (0, numel)
+        begin, end = shardsync.flat_partition(numel, args.world, args.rank) if args.zero == 3 else (0, numel)
         parts.append((i, name, shape, begin, end, at))
         at += end - begin
     flat = torch.empty(at, dtype=torch.bfloat16, device=device)
@@ -50,7 +50,7 @@ if args.role == "trainer":
     buffers = {"flat": cuda_buffer(flat)}
 else:
     tp_rank = args.rank % args.tp
-    boxes = {name: models.shard_box(shape, style, args.tp, tp_rank) for name, shape, style, _ in TENSORS}
+    boxes = {name: shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), args.tp, tp_rank) for name, shape, style, _ in TENSORS}
     # The arena holds one view per tensor, or per fused group with its members' shards
     # stacked by rows in order. place[name] = (view key, first row in that view).
     place, shards = {}, {}

@@ -1,8 +1,6 @@
 """Qwen3 parameter shapes as the HF checkpoints name them (no download), and the
 rollout layouts the sync benchmark moves them into."""
 
-import math
-
 CONFIGS = {  # hidden, intermediate, layers, heads, kv heads, head dim, vocab, tied
     "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, 151936, True),
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False),
@@ -35,15 +33,5 @@ def tensors(model):
     return out
 
 
-def shard_box(shape, style, tp, tp_rank):
-    lo, hi = [0] * len(shape), list(shape)
-    axis = {"column": 0, "row": 1}.get(style)
-    if axis is not None and tp > 1:
-        lo[axis], hi[axis] = tp_rank * shape[axis] // tp, (tp_rank + 1) * shape[axis] // tp
-    return lo, hi
-
-
-def flat_partition(numel, world, rank):
-    p = math.ceil(numel / world)
-    begin = rank * p
-    return begin, begin + max(0, min(numel - begin, p))
+# The axis each TP style splits (vLLM: column-parallel splits rows, row-parallel columns).
+STYLE_AXIS = {"column": 0, "row": 1}

@@ -75,13 +75,13 @@ def worker(rank, world, init, cases, repeats, results):
             at += p
         flat = torch.randn(at, device="cuda").to(torch.bfloat16)
         tp_rank = rank % tp
-        arena = {pname: torch.empty([h - l for l, h in zip(*models.shard_box(shape, style, tp, tp_rank))],
+        arena = {pname: torch.empty([h - l for l, h in zip(*shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), tp, tp_rank))],
                                     dtype=torch.bfloat16, device="cuda") for pname, shape, style, _, _ in parts}
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
 
         def place(pname, shape, style, full):
-            lo, hi = models.shard_box(shape, style, tp, tp_rank)
+            lo, hi = shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), tp, tp_rank)
             arena[pname].copy_(full.view(shape)[tuple(slice(l, h) for l, h in zip(lo, hi))])
 
         def gather_each():  # GatheredParameters on each parameter, then this rank's slice

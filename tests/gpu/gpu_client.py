@@ -44,7 +44,7 @@ class Trainer:
         self.parts, at = [], 0
         for i, (name, shape, _) in enumerate(TENSORS):
             numel = int(torch.Size(shape).numel())
-            begin, end = (model.flat_partition(numel, args.dp, args.rank) if args.zero == 3 else (0, numel))
+            begin, end = (shardsync.flat_partition(numel, args.dp, args.rank) if args.zero == 3 else (0, numel))
             at = (at + 127) // 128 * 128  # elements of bf16: 256 bytes
             self.parts.append((i, name, shape, begin, end, at))
             at += end - begin
@@ -67,7 +67,7 @@ class Trainer:
 
 class Rollout:
     def __init__(self):
-        self.boxes = {name: model.shard_box(shape, style, args.tp, args.tp_rank) for name, shape, style in TENSORS}
+        self.boxes = {name: shardsync.tp_shard_box(shape, model.STYLE_AXIS.get(style), args.tp, args.tp_rank) for name, shape, style in TENSORS}
         shards = [(name, [h - l for l, h in zip(*self.boxes[name])], torch.bfloat16) for name, _, _ in TENSORS]
         self.arena = TorchWeightArena(shards, device)
         self.arena.memory.fill_(0xAB)  # poison

@@ -1,7 +1,5 @@
 """The model the GPU tests move: Qwen3-shaped, small, and the layouts both sides hold."""
 
-import math
-
 import torch
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, LAYERS, VOCAB = 1024, 3072, 16, 8, 64, 2, 2048
@@ -31,15 +29,5 @@ def values(seed, index, shape):
     return torch.randn(shape, generator=generator).to(torch.bfloat16)
 
 
-def shard_box(shape, style, tp, tp_rank):
-    lo, hi = [0] * len(shape), list(shape)
-    axis = {"column": 0, "row": 1}.get(style)
-    if axis is not None and axis < len(shape) and tp > 1:
-        lo[axis], hi[axis] = tp_rank * shape[axis] // tp, (tp_rank + 1) * shape[axis] // tp
-    return lo, hi
-
-
-def flat_partition(numel, world, rank):
-    p = math.ceil(numel / world)
-    begin = rank * p
-    return begin, begin + max(0, min(numel - begin, p))
+# The axis each TP style splits (vLLM: column-parallel splits rows, row-parallel columns).
+STYLE_AXIS = {"column": 0, "row": 1}

@@ -62,12 +62,7 @@ class Cluster:
 
 def shard_box(name, shape, rank):
     """The rollout's TP=2 layout: w column-parallel (rows), b replicated, e split on axis 1."""
-    lo, hi = [0] * len(shape), list(shape)
-    if name == "w":
-        lo[0], hi[0] = rank * shape[0] // 2, (rank + 1) * shape[0] // 2
-    elif name == "e":
-        lo[1], hi[1] = rank * shape[1] // 2, (rank + 1) * shape[1] // 2
-    return lo, hi
+    return shardsync.tp_shard_box(shape, {"w": 0, "e": 1}.get(name), 2, rank)
 
 
 def box_bytes(values, shape, lo, hi, element):

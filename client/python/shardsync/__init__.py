@@ -27,6 +27,7 @@ from shardsync.layouts import (  # noqa: E402
     WeightArena,
     flat_partition,
     tensor_layout,
+    tp_shard_box,
     zero3_partition,
 )
 
@@ -43,5 +44,6 @@ __all__ = [
     "shardsync_pb2",
     "shardsync_pb2_grpc",
     "tensor_layout",
+    "tp_shard_box",
     "zero3_partition",
 ]

@@ -63,6 +63,18 @@ def flat_partition(numel, world, dp_rank):
     return begin, begin + max(0, min(numel - begin, p))
 
 
+def tp_shard_box(shape, axis, tp, tp_rank):
+    """The box [lo, hi) TP rank `tp_rank` of `tp` holds: axis `axis` split AutoTP-style
+    (rank r gets n // tp + (r < n % tp) indices), or the whole tensor when `axis` is
+    None (replicated)."""
+    lo, hi = [0] * len(shape), list(shape)
+    if axis is not None:
+        n = shape[axis]
+        lo[axis] = tp_rank * (n // tp) + min(tp_rank, n % tp)
+        hi[axis] = lo[axis] + n // tp + (1 if tp_rank < n % tp else 0)
+    return lo, hi
+
+
 def zero3_partition(name, shape, dtype, world, dp_rank, buffer, base):
     """The TensorLayout of one rank's ZeRO-3 partition of a parameter, stored at `base`
     of `buffer`. None when this rank holds nothing of it (padding)."""
