@@ -4,7 +4,16 @@
 
 #include <string>
 
+#include "common/flags.h"
+
 namespace shardsync {
+
+// The start of both daemons' main: --help prints `help` and the flags every daemon
+// takes, and returns 0; --config FILE adds the file's settings (a bad file is a usage
+// error, 2). Returns the exit code to stop with, or -1 to go on.
+int HelpAndConfig(Flags& flags, const char* program, const char* help);
+// Prints "program: error", the help, and returns 2 (a usage error).
+int DaemonUsage(const char* program, const char* help, const std::string& error);
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started after it, so that
 // WaitForStopSignal alone receives them. Call first in main.

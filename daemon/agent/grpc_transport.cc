@@ -1,6 +1,5 @@
 #include "daemon/agent/grpc_transport.h"
 
-#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -67,12 +66,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
   }
   {
     absl::MutexLock lock(&mu_);
-    in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
-                                    [&](grpc::ClientContext* c) {
-                                      return std::any_of(calls.begin(), calls.end(),
-                                                         [c](const auto& call) { return &call->context == c; });
-                                    }),
-                     in_flight_.end());
+    in_flight_.clear();  // one round at a time: they were all this round's
   }
   std::vector<std::string> failed;
   for (const auto& call : calls) {

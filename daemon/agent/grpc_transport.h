@@ -34,7 +34,8 @@ class GrpcTransport final : public executor::Transport {
   absl::Mutex mu_;
   std::map<int32_t, std::string> addresses_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
-  std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // cancelled by Abort
+  // The calls of the round running now (a rank runs one at a time); Abort cancels them.
+  std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
   std::string running_sync_ ABSL_GUARDED_BY(mu_);                     // whose calls they are
 };
 

@@ -45,13 +45,6 @@ chunks to each other.
                          67108864: the layouts of a large model)
   --socket-group NAME    group of the unix socket (mode 0660): its members may register
                          (default: the agent's own group)
-  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics (default: off;
-                         port 0 lets the OS choose)
-  --metrics-port-file P  write the metrics port here once serving
-  --log-level L          trace, debug, info (default), warn, error
-  --config FILE          settings as "name = value" lines, named like these flags (no
-                         "--"); a flag on the command line wins over the file
-The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
 )";
 
 struct Config {
@@ -61,21 +54,13 @@ struct Config {
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
-int Usage(const std::string& error) {
-  std::fprintf(stderr, "shardsync-agent: %s\n\n%s", error.c_str(), kHelp);
-  return 2;
-}
+int Usage(const std::string& error) { return shardsync::DaemonUsage("shardsync-agent", kHelp, error); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 1);
-  if (flags.TakeSwitch("help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  const std::string config_file = flags.Take("config", "");
-  if (!config_file.empty() && !flags.MergeConfigFile(config_file)) return Usage(flags.error());
+  if (const int code = shardsync::HelpAndConfig(flags, "shardsync-agent", kHelp); code >= 0) return code;
   Config c;
   c.agent.rank = flags.TakeNumber("rank", -1);
   c.coordinator = flags.Take("coordinator", "");

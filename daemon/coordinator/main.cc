@@ -22,30 +22,15 @@ agent, then Execute only if all said ok.
   --staging-bytes B      staging budget per peer per direction (default 67108864)
   --rpc-deadline-ms N    deadline of Prepare and Abort calls (default 5000)
   --sync-timeout-ms N    default deadline of a sync's Execute (default 60000)
-  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics (default: off;
-                         port 0 lets the OS choose)
-  --metrics-port-file P  write the metrics port here once serving
-  --log-level L          trace, debug, info (default), warn, error
-  --config FILE          settings as "name = value" lines, named like these flags (no
-                         "--"); a flag on the command line wins over the file
-The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
 )";
 
-int Usage(const std::string& error) {
-  std::fprintf(stderr, "shardsync-coordinator: %s\n\n%s", error.c_str(), kHelp);
-  return 2;
-}
+int Usage(const std::string& error) { return shardsync::DaemonUsage("shardsync-coordinator", kHelp, error); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 1);
-  if (flags.TakeSwitch("help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  const std::string config_file = flags.Take("config", "");
-  if (!config_file.empty() && !flags.MergeConfigFile(config_file)) return Usage(flags.error());
+  if (const int code = shardsync::HelpAndConfig(flags, "shardsync-coordinator", kHelp); code >= 0) return code;
   shardsync::coordinator::CoordinatorConfig config;
   config.world_size = flags.TakeNumber("world", 0);
   const std::string listen = flags.Take("listen", "127.0.0.1:7070");
