@@ -175,12 +175,11 @@ TEST_CASE("empty batches, zero-sized tensors and scalars plan correctly") {
 }
 
 TEST_CASE("contiguous pieces coalesce and contiguous axes merge into one run") {
-  // ZeRO-3 over 3 ranks of a [6, 4] tensor into TP1 on rank 0: each partition is one
+  // ZeRO-3 over 3 ranks of a [6, 5] tensor into TP1 on rank 0: each partition is one
   // contiguous run on both sides, however many boxes it was cut into.
   PlanInput input = WithBuffers(3, 1024);
   input.tensors.push_back(TensorLayouts{"w", Index{6, 5}, DType::kBFloat16, DType::kBFloat16,
-                                        Zero3(Index{6, 5}, {0, 1, 2}, 0, 0), WholeTarget(30, {0})});
-  input.tensors[0].target = Replicated(Index{6, 5}, {0}, 1, {0});
+                                        Zero3(Index{6, 5}, {0, 1, 2}, 0, 0), Replicated(Index{6, 5}, {0}, 1, {0})});
   auto plan = MakePlan(input, *LocalFirstLeastLoaded());
   REQUIRE(plan.ok());
   REQUIRE(plan->segments.size() == 3);
