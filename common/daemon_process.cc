@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "common/tls.h"
+
 namespace shardsync {
 namespace {
 
@@ -24,6 +26,7 @@ constexpr char kCommonHelp[] = R"(  --metrics-listen ADDR  serve Prometheus metr
   --config FILE          settings as "name = value" lines, named like these flags (no
                          "--"); a flag on the command line wins over the file
 The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
+TCP security, one of them required (the unix socket of an agent is never encrypted):
 )";
 
 }  // namespace
@@ -32,6 +35,7 @@ int HelpAndConfig(Flags& flags, const char* program, const char* help) {
   if (flags.TakeSwitch("help")) {
     std::fputs(help, stdout);
     std::fputs(kCommonHelp, stdout);
+    std::fputs(kTlsHelp, stdout);
     return 0;
   }
   const std::string config = flags.Take("config", "");
@@ -40,7 +44,7 @@ int HelpAndConfig(Flags& flags, const char* program, const char* help) {
 }
 
 int DaemonUsage(const char* program, const char* help, const std::string& error) {
-  std::fprintf(stderr, "%s: %s\n\n%s%s", program, error.c_str(), help, kCommonHelp);
+  std::fprintf(stderr, "%s: %s\n\n%s%s%s", program, error.c_str(), help, kCommonHelp, kTlsHelp);
   return 2;
 }
 

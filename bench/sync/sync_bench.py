@@ -130,12 +130,12 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix="ss-bench-", dir="/tmp")
         self.out, self.procs = out, []
         self.spawn([f"{bin_dir}/shardsync-coordinator", "--world", "2", "--listen", "127.0.0.1:0", "--port-file",
-                    f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", "120000"], "coordinator")
+                    f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", "120000", "--insecure"], "coordinator")
         self.coordinator = f"127.0.0.1:{self.port(f'{self.dir}/c.port')}"
         for r in range(2):
             self.spawn([f"{bin_dir}/shardsync-agent", "--rank", str(r), "--coordinator", self.coordinator, "--socket",
                         f"{self.dir}/a{r}.sock", "--device", str(r), "--port-file", f"{self.dir}/a{r}.port",
-                        "--max-staging-bytes", str(1 << 30)], f"agent{r}")
+                        "--max-staging-bytes", str(1 << 30), "--insecure"], f"agent{r}")
             self.port(f"{self.dir}/a{r}.port")
 
     def spawn(self, argv, name, **kw):
@@ -185,7 +185,7 @@ def shardsync_case(name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
         for c in clients:
             line = c.stdout.readline().strip()
             assert line == "ready", f"a client did not register: {line!r}"
-        coordinator = shardsync.CoordinatorClient(cluster.coordinator)
+        coordinator = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
         first = coordinator.sync(timeout=120)  # warm-up: plans, builds the communicator
         times, ranks = [], None
         for _ in range(syncs):

@@ -9,6 +9,7 @@
 #include "client/cli/plan_command.h"
 #include "client/cli/rpc_commands.h"
 #include "common/flags.h"
+#include "common/tls.h"
 #include "common/version.h"
 #include "planner/models.h"
 
@@ -74,10 +75,18 @@ Flags:
   --json                the response as JSON (proto field names)
   --watch               sync: live progress per rank
   --layout              explain: bytes per link
+TCP security, as the coordinator has it (one of them required):
+
 
 Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing
 agent; no byte moved), 4 failed (a peer died or timed out; targets are invalid).
 )";
+
+std::string RpcHelp() {
+  const std::string help = kRpcHelp;
+  const size_t split = help.find("\nExit codes");
+  return help.substr(0, split) + shardsync::kTlsHelp + help.substr(split);
+}
 
 int Usage(const std::string& error, const char* help) {
   std::cerr << "shardsyncctl: " << error << "\n\n" << help;
@@ -115,26 +124,31 @@ int Plan(shardsync::Flags& flags) {
 }
 
 int Rpc(const std::string& command, shardsync::Flags& flags) {
+  const std::string help = RpcHelp();
   if (flags.TakeSwitch("help")) {
-    std::cout << kRpcHelp;
+    std::cout << help;
     return 0;
   }
   shardsync::cli::RpcCommandConfig config;
   config.coordinator = flags.Take("coordinator", config.coordinator);
+  const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
   config.timeout_ms = flags.TakeNumber("timeout-ms", config.timeout_ms);
   config.link_gbps = flags.TakeNumber("link-gbps", config.link_gbps);
   config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
   config.json = flags.TakeSwitch("json");
   config.watch = flags.TakeSwitch("watch");
   config.layout = flags.TakeSwitch("layout");
-  if (!flags.error().empty()) return Usage(flags.error(), kRpcHelp);
-  if (!flags.Leftover().empty()) return Usage(flags.Leftover(), kRpcHelp);
+  if (!flags.error().empty()) return Usage(flags.error(), help.c_str());
+  if (!flags.Leftover().empty()) return Usage(flags.Leftover(), help.c_str());
   if ((config.watch && command != "sync") || (config.layout && command != "explain")) {
-    return Usage("--watch goes with sync, --layout with explain", kRpcHelp);
+    return Usage("--watch goes with sync, --layout with explain", help.c_str());
   }
   if (config.timeout_ms <= 0 || config.link_gbps <= 0 || config.memory_gbps <= 0) {
-    return Usage("--timeout-ms and the speeds must be positive", kRpcHelp);
+    return Usage("--timeout-ms and the speeds must be positive", help.c_str());
   }
+  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(tls);
+  if (!credentials.ok()) return Usage(std::string(credentials.status().message()), help.c_str());
+  config.credentials = *credentials;
   if (command == "sync") return shardsync::cli::RunSyncCommand(config, std::cout, std::cerr);
   if (command == "status") return shardsync::cli::RunStatusCommand(config, std::cout, std::cerr);
   if (command == "agents") return shardsync::cli::RunAgentsCommand(config, std::cout, std::cerr);

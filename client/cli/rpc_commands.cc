@@ -38,7 +38,7 @@ void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
 
 // Prints each rank's progress every 100 ms until `done` is set.
 void Watch(const RpcCommandConfig& c, const std::atomic<bool>& done, std::ostream& out) {
-  client::CoordinatorClient coordinator(c.coordinator);
+  client::CoordinatorClient coordinator(c.coordinator, c.credentials);
   out << "watching the sync (bytes done per rank):\n";
   while (!done) {
     auto status = coordinator.Status(absl::Seconds(2));
@@ -55,7 +55,7 @@ void Watch(const RpcCommandConfig& c, const std::atomic<bool>& done, std::ostrea
 }
 
 int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
-  client::CoordinatorClient coordinator(c.coordinator);
+  client::CoordinatorClient coordinator(c.coordinator, c.credentials);
   std::atomic<bool> done{false};
   std::thread watcher;
   if (c.watch) watcher = std::thread([&] { Watch(c, done, out); });
@@ -72,7 +72,7 @@ int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& e
 }
 
 int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
-  client::CoordinatorClient coordinator(c.coordinator);
+  client::CoordinatorClient coordinator(c.coordinator, c.credentials);
   auto status = coordinator.Status(absl::Milliseconds(c.timeout_ms));
   if (!status.ok()) return Fail("status", status.status(), err);
   if (c.json) {
@@ -94,7 +94,7 @@ int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
 }
 
 int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
-  client::CoordinatorClient coordinator(c.coordinator);
+  client::CoordinatorClient coordinator(c.coordinator, c.credentials);
   auto explain = coordinator.Explain(c.link_gbps, c.memory_gbps, absl::Milliseconds(c.timeout_ms));
   if (!explain.ok()) return Fail("explain", explain.status(), err);
   if (c.json) {
@@ -131,7 +131,7 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
 }
 
 int RunAgentsCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
-  client::CoordinatorClient coordinator(c.coordinator);
+  client::CoordinatorClient coordinator(c.coordinator, c.credentials);
   auto status = coordinator.Status(absl::Milliseconds(c.timeout_ms));
   if (!status.ok()) return Fail("agents", status.status(), err);
   if (c.json) {

@@ -2,13 +2,17 @@
 // or JSON. Exit codes: 0 ok, 3 refused (bad input or a refusing agent), 4 failed.
 #pragma once
 
+#include <memory>
 #include <ostream>
 #include <string>
+
+#include "common/tls.h"
 
 namespace shardsync::cli {
 
 struct RpcCommandConfig {
   std::string coordinator = "127.0.0.1:7070";
+  Credentials credentials;  // TLS, or plaintext with --insecure
   int64_t timeout_ms = 60000;
   double link_gbps = 360;     // explain only
   double memory_gbps = 4200;  // explain only

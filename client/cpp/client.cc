@@ -16,11 +16,19 @@ namespace {
 
 // Layouts of large models make large registrations and Explain and Status answers;
 // 64 MiB bounds them, as the daemons do.
-std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+std::shared_ptr<grpc::Channel> Channel(const std::string& target, const Credentials& credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return MakeChannel(target, credentials, args);
+}
+
+// The agent's unix socket: its file mode decides who may connect; no TLS on it.
+Credentials UnixSocketCredentials() {
+  Credentials credentials;
+  credentials.channel = grpc::InsecureChannelCredentials();
+  credentials.insecure = true;
+  return credentials;
 }
 
 template <typename Request, typename Response, typename Call>
@@ -40,7 +48,7 @@ Registration::~Registration() {
   if (holder_.joinable()) holder_.join();
 }
 
-AgentClient::AgentClient(const std::string& socket) : stub_(v1::Agent::NewStub(Channel("unix:" + socket))) {}
+AgentClient::AgentClient(const std::string& socket) : stub_(v1::Agent::NewStub(Channel("unix:" + socket, UnixSocketCredentials()))) {}
 
 absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::RegisterRequest& request,
                                                                     absl::Duration timeout) {
@@ -77,7 +85,8 @@ absl::StatusOr<v1::AgentStatus> AgentClient::Status(absl::Duration timeout) {
       [&](auto* c, const auto& q, auto* a) { return stub_->Status(c, q, a); }, v1::AgentStatusRequest(), timeout);
 }
 
-CoordinatorClient::CoordinatorClient(const std::string& address) : stub_(v1::Coordinator::NewStub(Channel(address))) {}
+CoordinatorClient::CoordinatorClient(const std::string& address, const Credentials& credentials)
+    : stub_(v1::Coordinator::NewStub(Channel(address, credentials))) {}
 
 absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout) {
   v1::SyncRequest request;

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/shardsync.grpc.pb.h"
 
@@ -46,7 +47,9 @@ class AgentClient {
 
 class CoordinatorClient {
  public:
-  explicit CoordinatorClient(const std::string& address);
+  // `credentials`: the TLS ones of common/tls.h, or plaintext for a coordinator run
+  // with --insecure.
+  CoordinatorClient(const std::string& address, const Credentials& credentials);
   // Waits for the whole sync; `timeout` bounds the wait and is passed on as the sync's.
   absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout);
   absl::StatusOr<v1::ExplainResponse> Explain(double link_gbps, double memory_gbps, absl::Duration timeout);

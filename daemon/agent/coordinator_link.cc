@@ -8,7 +8,7 @@ namespace shardsync::agent {
 CoordinatorLink::CoordinatorLink(LinkConfig config, Registry& registry)
     : config_(std::move(config)),
       registry_(registry),
-      stub_(v1::Coordinator::NewStub(grpc::CreateChannel(config_.coordinator, grpc::InsecureChannelCredentials()))) {}
+      stub_(v1::Coordinator::NewStub(MakeChannel(config_.coordinator, config_.credentials))) {}
 
 CoordinatorLink::~CoordinatorLink() {
   {
@@ -58,10 +58,15 @@ void CoordinatorLink::Loop() {
     {
       absl::MutexLock lock(&mu_);
       if (!join.ok()) {
-        if (joined_) spdlog::warn("coordinator {} unreachable: {}", config_.coordinator, join.error_message());
+        // Said once per reason: a wrong certificate or a coordinator that is gone.
+        if (join.error_message() != join_error_) {
+          spdlog::warn("cannot join coordinator {}: {}", config_.coordinator, join.error_message());
+        }
+        join_error_ = join.error_message();
         joined_ = false;
         continue;
       }
+      join_error_.clear();
       if (!joined_ || joined.instance_id() != instance_) {
         spdlog::info("joined coordinator {} (instance {})", config_.coordinator, joined.instance_id());
         published_version_ = -1;  // a new coordinator knows nothing: publish again

@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "daemon/agent/registry.h"
 #include "proto/shardsync.grpc.pb.h"
 
@@ -20,6 +21,7 @@ struct LinkConfig {
   v1::JoinRequest join;     // rank, host, address, device
   absl::Duration rpc_deadline = absl::Seconds(5);
   absl::Duration heartbeat = absl::Seconds(1);
+  Credentials credentials;  // TLS or, if asked, plaintext
 };
 
 class CoordinatorLink {
@@ -47,6 +49,7 @@ class CoordinatorLink {
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
   std::string instance_ ABSL_GUARDED_BY(mu_);
+  std::string join_error_ ABSL_GUARDED_BY(mu_);  // the last failed Join's, logged once
   int64_t published_version_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = -1;
   std::thread thread_;

@@ -15,7 +15,7 @@ absl::Status GrpcTransport::Setup(const executor::PeerSetup& setup, absl::Time) 
     if (stubs_.count(address)) continue;
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
-    stubs_[address] = v1::AgentControl::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stubs_[address] = v1::AgentControl::NewStub(MakeChannel(address, credentials_, args));
   }
   return absl::OkStatus();
 }

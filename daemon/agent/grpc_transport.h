@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "common/tls.h"
 #include "executor/mailbox.h"
 #include "executor/transport.h"
 #include "grpcpp/grpcpp.h"
@@ -17,7 +18,8 @@ namespace shardsync::agent {
 
 class GrpcTransport final : public executor::Transport {
  public:
-  GrpcTransport(int32_t rank, executor::Mailbox& mailbox) : rank_(rank), mailbox_(mailbox) {}
+  GrpcTransport(int32_t rank, executor::Mailbox& mailbox, Credentials credentials)
+      : rank_(rank), mailbox_(mailbox), credentials_(std::move(credentials)) {}
 
   absl::string_view name() const override { return "grpc-host"; }
   bool device_memory() const override { return false; }
@@ -31,6 +33,7 @@ class GrpcTransport final : public executor::Transport {
  private:
   const int32_t rank_;
   executor::Mailbox& mailbox_;
+  const Credentials credentials_;
   absl::Mutex mu_;
   std::map<int32_t, std::string> addresses_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,7 @@
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "common/metrics_http.h"
+#include "common/tls.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/services.h"
 #include "daemon/agent/grpc_transport.h"
@@ -18,6 +19,7 @@
 #include "executor/host_shm.h"
 #include "executor/nccl_transport.h"
 #include "grpcpp/grpcpp.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 1);
   if (const int code = shardsync::HelpAndConfig(flags, "shardsync-agent", kHelp); code >= 0) return code;
   Config c;
+  const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
   c.agent.rank = flags.TakeNumber("rank", -1);
   c.coordinator = flags.Take("coordinator", "");
   c.socket = flags.Take("socket", "");
@@ -88,8 +91,12 @@ int main(int argc, char** argv) {
     if (c.agent.device.empty() || *end != '\0' || ordinal < 0) return Usage("--device must be cpu or a CUDA ordinal");
     c.agent.device = "cuda:" + c.agent.device;
   }
+  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(tls);
+  if (!credentials.ok()) return Usage(std::string(credentials.status().message()));
+  spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));  // stdout is not the log
   spdlog::set_level(spdlog::level::from_str(c.log_level));
   spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
+  if (credentials->insecure) spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
 
   shardsync::BlockStopSignals();
 
@@ -101,7 +108,7 @@ int main(int argc, char** argv) {
   if (ordinal < 0) {
     memory = std::make_unique<shardsync::executor::HostShmBackend>();
     device = std::make_unique<shardsync::executor::HostDevice>();
-    transport = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox);
+    transport = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox, *credentials);
   } else {
     auto cuda = shardsync::executor::CudaDevice::Open(ordinal);
     if (!cuda.ok()) {
@@ -116,6 +123,7 @@ int main(int argc, char** argv) {
   shardsync::agent::LinkConfig link_config;
   link_config.coordinator = c.coordinator;
   link_config.rpc_deadline = c.agent.rpc_deadline;
+  link_config.credentials = *credentials;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   link_config.join.set_rank(c.agent.rank);
@@ -130,7 +138,7 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
   grpc::ServerBuilder control_builder;
-  control_builder.AddListeningPort(c.listen, grpc::InsecureServerCredentials(), &port);
+  control_builder.AddListeningPort(c.listen, credentials->server, &port);
   control_builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(c.agent.max_staging_bytes + (1 << 20), INT32_MAX)));
   control_builder.RegisterService(&control);
@@ -141,6 +149,7 @@ int main(int argc, char** argv) {
   }
   unlink(c.socket.c_str());  // a stale socket of an earlier run
   grpc::ServerBuilder local_builder;
+  // The socket's mode and group decide who may register: no TLS on it.
   local_builder.AddListeningPort("unix:" + c.socket, grpc::InsecureServerCredentials());
   local_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(c.max_message_bytes, INT32_MAX)));
   local_builder.RegisterService(&local);

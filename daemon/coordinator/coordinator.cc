@@ -45,7 +45,7 @@ v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
     args.SetMaxSendMessageSize(-1);
     args.SetMaxReceiveMessageSize(-1);
     entry.stub = v1::AgentControl::NewStub(
-        grpc::CreateCustomChannel(request.address(), grpc::InsecureChannelCredentials(), args));
+        MakeChannel(request.address(), config_.credentials, args));
     spdlog::info("rank {} joined from {} ({})", request.rank(), request.address(), request.device());
   }
   entry.join = request;

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics_http.h"
+#include "common/tls.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "proto/shardsync.grpc.pb.h"
@@ -24,6 +25,7 @@ struct CoordinatorConfig {
   int64_t staging_bytes = int64_t{64} << 20;   // per peer per direction
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
   absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
+  Credentials credentials;  // of the channels to agents: TLS or, if asked, plaintext
 };
 
 class Coordinator {

@@ -4,8 +4,10 @@
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "common/metrics_http.h"
+#include "common/tls.h"
 #include "daemon/coordinator/services.h"
 #include "grpcpp/grpcpp.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   if (const int code = shardsync::HelpAndConfig(flags, "shardsync-coordinator", kHelp); code >= 0) return code;
   shardsync::coordinator::CoordinatorConfig config;
   config.world_size = flags.TakeNumber("world", 0);
+  const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
   const std::string listen = flags.Take("listen", "127.0.0.1:7070");
   const std::string port_file = flags.Take("port-file", "");
   config.staging_bytes = flags.TakeNumber("staging-bytes", config.staging_bytes);
@@ -45,8 +48,13 @@ int main(int argc, char** argv) {
   if (!flags.Leftover().empty()) return Usage(flags.Leftover());
   if (config.world_size < 1) return Usage("--world must be at least 1");
   if (config.staging_bytes < 1) return Usage("--staging-bytes must be positive");
+  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(tls);
+  if (!credentials.ok()) return Usage(std::string(credentials.status().message()));
+  config.credentials = *credentials;
+  spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));  // stdout is not the log
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e coordinator %l %v");
+  if (credentials->insecure) spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may join or sync", listen);
 
   shardsync::BlockStopSignals();
 
@@ -55,7 +63,7 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, credentials->server, &port);
   builder.SetMaxReceiveMessageSize(64 << 20);  // layouts of large models; nothing bigger
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -1,7 +1,9 @@
 """Checks deploy/k8s/base with what Debian offers (no Kubernetes schema tool is packaged):
 every manifest parses as YAML with apiVersion, kind and name; the kustomization lists
 them all; the agent DaemonSet shares the host IPC namespace, asks for the GPUs, mounts
-the socket folder and the launcher, and has gRPC probes; the coordinator's Service
+the socket folder and the launcher; both daemons mount the TLS Secret, pass the TLS
+flags and probe the plaintext metrics port (kubelet has no client certificate for the
+mutual-TLS gRPC port); the coordinator's Service
 selects its pods and names real container ports; every variable the commands use is
 defined; the launcher passes `bash -n`; and every flag any manifest or systemd unit
 passes to a daemon is one the daemon's --help documents."""
@@ -48,11 +50,21 @@ def main():
           "the sockets live on a hostPath the trainer and rollout pods can mount")
     check(volumes["config"]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"],
           "the launcher and node map come from the ConfigMap")
-    for kind, container in (("DaemonSet", agent), ("Deployment", docs["Deployment"]["spec"]["template"]["spec"]["containers"][0])):
-        ports = {p["containerPort"] for p in container["ports"]}
+    coordinator_pod = docs["Deployment"]["spec"]["template"]["spec"]
+    for kind, pod in (("DaemonSet", daemonset), ("Deployment", coordinator_pod)):
+        container = pod["containers"][0]
+        metrics_ports = {p["containerPort"] for p in container["ports"] if p["name"].startswith("metrics")}
         for probe in ("livenessProbe", "readinessProbe"):
-            check(container.get(probe, {}).get("grpc", {}).get("port") in ports,
-                  f"{kind}: {probe} uses the gRPC health service on a container port")
+            get = container.get(probe, {}).get("httpGet", {})
+            check(get.get("path") == "/metrics" and get.get("port") in metrics_ports,
+                  f"{kind}: {probe} reads /metrics on a container port")
+        tls_mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == "/etc/shardsync-tls"]
+        secrets = {v["name"]: v.get("secret", {}).get("secretName") for v in pod.get("volumes", [])}
+        check(len(tls_mounts) == 1 and secrets.get(tls_mounts[0]["name"]) == "shardsync-tls",
+              f"{kind}: mounts the TLS Secret shardsync-tls")
+    for text in (config["launch-agents.sh"], " ".join(coordinator_pod["containers"][0]["args"])):
+        check(all(flag in text for flag in ("--tls-ca", "--tls-cert", "--tls-key")) and "--insecure" not in text,
+              "the daemons run with mutual TLS, never --insecure")
     deployment = docs["Deployment"]["spec"]["template"]
     service = docs["Service"]["spec"]
     check(all(deployment["metadata"]["labels"].get(k) == v for k, v in service["selector"].items()),

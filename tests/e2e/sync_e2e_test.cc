@@ -198,7 +198,7 @@ TEST_CASE("the coordinator killed and restarted: agents rejoin and republish on 
   deployment.Refill(20);
   cluster.RestartCoordinator();
   // Nobody re-registers: the agents find the new coordinator and publish again.
-  client::CoordinatorClient coordinator(cluster.coordinator());
+  client::CoordinatorClient coordinator = cluster.coordinator_client();
   const absl::Time deadline = absl::Now() + absl::Seconds(15);
   absl::StatusOr<v1::SyncResponse> sync = absl::UnavailableError("not tried");
   while (!sync.ok() && absl::Now() < deadline) {
@@ -232,7 +232,7 @@ TEST_CASE("both daemons answer the standard health check and serve Prometheus me
                         Contains("shardsync_agent_target_valid 1\n"));
   CHECK_THAT(HttpGet(cluster.MetricsPort(-1), "/other"), StartsWith("HTTP/1.0 404"));
 
-  auto status = client::CoordinatorClient(cluster.coordinator()).Status(absl::Seconds(5));
+  auto status = cluster.coordinator_client().Status(absl::Seconds(5));
   REQUIRE(status.ok());
   std::vector<std::string> addresses = {cluster.coordinator()};
   for (const v1::AgentInfo& a : status->agents()) addresses.push_back(a.address());
@@ -278,7 +278,7 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   REQUIRE_FALSE(result.ok());
   CHECK(absl::Now() - killed < absl::Seconds(7));  // within the 5 s sync deadline
   CHECK_THAT(std::string(result.status().message()), Contains("rank 1"));
-  client::CoordinatorClient coordinator(cluster.coordinator());
+  client::CoordinatorClient coordinator = cluster.coordinator_client();
   auto invalid = coordinator.Status(absl::Seconds(5));
   REQUIRE(invalid.ok());
   CHECK_FALSE(invalid->targets_valid());
@@ -346,6 +346,7 @@ std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string>
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back("--coordinator");
   argv.push_back(cluster.coordinator());
+  for (const std::string& flag : cluster.security_flags()) argv.push_back(flag);
   const std::string log = cluster.dir() + "/ctl.log";
   unlink(log.c_str());
   Process ctl(argv, log);

@@ -57,7 +57,7 @@ class Cluster:
         self.coordinator_process = self.spawn(
             [f"{args.bin}/shardsync-coordinator", "--world", str(world), "--listen", "127.0.0.1:0", "--port-file",
              f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", str(sync_timeout_ms),
-             "--rpc-deadline-ms", "5000"], "coordinator")
+             "--rpc-deadline-ms", "5000", "--insecure"], "coordinator")
         self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
         for rank in range(world):
             self.start_agent(rank)
@@ -75,7 +75,8 @@ class Cluster:
             os.unlink(port_file)
         self.agents[rank] = self.spawn(
             [f"{args.bin}/shardsync-agent", "--rank", str(rank), "--coordinator", self.coordinator, "--socket",
-             self.socket(rank), "--device", str(rank), "--port-file", port_file, "--rpc-deadline-ms", "5000"],
+             self.socket(rank), "--device", str(rank), "--port-file", port_file, "--rpc-deadline-ms", "5000",
+             "--insecure"],
             f"agent{rank}")
         wait_port(port_file)
 
@@ -120,7 +121,7 @@ def ready(process):
 
 
 def sync(cluster, timeout=60):
-    return shardsync.CoordinatorClient(cluster.coordinator).sync(timeout=timeout)
+    return shardsync.CoordinatorClient(cluster.coordinator, insecure=True).sync(timeout=timeout)
 
 
 def case(name):

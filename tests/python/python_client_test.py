@@ -39,11 +39,11 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
         self.processes = []
         self.start([COORDINATOR, "--world", str(WORLD), "--listen", "127.0.0.1:0", "--port-file",
-                    f"{self.dir}/c.port", "--staging-bytes", "64"], "coordinator")
+                    f"{self.dir}/c.port", "--staging-bytes", "64", "--insecure"], "coordinator")
         self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
         for rank in range(WORLD):
             self.start([AGENT, "--rank", str(rank), "--coordinator", self.coordinator, "--socket",
-                        self.socket(rank), "--port-file", f"{self.dir}/a{rank}.port"], f"agent{rank}")
+                        self.socket(rank), "--port-file", f"{self.dir}/a{rank}.port", "--insecure"], f"agent{rank}")
             wait_port(f"{self.dir}/a{rank}.port")
 
     def socket(self, rank):
@@ -154,7 +154,7 @@ class PythonClientTest(unittest.TestCase):
         flats = [self.register_trainer(rank, values) for rank in range(WORLD)]
         arenas = [self.register_rollout(rank) for rank in range(WORLD)]
         address = ctypes.addressof(ctypes.c_char.from_buffer(arenas[0].memory.buf))
-        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator)
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
 
         response = coordinator.sync(timeout=20)
         self.assertEqual(len(response.ranks), WORLD)
@@ -186,7 +186,7 @@ class PythonClientTest(unittest.TestCase):
         while time.time() < deadline and any(c.role == shardsync.shardsync_pb2.SOURCE for c in agent.status().clients):
             time.sleep(0.01)
         with self.assertRaises(shardsync.ShardsyncError) as refused:
-            shardsync.CoordinatorClient(self.cluster.coordinator).sync(timeout=20)
+            shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True).sync(timeout=20)
         self.assertEqual(refused.exception.code.name, "FAILED_PRECONDITION")
         self.assertIn("no byte moved", refused.exception.message)
         self.assertIn("rank 1", refused.exception.message)

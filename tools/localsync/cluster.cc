@@ -145,17 +145,37 @@ int WaitForPortFile(const std::string& path, absl::Duration timeout) {
 }
 
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)), dir_(TempDir()) {
+  TlsConfig tls = options_.tls;
+  tls.insecure = tls.ca_file.empty() && tls.cert_file.empty() && tls.key_file.empty();
+  absl::StatusOr<Credentials> credentials = LoadCredentials(tls);
+  if (!credentials.ok()) throw std::runtime_error(std::string(credentials.status().message()));
+  credentials_ = *credentials;
   StartCoordinator("127.0.0.1:0");
   for (int r = 0; r < options_.agents; ++r) StartAgent(r);
   // Agents join on their own thread: wait until the coordinator has all of them.
-  client::CoordinatorClient coordinator(coordinator_address_);
+  client::CoordinatorClient coordinator = coordinator_client();
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (true) {
     auto status = coordinator.Status(absl::Seconds(1));
     if (status.ok() && status->agents_size() == options_.agents) break;
-    if (absl::Now() > deadline) throw std::runtime_error("the agents did not all join the coordinator");
+    if (absl::Now() > deadline) {
+      DumpLogs();
+      throw std::runtime_error("the agents did not all join the coordinator");
+    }
     absl::SleepFor(absl::Milliseconds(5));
   }
+}
+
+std::vector<std::string> Cluster::security_flags() const {
+  const TlsConfig& tls = options_.tls;
+  if (tls.ca_file.empty() && tls.cert_file.empty() && tls.key_file.empty()) return {"--insecure"};
+  std::vector<std::string> flags = {"--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file, "--tls-key", tls.key_file};
+  if (!tls.server_name.empty()) flags.insert(flags.end(), {"--tls-server-name", tls.server_name});
+  return flags;
+}
+
+client::CoordinatorClient Cluster::coordinator_client() const {
+  return client::CoordinatorClient(coordinator_address_, credentials_);
 }
 
 void Cluster::StartCoordinator(const std::string& listen) {
@@ -169,6 +189,7 @@ void Cluster::StartCoordinator(const std::string& listen) {
   if (options_.metrics) {
     argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", dir_ + "/coordinator.metrics"});
   }
+  for (const std::string& flag : security_flags()) argv.push_back(flag);
   coordinator_ = std::make_unique<Process>(argv, dir_ + "/coordinator.log");
   const int port = WaitForPortFile(port_file, absl::Seconds(20));
   if (port < 0) throw std::runtime_error("the coordinator did not start:\n" + ReadFile(dir_ + "/coordinator.log"));
@@ -236,6 +257,7 @@ void Cluster::StartAgent(int rank) {
     argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
                              absl::StrCat(dir_, "/agent", rank, ".metrics")});
   }
+  for (const std::string& flag : security_flags()) argv.push_back(flag);
   if (options_.agent_max_staging_bytes.count(rank)) {
     argv.push_back("--max-staging-bytes");
     argv.push_back(std::to_string(options_.agent_max_staging_bytes.at(rank)));

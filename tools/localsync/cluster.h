@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/cpp/client.h"
+#include "common/tls.h"
 
 namespace shardsync::localsync {
 
@@ -47,6 +49,7 @@ struct ClusterOptions {
   int64_t rpc_deadline_ms = 5000;  // the daemons' default; loaded CI machines need it
   std::map<int, int64_t> agent_max_staging_bytes;  // per rank, default the agent's
   bool metrics = false;  // every daemon serves /metrics on an OS-chosen port
+  TlsConfig tls;          // CA, certificate and key of every daemon; none: --insecure
 };
 
 // A coordinator and one agent per rank, all on localhost.
@@ -57,6 +60,9 @@ class Cluster {
   const std::string& coordinator() const { return coordinator_address_; }
   std::string socket(int rank) const;
   const std::string& dir() const { return dir_; }
+  // The TCP security flags every daemon of this cluster runs with; shardsyncctl needs them too.
+  std::vector<std::string> security_flags() const;
+  client::CoordinatorClient coordinator_client() const;
   void StartAgent(int rank);
   // Kills the coordinator (SIGKILL) and starts a new one on the same port.
   void RestartCoordinator();
@@ -80,6 +86,7 @@ class Cluster {
   std::string ShmPrefix() const;  // unique to this cluster: "/ss-<folder suffix>-"
 
   ClusterOptions options_;
+  Credentials credentials_;
   std::string dir_;
   std::string coordinator_address_;
   std::unique_ptr<Process> coordinator_;

@@ -75,7 +75,7 @@ bool Deployment::WaitPublished() {
   for (auto* clients : {&trainers_, &rollouts_}) {
     for (auto& [rank, client] : *clients) ++expected[rank];
   }
-  client::CoordinatorClient coordinator(cluster_.coordinator());
+  client::CoordinatorClient coordinator = cluster_.coordinator_client();
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     auto status = coordinator.Status(absl::Seconds(2));
@@ -166,7 +166,7 @@ int64_t Deployment::MismatchedBytes(uint64_t seed) const {
 }
 
 absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout) {
-  client::CoordinatorClient coordinator(cluster.coordinator());
+  client::CoordinatorClient coordinator = cluster.coordinator_client();
   return coordinator.Sync(timeout);
 }
 

@@ -98,10 +98,22 @@ class AgentClient:
 
 
 class CoordinatorClient:
-    """The coordinator: syncs, explains and status."""
+    """The coordinator: syncs, explains and status.
 
-    def __init__(self, address):
-        self._channel = grpc.insecure_channel(address)
+    Give `tls=(ca_file, cert_file, key_file)` (PEM) for a coordinator run with
+    --tls-*, or `insecure=True` for one run with --insecure; exactly one of them.
+    `server_name`: as --tls-server-name, the name the coordinator's certificate carries."""
+
+    def __init__(self, address, *, tls=None, insecure=False, server_name=None):
+        if (tls is None) == (not insecure):
+            raise ValueError("give exactly one of tls=(ca, cert, key) and insecure=True")
+        if insecure:
+            self._channel = grpc.insecure_channel(address)
+        else:
+            ca, cert, key = (open(path, "rb").read() for path in tls)
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+            options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+            self._channel = grpc.secure_channel(address, credentials, options=options)
         self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
         self._last = None
 

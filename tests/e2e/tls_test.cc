@@ -1,0 +1,174 @@
+// Mutual TLS between the daemons and shardsyncctl, with a CA this test makes with
+// openssl: a sync works with certificates, and a peer without a valid one (none, or one
+// from another CA) is refused; plaintext only with --insecure, which warns.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "tools/localsync/deployment.h"
+
+namespace shardsync::localsync {
+namespace {
+
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+}
+
+void Run(const std::string& command) {
+  INFO(command);
+  REQUIRE(std::system((command + " >/dev/null 2>&1").c_str()) == 0);
+}
+
+// A CA "<dir>/<name>-ca.pem" and one certificate it signs, "<dir>/<name>.pem" and
+// ".key", naming `san` (openssl's subjectAltName syntax).
+TlsConfig MakeCertificates(const std::string& dir, const std::string& name, const std::string& san) {
+  const std::string base = dir + "/" + name;
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  Run(absl::StrCat("openssl req -x509 ", ec, " -keyout ", base, "-ca.key -out ", base, "-ca.pem -days 1 -subj /CN=",
+                   name, "-ca"));
+  Run(absl::StrCat("openssl req ", ec, " -keyout ", base, ".key -out ", base, ".csr -subj /CN=", name));
+  std::ofstream(base + ".ext") << "subjectAltName=" << san << "\n";
+  Run(absl::StrCat("openssl x509 -req -in ", base, ".csr -CA ", base, "-ca.pem -CAkey ", base,
+                   "-ca.key -CAcreateserial -days 1 -extfile ", base, ".ext -out ", base, ".pem"));
+  TlsConfig tls;
+  tls.ca_file = base + "-ca.pem";
+  tls.cert_file = base + ".pem";
+  tls.key_file = base + ".key";
+  return tls;
+}
+
+std::string CertificateFolder() {
+  char pattern[] = "/tmp/shardsync-tls-XXXXXX";
+  REQUIRE(mkdtemp(pattern) != nullptr);
+  return pattern;
+}
+
+constexpr char kModel[] = R"({"model": {"tensors": [
+    {"name": "embed", "shape": [100, 16], "style": "VOCAB"},
+    {"name": "up", "shape": [40, 16], "style": "COLUMN"},
+    {"name": "down", "shape": [16, 40], "style": "ROW"},
+    {"name": "norm", "shape": [16]}],
+  "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})";
+
+// shardsyncctl status with `flags`; returns (exit code, stdout and stderr).
+std::pair<int, std::string> CtlStatus(const Cluster& cluster, const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {"client/cli/shardsyncctl", "status", "--coordinator", cluster.coordinator(),
+                                   "--timeout-ms", "3000"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const std::string log = cluster.dir() + "/ctl.log";
+  Process ctl(argv, log);
+  std::string out = ctl.ReadAll(absl::Seconds(20));
+  const int code = ctl.Wait(absl::Seconds(20));
+  return {code, out + ReadFile(log)};
+}
+
+std::vector<std::string> Flags(const TlsConfig& tls) {
+  return {"--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file, "--tls-key", tls.key_file};
+}
+
+TEST_CASE("with certificates the daemons authenticate each other and sync; a peer without a valid one is refused") {
+  const std::string certs = CertificateFolder();
+  ClusterOptions options;
+  options.agents = 2;
+  options.tls = MakeCertificates(certs, "job", "IP:127.0.0.1,DNS:localhost");
+  const TlsConfig rogue = MakeCertificates(certs, "rogue", "IP:127.0.0.1,DNS:localhost");
+  Cluster cluster(options);
+  Deployment deployment(cluster, "tls", kModel, 7);
+  for (const std::string& line : deployment.WaitReady()) REQUIRE_THAT(line, StartsWith("ready"));
+  auto sync = SyncOnce(cluster, absl::Seconds(20));
+  INFO(sync.status().message());
+  REQUIRE(sync.ok());
+  CHECK(deployment.CheckTargets(7).empty());
+  CHECK_THAT(ReadFile(cluster.coordinator_process().log_path()), !Contains("plaintext"));
+
+  auto [ok_code, ok_out] = CtlStatus(cluster, Flags(options.tls));
+  INFO(ok_out);
+  CHECK(ok_code == 0);
+  // No certificate, and one signed by another CA: the handshake fails, nothing answers.
+  auto [plain_code, plain_out] = CtlStatus(cluster, {"--insecure"});
+  INFO(plain_out);
+  CHECK(plain_code != 0);
+  CHECK_THAT(plain_out, Contains("UNAVAILABLE"));
+  auto [rogue_code, rogue_out] = CtlStatus(cluster, Flags(rogue));
+  INFO(rogue_out);
+  CHECK(rogue_code != 0);
+  CHECK_THAT(rogue_out, Contains("UNAVAILABLE"));
+
+  // An agent with the rogue certificate takes rank 1's place: it cannot join, says why
+  // in its log, and a sync is refused naming rank 1.
+  cluster.agent(1).Signal(SIGKILL);
+  cluster.agent(1).Wait(absl::Seconds(5));
+  std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank", "1", "--coordinator",
+                                   cluster.coordinator(), "--socket", cluster.socket(1), "--listen", "127.0.0.1:0"};
+  for (const std::string& flag : Flags(rogue)) argv.push_back(flag);
+  const std::string rogue_log = cluster.dir() + "/rogue-agent.log";
+  Process rogue_agent(argv, rogue_log);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (ReadFile(rogue_log).find("cannot join coordinator") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  INFO(ReadFile(rogue_log));
+  CHECK_THAT(ReadFile(rogue_log), Contains("cannot join coordinator"));
+  auto refused = SyncOnce(cluster, absl::Seconds(10));
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()), Contains("rank 1"));
+  std::filesystem::remove_all(certs);
+}
+
+TEST_CASE("--tls-server-name: every daemon's certificate carries one service name instead of its address") {
+  const std::string certs = CertificateFolder();
+  ClusterOptions options;
+  options.agents = 2;
+  options.tls = MakeCertificates(certs, "service", "DNS:shardsync.test");
+  options.tls.server_name = "shardsync.test";
+  Cluster cluster(options);
+  Deployment deployment(cluster, "named", kModel, 11);
+  for (const std::string& line : deployment.WaitReady()) REQUIRE_THAT(line, StartsWith("ready"));
+  auto sync = SyncOnce(cluster, absl::Seconds(20));
+  INFO(sync.status().message());
+  REQUIRE(sync.ok());
+  CHECK(deployment.CheckTargets(11).empty());
+  // Without the name, the certificate does not match the address dialed.
+  auto [code, out] = CtlStatus(cluster, Flags(options.tls));
+  INFO(out);
+  CHECK(code != 0);
+  std::vector<std::string> named = Flags(options.tls);
+  named.insert(named.end(), {"--tls-server-name", "shardsync.test"});
+  CHECK(CtlStatus(cluster, named).first == 0);
+  std::filesystem::remove_all(certs);
+}
+
+TEST_CASE("plaintext only when asked: a daemon with neither TLS nor --insecure refuses to start; --insecure warns") {
+  Process bare({"daemon/coordinator/shardsync-coordinator", "--world", "1"}, "/tmp/shardsync-tls-bare.log");
+  CHECK(bare.Wait(absl::Seconds(10)) == 2);
+  const std::string said = ReadFile("/tmp/shardsync-tls-bare.log");
+  CHECK_THAT(said, Contains("no transport security configured"));
+  unlink("/tmp/shardsync-tls-bare.log");
+  Process half({"daemon/agent/shardsync-agent", "--rank", "0", "--coordinator", "127.0.0.1:1", "--socket", "/tmp/x",
+                "--tls-ca", "/nonexistent.pem"},
+               "/tmp/shardsync-tls-half.log");
+  CHECK(half.Wait(absl::Seconds(10)) == 2);
+  CHECK_THAT(ReadFile("/tmp/shardsync-tls-half.log"), Contains("TLS needs all of"));
+  unlink("/tmp/shardsync-tls-half.log");
+
+  ClusterOptions options;
+  options.agents = 1;
+  Cluster cluster(options);  // no certificates: --insecure
+  CHECK_THAT(ReadFile(cluster.coordinator_process().log_path()), Contains("--insecure: plaintext"));
+  CHECK_THAT(ReadFile(cluster.agent(0).log_path()), Contains("--insecure: plaintext"));
+}
+
+}  // namespace
+}  // namespace shardsync::localsync
