@@ -162,4 +162,12 @@ absl::Status CudaDevice::Synchronize() {
   return absl::OkStatus();
 }
 
+absl::Status CudaDevice::ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(local_stream_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, device, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
 }  // namespace shardsync::executor

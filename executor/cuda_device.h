@@ -30,6 +30,7 @@ class CudaDevice final : public Device {
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
   absl::Status Synchronize() override;
+  absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) override;
 
  private:
   // Descriptors of one launch and their device copy, per stream.

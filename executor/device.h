@@ -37,6 +37,8 @@ class Device {
                                  absl::Span<const int32_t> fills, const BufferTable& buffers) = 0;
   // Waits for everything queued so far.
   virtual absl::Status Synchronize() = 0;
+  // Waits for everything queued, then copies `bytes` of device memory (staging) to host.
+  virtual absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) = 0;
 };
 
 // Host memory: every call copies at once.
@@ -51,6 +53,7 @@ class HostDevice final : public Device {
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) override;
 
  private:
   std::map<std::pair<int32_t, bool>, std::vector<uint8_t>> staging_;

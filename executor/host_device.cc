@@ -1,4 +1,7 @@
 #include "executor/device.h"
+
+#include <cstring>
+
 #include "executor/host_copy.h"
 
 namespace shardsync::executor {
@@ -36,6 +39,11 @@ absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
     CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
   }
   for (int32_t index : fills) FillHost(plan.fills[index], buffers[plan.fills[index].fill.holder.buffer]);
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) {
+  std::memcpy(host, device, static_cast<size_t>(bytes));
   return absl::OkStatus();
 }
 

@@ -74,12 +74,16 @@ Flags:
   --memory-gbps X       explain: memory speed, GB/s read + write (default 4200)
   --json                the response as JSON (proto field names)
   --watch               sync: live progress per rank
+  --verify              sync: afterwards every agent checksums each target placement
+                        and the source bytes it came from; any difference fails the
+                        sync (exit 4) naming tensor and rank
   --layout              explain: bytes per link
 TCP security, as the coordinator has it (one of them required):
 
 
 Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing
-agent; no byte moved), 4 failed (a peer died or timed out; targets are invalid).
+agent; no byte moved), 4 failed (a peer died or timed out, or --verify found a
+difference; targets are invalid).
 )";
 
 std::string RpcHelp() {
@@ -137,11 +141,12 @@ int Rpc(const std::string& command, shardsync::Flags& flags) {
   config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
   config.json = flags.TakeSwitch("json");
   config.watch = flags.TakeSwitch("watch");
+  config.verify = flags.TakeSwitch("verify");
   config.layout = flags.TakeSwitch("layout");
   if (!flags.error().empty()) return Usage(flags.error(), help.c_str());
   if (!flags.Leftover().empty()) return Usage(flags.Leftover(), help.c_str());
-  if ((config.watch && command != "sync") || (config.layout && command != "explain")) {
-    return Usage("--watch goes with sync, --layout with explain", help.c_str());
+  if (((config.watch || config.verify) && command != "sync") || (config.layout && command != "explain")) {
+    return Usage("--watch and --verify go with sync, --layout with explain", help.c_str());
   }
   if (config.timeout_ms <= 0 || config.link_gbps <= 0 || config.memory_gbps <= 0) {
     return Usage("--timeout-ms and the speeds must be positive", help.c_str());

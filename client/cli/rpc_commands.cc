@@ -59,7 +59,7 @@ int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& e
   std::atomic<bool> done{false};
   std::thread watcher;
   if (c.watch) watcher = std::thread([&] { Watch(c, done, out); });
-  auto response = coordinator.Sync(absl::Milliseconds(c.timeout_ms));
+  auto response = coordinator.Sync(absl::Milliseconds(c.timeout_ms), c.verify);
   done = true;
   if (watcher.joinable()) watcher.join();
   if (!response.ok()) return Fail("sync", response.status(), err);

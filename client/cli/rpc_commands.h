@@ -18,6 +18,7 @@ struct RpcCommandConfig {
   double memory_gbps = 4200;  // explain only
   bool json = false;
   bool watch = false;   // sync: live progress per rank while it runs
+  bool verify = false;  // sync: compare target checksums with their sources
   bool layout = false;  // explain: bytes per link too
 };
 

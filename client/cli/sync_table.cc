@@ -1,5 +1,7 @@
 #include "client/cli/sync_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "client/cli/format.h"
 
@@ -23,6 +25,12 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
   out << absl::StrFormat("%-6s %12s %12s %12s   effective %.2f GB/s over the whole sync\n", "total", Bytes(sent),
                          Bytes(received), Bytes(local),
                          response.seconds() > 0 ? (received + local) / response.seconds() / 1e9 : 0);
+  if (response.verified_placements() > 0) {
+    double slowest = 0;
+    for (const v1::RankStats& r : response.ranks()) slowest = std::max(slowest, r.verify_seconds());
+    out << absl::StrFormat("verified: %d placements (tensor, target rank) equal their sources; checksums took %.4f s\n",
+                           response.verified_placements(), slowest);
+  }
 }
 
 }  // namespace shardsync::cli

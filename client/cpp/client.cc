@@ -88,9 +88,10 @@ absl::StatusOr<v1::AgentStatus> AgentClient::Status(absl::Duration timeout) {
 CoordinatorClient::CoordinatorClient(const std::string& address, const Credentials& credentials)
     : stub_(v1::Coordinator::NewStub(Channel(address, credentials))) {}
 
-absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout) {
+absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout, bool verify) {
   v1::SyncRequest request;
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  request.set_verify(verify);
   // The coordinator needs a little longer than the sync's own deadline to report it.
   return Unary<v1::SyncRequest, v1::SyncResponse>([&](auto* c, const auto& q, auto* a) { return stub_->Sync(c, q, a); },
                                                   request, timeout + absl::Seconds(10));

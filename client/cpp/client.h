@@ -51,7 +51,8 @@ class CoordinatorClient {
   // with --insecure.
   CoordinatorClient(const std::string& address, const Credentials& credentials);
   // Waits for the whole sync; `timeout` bounds the wait and is passed on as the sync's.
-  absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout);
+  // With `verify`, every target placement's checksum is compared with its sources'.
+  absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout, bool verify = false);
   absl::StatusOr<v1::ExplainResponse> Explain(double link_gbps, double memory_gbps, absl::Duration timeout);
   absl::StatusOr<v1::CoordinatorStatus> Status(absl::Duration timeout);
 

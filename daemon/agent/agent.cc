@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/metrics_http.h"
+#include "executor/verify.h"
 #include "planner/box.h"
 #include "spdlog/spdlog.h"
 
@@ -186,7 +187,7 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
   return response;
 }
 
-absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) {
+absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& request) {
   absl::MutexLock execute_lock(&execute_mu_);
   Prepared prepared;
   {
@@ -221,6 +222,22 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
       setup.ok() ? engine_.Run(request.sync_id(), prepared.local.plan, prepared.local.schedule, table,
                                prepared.staging_bytes, deadline, &progress_)
                  : absl::StatusOr<executor::ExecutionStats>(setup);
+  v1::ExecuteResponse response;
+  absl::Status verified = absl::OkStatus();
+  if (stats.ok() && request.verify()) {
+    const absl::Time start = absl::Now();
+    const absl::StatusOr<executor::Checksums> sums = executor::ComputeChecksums(
+        device_, prepared.local.plan, prepared.local.schedule, table, prepared.staging_bytes);
+    verified = sums.status();
+    for (const auto& [key, side] : sums.ok() ? *sums : executor::Checksums{}) {
+      v1::TensorChecksum* checksum = response.add_checksums();
+      checksum->set_tensor(key.first);
+      checksum->set_target_rank(key.second);
+      checksum->set_sources(side.sources);
+      checksum->set_targets(side.targets);
+    }
+    response.mutable_stats()->set_verify_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  }
   absl::MutexLock lock(&mu_);
   running_sync_id_.clear();
   target_valid_ = stats.ok();
@@ -234,7 +251,8 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
     spdlog::error("sync {} failed on rank {}: {}", request.sync_id(), config_.rank, std::string(stats.status().message()));
     return stats.status();  // the coordinator names the rank
   }
-  v1::RankStats out;
+  if (!verified.ok()) return verified;
+  v1::RankStats& out = *response.mutable_stats();
   out.set_rank(config_.rank);
   out.set_rounds(stats->rounds);
   out.set_chunks(stats->chunks);
@@ -245,7 +263,7 @@ absl::StatusOr<v1::RankStats> Agent::Execute(const v1::ExecuteRequest& request) 
   out.set_peak_staging_bytes(stats->peak_staging_bytes);
   out.set_peak_peer_staging_bytes(stats->peak_peer_staging_bytes);
   out.set_seconds(stats->seconds);
-  return out;
+  return response;
 }
 
 void Agent::Abort(const v1::AbortRequest& request) {

@@ -43,7 +43,8 @@ class Agent {
 
   // AgentControl service (TCP).
   v1::PrepareResponse Prepare(const v1::PrepareRequest& request);
-  absl::StatusOr<v1::RankStats> Execute(const v1::ExecuteRequest& request);
+  // Runs the prepared sync; with request.verify, adds the checksums of what it read and wrote.
+  absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request);
   void Abort(const v1::AbortRequest& request);
   absl::Status Transfer(const v1::TransferRequest& request, absl::Time deadline);
   absl::StatusOr<std::string> NewCommunicatorId() { return transport_.NewCommunicatorId(); }

@@ -8,9 +8,9 @@ namespace shardsync::agent {
 
 grpc::Status ControlService::Execute(grpc::ServerContext*, const v1::ExecuteRequest* request,
                                      v1::ExecuteResponse* response) {
-  auto stats = agent_.Execute(*request);
-  if (!stats.ok()) return ToGrpcStatus(stats.status());
-  *response->mutable_stats() = *std::move(stats);
+  auto executed = agent_.Execute(*request);
+  if (!executed.ok()) return ToGrpcStatus(executed.status());
+  *response = *std::move(executed);
   return grpc::Status::OK;
 }
 

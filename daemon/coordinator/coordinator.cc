@@ -25,6 +25,31 @@ void ForEachRank(int32_t world, Fn&& fn) {
 
 std::string NewInstanceId() { return absl::StrCat(absl::ToUnixNanos(absl::Now())); }
 
+// sync --verify: the checksums of every rank added up per (tensor, target rank); the
+// number of pairs compared, or which differ.
+absl::StatusOr<int32_t> CompareChecksums(const std::vector<v1::ExecuteResponse>& responses) {
+  std::map<std::pair<std::string, int32_t>, std::pair<uint64_t, uint64_t>> sums;  // sources, targets
+  for (const v1::ExecuteResponse& response : responses) {
+    for (const v1::TensorChecksum& c : response.checksums()) {
+      auto& [sources, targets] = sums[{c.tensor(), c.target_rank()}];
+      sources += c.sources();
+      targets += c.targets();
+    }
+  }
+  std::vector<std::string> differ;
+  for (const auto& [key, side] : sums) {
+    if (side.first != side.second) differ.push_back(absl::StrCat("tensor ", key.first, " on rank ", key.second));
+  }
+  if (!differ.empty()) {
+    const size_t shown = std::min<size_t>(differ.size(), 10);
+    return absl::DataLossError(absl::StrCat("verify failed: the targets differ from their sources in ", differ.size(),
+                                            " placement(s): ",
+                                            absl::StrJoin(differ.begin(), differ.begin() + shown, "; "),
+                                            differ.size() > shown ? "; ..." : ""));
+  }
+  return static_cast<int32_t>(sums.size());
+}
+
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorConfig config) : config_(config), instance_id_(NewInstanceId()) {}
@@ -255,6 +280,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
     execute.set_digest(cache_.digest);
+    execute.set_verify(request.verify());
     grpc::ClientContext context;
     // The agent's own waits end at the timeout; this leaves it room to say so.
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + config_.rpc_deadline));
@@ -280,11 +306,22 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     return finish(absl::UnavailableError(absl::StrCat("sync ", sync_id, " failed; targets are invalid until the next sync succeeds: ",
                                                       absl::StrJoin(failures, "; "))));
   }
+  v1::SyncResponse response;
+  if (request.verify()) {
+    absl::StatusOr<int32_t> compared = CompareChecksums(responses);
+    if (!compared.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        targets_valid_ = false;
+      }
+      return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", compared.status().message())));
+    }
+    response.set_verified_placements(*compared);
+  }
   {
     absl::MutexLock lock(&mu_);
     targets_valid_ = true;
   }
-  v1::SyncResponse response;
   response.set_sync_id(sync_id);
   response.set_layout_epoch(cache_.epoch);
   response.set_digest(cache_.digest);

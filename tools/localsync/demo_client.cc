@@ -3,10 +3,14 @@
 // with the values of a seed (targets with poison), registers them and holds them.
 // Then answers lines on stdin: "refill SEED" rewrites the sources, "address" prints
 // where the first buffer is mapped, "reregister" registers again (after its agent
-// restarted), "exit" (or end of input) leaves.
+// restarted), "scribble" keeps writing 0xA5 over the first 8 bytes of its first tensor
+// until "still" (a client that writes while a sync runs, for sync --verify), "exit" (or
+// end of input) leaves.
 // Prints "ready rank=R epoch=E" once registered, or "refused MESSAGE" and exits 3.
+#include <atomic>
 #include <cstring>
 #include <iostream>
+#include <thread>
 #include <map>
 #include <string>
 
@@ -75,6 +79,12 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::cout << "ready rank=" << (*registration)->rank() << " epoch=" << (*registration)->layout_epoch() << std::endl;
+  std::atomic<bool> scribbling{false};
+  std::thread scribbler;
+  const auto still = [&] {
+    scribbling = false;
+    if (scribbler.joinable()) scribbler.join();
+  };
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line.rfind("refill ", 0) == 0) {
@@ -90,9 +100,24 @@ int main(int argc, char** argv) {
       std::cout << "ready rank=" << (*registration)->rank() << std::endl;
     } else if (line == "address") {
       std::cout << "address " << static_cast<const void*>(memory.begin()->second->data()) << std::endl;
+    } else if (line == "scribble" && !side.tensors.empty() && !scribbler.joinable()) {
+      const v1::Placement& first = side.tensors[0].placements(0);
+      volatile uint8_t* at = memory_of({rank, ids.Id(first.buffer())}) +
+                             first.base() * planner::ElementBytes(spec::ToDType(side.tensors[0].dtype()).value());
+      scribbling = true;
+      scribbler = std::thread([&scribbling, at] {
+        while (scribbling) {
+          for (int i = 0; i < 8; ++i) at[i] = 0xA5;
+        }
+      });
+      std::cout << "scribbling" << std::endl;
+    } else if (line == "still") {
+      still();
+      std::cout << "still" << std::endl;
     } else if (line == "exit") {
       break;
     }
   }
+  still();
   return 0;
 }

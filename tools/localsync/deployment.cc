@@ -103,12 +103,13 @@ std::string Deployment::RolloutAddress(int rank) {
   return process.ReadLine(absl::Seconds(10));
 }
 
-// Maps the rollout's arena of `holder` read-only and calls fn(bytes, size).
+// Maps buffer `b` of the client of its rank read-only and calls fn(bytes, size).
 template <typename Fn>
-bool WithTarget(const std::map<int, Cluster::Client>& rollouts, const planner::Buffer& b, Fn&& fn) {
-  auto rollout = rollouts.find(b.holder.rank);
-  if (rollout == rollouts.end()) return false;
-  const std::string name = absl::StrCat(rollout->second.shm_prefix, "-r", b.holder.rank, "-arena");
+bool WithBuffer(const std::map<int, Cluster::Client>& clients, const planner::Buffer& b, const std::string& buffer_name,
+                Fn&& fn) {
+  auto client = clients.find(b.holder.rank);
+  if (client == clients.end()) return false;
+  const std::string name = absl::StrCat(client->second.shm_prefix, "-r", b.holder.rank, "-", buffer_name);
   const int fd = shm_open(name.c_str(), O_RDONLY, 0);
   if (fd < 0) return false;
   const size_t size = static_cast<size_t>(std::max<int64_t>(b.bytes, 1));
@@ -131,7 +132,7 @@ std::vector<planner::Buffer> Deployment::TargetBuffers() const {
 Contents Deployment::ReadTargets() const {
   Contents contents;
   for (const planner::Buffer& b : TargetBuffers()) {
-    WithTarget(rollouts_, b, [&](const uint8_t* data, int64_t bytes) { contents[b.holder].assign(data, data + bytes); });
+    WithBuffer(rollouts_, b, "arena", [&](const uint8_t* data, int64_t bytes) { contents[b.holder].assign(data, data + bytes); });
   }
   return contents;
 }
@@ -140,7 +141,7 @@ std::vector<std::string> Deployment::CheckTargets(uint64_t seed) const {
   std::vector<std::string> errors;
   for (const planner::Buffer& b : TargetBuffers()) {
     const std::vector<uint8_t> expected = ExpectedTarget(input_, seed, poison_, b.holder);
-    const bool read = WithTarget(rollouts_, b, [&](const uint8_t* data, int64_t bytes) {
+    const bool read = WithBuffer(rollouts_, b, "arena", [&](const uint8_t* data, int64_t bytes) {
       for (int64_t i = 0; i < bytes; ++i) {
         if (data[i] != expected[i]) {
           errors.push_back(absl::StrCat("rank ", b.holder.rank, " arena byte ", i, " differs"));
@@ -153,11 +154,32 @@ std::vector<std::string> Deployment::CheckTargets(uint64_t seed) const {
   return errors;
 }
 
+std::vector<std::string> Deployment::CheckSources(uint64_t seed) const {
+  std::vector<std::string> errors;
+  for (const auto& [rank, trainer] : trainers_) {
+    Contents expected;
+    for (const planner::Buffer& b : input_.buffers) {
+      if (b.holder.rank == rank && ids_.Name(b.holder.buffer) != "arena") expected[b.holder].resize(b.bytes);
+    }
+    WriteSources(input_, seed, rank, [&](planner::Holder holder) { return expected.at(holder).data(); });
+    for (const planner::Buffer& b : input_.buffers) {
+      if (!expected.count(b.holder)) continue;
+      const bool read = WithBuffer(trainers_, b, ids_.Name(b.holder.buffer), [&](const uint8_t* data, int64_t bytes) {
+        if (std::memcmp(data, expected.at(b.holder).data(), bytes) != 0) {
+          errors.push_back(absl::StrCat("rank ", rank, " source buffer ", ids_.Name(b.holder.buffer), " changed"));
+        }
+      });
+      if (!read) errors.push_back(absl::StrCat("rank ", rank, ": source buffer not readable"));
+    }
+  }
+  return errors;
+}
+
 int64_t Deployment::MismatchedBytes(uint64_t seed) const {
   int64_t mismatched = 0;
   for (const planner::Buffer& b : TargetBuffers()) {
     const std::vector<uint8_t> expected = ExpectedTarget(input_, seed, poison_, b.holder);
-    const bool read = WithTarget(rollouts_, b, [&](const uint8_t* data, int64_t bytes) {
+    const bool read = WithBuffer(rollouts_, b, "arena", [&](const uint8_t* data, int64_t bytes) {
       for (int64_t i = 0; i < bytes; ++i) mismatched += data[i] != expected[i];
     });
     if (!read) mismatched += b.bytes;
@@ -165,9 +187,9 @@ int64_t Deployment::MismatchedBytes(uint64_t seed) const {
   return mismatched;
 }
 
-absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout) {
+absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout, bool verify) {
   client::CoordinatorClient coordinator = cluster.coordinator_client();
-  return coordinator.Sync(timeout);
+  return coordinator.Sync(timeout, verify);
 }
 
 }  // namespace shardsync::localsync

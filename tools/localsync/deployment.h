@@ -35,6 +35,9 @@ class Deployment {
   Contents ReadTargets() const;
   // Mismatches between the targets and a sync of `seed` (first few), empty when exact.
   std::vector<std::string> CheckTargets(uint64_t seed) const;
+  // Source buffers whose bytes are not exactly those written for `seed` (empty when none
+  // changed: nobody wrote into a source).
+  std::vector<std::string> CheckSources(uint64_t seed) const;
   // Every target byte that differs from a sync of `seed`, counted.
   int64_t MismatchedBytes(uint64_t seed) const;
   const planner::PlanInput& input() const { return input_; }
@@ -54,6 +57,6 @@ class Deployment {
   std::map<int, Cluster::Client> rollouts_;
 };
 
-absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout);
+absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout, bool verify = false);
 
 }  // namespace shardsync::localsync

@@ -117,9 +117,10 @@ class CoordinatorClient:
         self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
         self._last = None
 
-    def sync(self, timeout=60.0):
-        """Runs one sync on every agent and returns its SyncResponse (stats per rank)."""
-        request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000))
+    def sync(self, timeout=60.0, verify=False):
+        """Runs one sync on every agent and returns its SyncResponse (stats per rank).
+        With verify, every target placement's checksum is compared with its sources'."""
+        request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000), verify=verify)
         self._last = _call(self._stub.Sync, request, timeout + 10)
         return self._last
 

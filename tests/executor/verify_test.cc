@@ -1,0 +1,142 @@
+// sync --verify's checksums: after a correct sync the source and target sums agree for
+// every (tensor, target rank); one changed target, source or fill byte makes exactly
+// that tensor and rank disagree; the hash does not depend on how bytes are split.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <thread>
+
+#include "executor/mailbox.h"
+#include "executor/round_engine.h"
+#include "executor/verify.h"
+#include "planner/model.h"
+#include "planner/schedule.h"
+#include "tests/planner/random_layouts.h"
+#include "tests/planner/sync_check.h"
+
+namespace shardsync::executor {
+namespace {
+
+BufferTable TableFor(int32_t rank, testing::HostBuffers& buffers) {
+  BufferTable table;
+  for (auto& [holder, bytes] : buffers) {
+    if (holder.rank != rank) continue;
+    if (static_cast<int32_t>(table.size()) <= holder.buffer) table.resize(holder.buffer + 1, nullptr);
+    table[holder.buffer] = bytes.data();
+  }
+  return table;
+}
+
+// Every rank's checksums, added up over ranks as the coordinator does.
+Checksums SumOverRanks(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules,
+                       testing::HostBuffers& buffers, int64_t scratch) {
+  Checksums total;
+  for (int32_t r = 0; r < plan.num_ranks; ++r) {
+    HostDevice device;
+    auto sums = ComputeChecksums(device, plan, schedules[r], TableFor(r, buffers), scratch);
+    REQUIRE(sums.ok());
+    for (const auto& [key, side] : *sums) {
+      total[key].sources += side.sources;
+      total[key].targets += side.targets;
+    }
+  }
+  return total;
+}
+
+std::vector<std::pair<std::string, int32_t>> Mismatches(const Checksums& sums) {
+  std::vector<std::pair<std::string, int32_t>> out;
+  for (const auto& [key, side] : sums) {
+    if (side.sources != side.targets) out.push_back(key);
+  }
+  return out;
+}
+
+TEST_CASE("checksums agree after a sync; one changed byte names its tensor and target rank") {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  int fills_checked = 0;
+  for (uint64_t seed = 1; seed <= 80; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto input = planner::ExpandModel(testing::RandomModel(rng));
+    REQUIRE(input.ok());
+    auto plan = planner::MakePlan(*input, *policy);
+    REQUIRE(plan.ok());
+    if (plan->segments.empty()) continue;
+    auto schedules = planner::MakeSchedules(*plan, 256);
+    REQUIRE(schedules.ok());
+    INFO("seed " << seed);
+    testing::HostBuffers buffers = testing::AllocateBuffers(*input);
+    testing::PrepareBuffers(*input, rng, buffers);
+    std::map<int32_t, Mailbox> mailboxes;
+    std::map<int32_t, Mailbox*> pointers;
+    for (int32_t r = 0; r < plan->num_ranks; ++r) pointers[r] = &mailboxes[r];
+    std::vector<std::thread> threads;
+    for (int32_t r = 0; r < plan->num_ranks; ++r) {
+      threads.emplace_back([&, r] {
+        LoopbackTransport transport(r, pointers);
+        HostDevice device;
+        RoundEngine engine(device, transport);
+        REQUIRE(engine.Run("sync", *plan, (*schedules)[r], TableFor(r, buffers), 256, absl::Now() + absl::Seconds(20))
+                    .ok());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+
+    const int64_t scratch = std::vector<int64_t>{64, 1000, 1 << 20}[seed % 3];
+    const Checksums good = SumOverRanks(*plan, *schedules, buffers, scratch);
+    REQUIRE_FALSE(good.empty());
+    CHECK(Mismatches(good).empty());
+
+    // A target element that differs from its source.
+    const planner::Segment& s = plan->segments[rng() % plan->segments.size()];
+    uint8_t& target = buffers.at(s.dst)[s.dst_base * planner::ElementBytes(s.dst_dtype)];
+    target ^= 1;
+    const std::pair<std::string, int32_t> key{plan->tensor_names[s.tensor], s.dst.rank};
+    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)) == std::vector{key});
+    target ^= 1;
+    // A source element that changed after the sync (its last value never arrived).
+    uint8_t& source = buffers.at(s.src)[s.src_base * planner::ElementBytes(s.src_dtype) +
+                                        planner::ElementBytes(s.src_dtype) - 1];
+    source ^= 0x40;
+    CHECK_FALSE(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)).empty());
+    source ^= 0x40;
+    // Padding that is not zero.
+    if (!plan->fills.empty()) {
+      const planner::FillOp& f = plan->fills[rng() % plan->fills.size()];
+      uint8_t& pad = buffers.at(f.fill.holder)[f.fill.base * planner::ElementBytes(f.dtype)];
+      pad ^= 1;
+      CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)) ==
+            std::vector<std::pair<std::string, int32_t>>{{plan->tensor_names[f.tensor], f.fill.holder.rank}});
+      pad ^= 1;
+      ++fills_checked;
+    }
+    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)).empty());
+  }
+  CHECK(fills_checked > 5);
+}
+
+TEST_CASE("the stream hash depends on the bytes only, not on how they are split") {
+  std::mt19937_64 rng(7);
+  std::vector<uint8_t> bytes(1000);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  StreamHash whole;
+  whole.Update(bytes.data(), static_cast<int64_t>(bytes.size()));
+  for (int trial = 0; trial < 50; ++trial) {
+    StreamHash pieces;
+    for (size_t at = 0; at < bytes.size();) {
+      const size_t n = std::min<size_t>(bytes.size() - at, rng() % 23);
+      pieces.Update(bytes.data() + at, static_cast<int64_t>(n));
+      at += n;
+    }
+    CHECK(pieces.Final() == whole.Final());
+  }
+  StreamHash shorter;
+  shorter.Update(bytes.data(), 999);
+  CHECK(shorter.Final() != whole.Final());
+  bytes[500] ^= 1;
+  StreamHash changed;
+  changed.Update(bytes.data(), static_cast<int64_t>(bytes.size()));
+  CHECK(changed.Final() != whole.Final());
+}
+
+}  // namespace
+}  // namespace shardsync::executor
