@@ -55,6 +55,23 @@ absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, 
   return absl::OkStatus();
 }
 
+absl::Status CheckDisjoint(std::vector<WriteSpan>& spans, const char* side) {
+  std::sort(spans.begin(), spans.end(), [](const WriteSpan& a, const WriteSpan& b) {
+    return a.holder == b.holder ? a.first < b.first : a.holder < b.holder;
+  });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const WriteSpan& a = spans[i - 1];
+    const WriteSpan& b = spans[i];
+    if (a.holder == b.holder && b.first < a.end) {
+      return absl::InvalidArgumentError(absl::StrCat(side, " placements of tensor '", a.tensor->name, "' and tensor '",
+                                                     b.tensor->name, "' overlap in buffer ", a.holder.buffer,
+                                                     " on rank ", a.holder.rank, " at byte ",
+                                                     static_cast<int64_t>(b.first)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const char* side, DType dtype,
                              const std::map<Holder, int64_t>& buffers, std::vector<WriteSpan>* extents) {
   for (const Placement& p : layout.placements) {
@@ -90,6 +107,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   }
   std::set<std::string> names;
   std::vector<WriteSpan> writes;
+  std::vector<WriteSpan> reads;
   for (const TensorLayouts& t : input.tensors) {
     if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
     if (!names.insert(t.name).second) return Invalid(t, "named twice in one batch");
@@ -106,7 +124,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       return Invalid(t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ",
                                      DTypeName(t.target_dtype), " (only equal dtypes or float32 -> bfloat16)"));
     }
-    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, nullptr);
+    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, &reads);
     if (s.ok()) s = CheckPlacements(t, t.target, "target", t.target_dtype, buffers, &writes);
     if (!s.ok()) return s;
     if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
@@ -116,21 +134,10 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       if (!s.ok()) return s;
     }
   }
-  // Two writes into one buffer must not share a byte (conservatively: their byte spans).
-  std::sort(writes.begin(), writes.end(), [](const WriteSpan& a, const WriteSpan& b) {
-    return a.holder == b.holder ? a.first < b.first : a.holder < b.holder;
-  });
-  for (size_t i = 1; i < writes.size(); ++i) {
-    const WriteSpan& a = writes[i - 1];
-    const WriteSpan& b = writes[i];
-    if (a.holder == b.holder && b.first < a.end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("target placements of tensor '", a.tensor->name, "' and tensor '", b.tensor->name,
-                       "' overlap in buffer ", a.holder.buffer, " on rank ", a.holder.rank, " at byte ",
-                       static_cast<int64_t>(b.first)));
-    }
-  }
-  return absl::OkStatus();
+  // Two writes into one buffer must not share a byte (conservatively: their byte spans);
+  // nor two source placements: one byte cannot hold two elements (found by the fuzzer).
+  if (auto s = CheckDisjoint(writes, "target"); !s.ok()) return s;
+  return CheckDisjoint(reads, "source");
 }
 
 }  // namespace shardsync::planner

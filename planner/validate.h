@@ -8,7 +8,8 @@ namespace shardsync::planner {
 
 // Buffers declared once with a non-negative size; tensors named once, at most kMaxAxes
 // axes; boxes inside the tensor; placements and fills inside their buffers (no
-// overflow); convertible dtypes; target writes on one buffer never overlapping.
+// overflow); convertible dtypes; neither target writes nor source placements on one
+// buffer overlapping.
 absl::Status ValidatePlanInput(const PlanInput& input);
 
 }  // namespace shardsync::planner

@@ -120,15 +120,16 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
   for (const v1::Placement& p : layout.placements()) {
     planner::Placement placement;
     placement.box = planner::Box{ToIndex(p.box().lo()), ToIndex(p.box().hi())};
-    placement.holder = planner::Holder{p.rank(), ids.Id(p.buffer())};
-    placement.base = p.base();
-    placement.strides = p.strides().empty() ? planner::ContiguousStrides(planner::Extent(placement.box))
-                                            : ToIndex(p.strides());
+    // Before anything reads the box: Extent needs lo and hi of one length (found by the fuzzer).
     if (placement.box.lo.size() != placement.box.hi.size()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", side.name, "': a box on rank ", p.rank(), " has ",
                                                      placement.box.lo.size(), " lo and ", placement.box.hi.size(),
                                                      " hi values"));
     }
+    placement.holder = planner::Holder{p.rank(), ids.Id(p.buffer())};
+    placement.base = p.base();
+    placement.strides = p.strides().empty() ? planner::ContiguousStrides(planner::Extent(placement.box))
+                                            : ToIndex(p.strides());
     side.layout.placements.push_back(std::move(placement));
   }
   for (const v1::FlatPlacement& f : layout.flat_placements()) {

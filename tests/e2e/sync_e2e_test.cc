@@ -300,7 +300,7 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
 }
 
 // Resident memory (KiB) and open file descriptors of a process, from /proc.
-std::pair<int64_t, int64_t> Footprint(pid_t pid) {
+std::pair<int64_t, int64_t> FootprintNow(pid_t pid) {
   int64_t rss = 0, fds = 0;
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(status, line);) {
@@ -311,6 +311,18 @@ std::pair<int64_t, int64_t> Footprint(pid_t pid) {
     ++fds;
   }
   return {rss, fds};
+}
+
+// The same, settled: the fewest descriptors over 200 ms, since a client's connection
+// that just closed may linger a moment (each sync here is a new client channel).
+std::pair<int64_t, int64_t> Footprint(pid_t pid) {
+  std::pair<int64_t, int64_t> settled = FootprintNow(pid);
+  for (int i = 0; i < 10; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    const auto now = FootprintNow(pid);
+    settled = {now.first, std::min(settled.second, now.second)};
+  }
+  return settled;
 }
 
 TEST_CASE("1,000 syncs with changing sources all verify; the daemons' memory and descriptors stay flat") {
@@ -336,7 +348,7 @@ TEST_CASE("1,000 syncs with changing sources all verify; the daemons' memory and
                 static_cast<long long>(before[i].first), static_cast<long long>(after.first),
                 static_cast<long long>(before[i].second), static_cast<long long>(after.second));
     CHECK(after.first - before[i].first < 4096);  // KiB
-    CHECK(after.second == before[i].second);
+    CHECK(after.second <= before[i].second);  // no descriptor leaks
   }
 }
 

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "planner/plan.h"
+#include "planner/validate.h"
 #include "planner/schedule.h"
 #include "spec/layout_spec.h"
 #include "tests/planner/reference_executor.h"
@@ -119,6 +120,28 @@ TEST_CASE("a target whose name or shape does not match a source is refused") {
   CHECK_THAT(ErrorOf("{" + buffers + "," + source +
                      R"(, "targets": [{"name": "w", "shape": [5], "dtype": "BFLOAT16"}]})"),
              Contains("shape mismatch"));
+}
+
+TEST_CASE("inputs the fuzzer found are refused: a box without hi, two source placements on the same bytes") {
+  constexpr char kTwoRanks[] = R"({"buffers": [{"rank": 0, "name": "flat", "bytes": 64}, {"rank": 1, "name": "flat", "bytes": 64},
+      {"rank": 0, "name": "shard", "bytes": 32}, {"rank": 1, "name": "shard", "bytes": 32}],
+    "targets": [{"name": "w", "shape": [4, 8], "dtype": "BFLOAT16", "placements": [
+      {"rank": 0, "buffer": "shard", "base": 0, "box": {"lo": [0, 0], "hi": [4, 4]}},
+      {"rank": 1, "buffer": "shard", "base": 0, "box": {"lo": [0, 4], "hi": [4, 8]}}]}],
+    "sources": [{"name": "w", "shape": [4, 8], "dtype": "BFLOAT16", "placements": [
+      {"rank": 1, "buffer": "flat", "base": 0, "box": {"lo": [0, 0], "hi": [2, 8]}},
+      {"rank": 1, "buffer": "flat", "base": )";
+  CHECK_THAT(ErrorOf(std::string(kTwoRanks) + R"(1, "box": {"lo": [2, 8]}}]}]})"),
+             Contains("tensor 'w'") && Contains("2 lo and 0 hi"));
+  const auto validated = [&](const std::string& rest) {
+    auto input = FromJson(std::string(kTwoRanks) + rest);
+    REQUIRE(input.ok());
+    return planner::ValidatePlanInput(*input);
+  };
+  const absl::Status aliased = validated(R"(0, "box": {"lo": [2, 0], "hi": [4, 8]}}]}]})");
+  CHECK_THAT(std::string(aliased.message()),
+             Contains("source placements of tensor 'w' and tensor 'w' overlap") && Contains("rank 1"));
+  CHECK(validated(R"(16, "box": {"lo": [2, 0], "hi": [4, 8]}}]}]})").ok());  // base in elements: after rows 0-1
 }
 
 }  // namespace
