@@ -18,18 +18,19 @@ absl::Status Invalid(const TensorLayouts& t, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", what));
 }
 
-// A target write on one buffer: the byte interval it may touch.
-struct WriteSpan {
+// A placement or fill on one buffer: the byte interval it may touch.
+struct ByteSpan {
   Holder holder;
   Wide first = 0;
   Wide end = 0;
   const TensorLayouts* tensor = nullptr;
+  const char* side = "";  // source, target or fill
 };
 
 // Bytes [first, end) that a strided region occupies, or an error if it leaves `buffer`.
 absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, int64_t base, const Index& extent,
                        const Index& strides, DType dtype, const std::map<Holder, int64_t>& buffers,
-                       std::vector<WriteSpan>* extents) {
+                       std::vector<ByteSpan>* extents) {
   const auto where = [&] { return absl::StrCat(side, " on rank ", holder.rank, " buffer ", holder.buffer); };
   auto it = buffers.find(holder);
   if (it == buffers.end()) return Invalid(t, absl::StrCat(where(), " names an unregistered buffer"));
@@ -51,21 +52,24 @@ absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, 
     return Invalid(t, absl::StrCat(where(), " needs ", static_cast<int64_t>(std::min<Wide>(end, INT64_MAX)),
                                    " bytes but the buffer has ", it->second));
   }
-  if (extents) extents->push_back(WriteSpan{holder, static_cast<Wide>(base) * element, end, &t});
+  if (extents) extents->push_back(ByteSpan{holder, static_cast<Wide>(base) * element, end, &t, side});
   return absl::OkStatus();
 }
 
-absl::Status CheckDisjoint(std::vector<WriteSpan>& spans, const char* side) {
-  std::sort(spans.begin(), spans.end(), [](const WriteSpan& a, const WriteSpan& b) {
+// No byte of a buffer in two spans (conservatively: their intervals): a target written
+// twice, a source read while a target overwrites it, or one byte holding two source
+// elements (the last two found by the fuzzer).
+absl::Status CheckDisjoint(std::vector<ByteSpan>& spans) {
+  std::sort(spans.begin(), spans.end(), [](const ByteSpan& a, const ByteSpan& b) {
     return a.holder == b.holder ? a.first < b.first : a.holder < b.holder;
   });
   for (size_t i = 1; i < spans.size(); ++i) {
-    const WriteSpan& a = spans[i - 1];
-    const WriteSpan& b = spans[i];
+    const ByteSpan& a = spans[i - 1];
+    const ByteSpan& b = spans[i];
     if (a.holder == b.holder && b.first < a.end) {
-      return absl::InvalidArgumentError(absl::StrCat(side, " placements of tensor '", a.tensor->name, "' and tensor '",
-                                                     b.tensor->name, "' overlap in buffer ", a.holder.buffer,
-                                                     " on rank ", a.holder.rank, " at byte ",
+      return absl::InvalidArgumentError(absl::StrCat("the ", a.side, " of tensor '", a.tensor->name, "' and the ",
+                                                     b.side, " of tensor '", b.tensor->name, "' overlap in buffer ",
+                                                     a.holder.buffer, " on rank ", a.holder.rank, " at byte ",
                                                      static_cast<int64_t>(b.first)));
     }
   }
@@ -73,7 +77,7 @@ absl::Status CheckDisjoint(std::vector<WriteSpan>& spans, const char* side) {
 }
 
 absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const char* side, DType dtype,
-                             const std::map<Holder, int64_t>& buffers, std::vector<WriteSpan>* extents) {
+                             const std::map<Holder, int64_t>& buffers, std::vector<ByteSpan>* extents) {
   for (const Placement& p : layout.placements) {
     if (p.box.lo.size() != t.shape.size() || p.box.hi.size() != t.shape.size()) {
       return Invalid(t, absl::StrCat(side, " box on rank ", p.holder.rank, " has ", p.box.lo.size(),
@@ -106,8 +110,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
     }
   }
   std::set<std::string> names;
-  std::vector<WriteSpan> writes;
-  std::vector<WriteSpan> reads;
+  std::vector<ByteSpan> spans;
   for (const TensorLayouts& t : input.tensors) {
     if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
     if (!names.insert(t.name).second) return Invalid(t, "named twice in one batch");
@@ -124,20 +127,17 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       return Invalid(t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ",
                                      DTypeName(t.target_dtype), " (only equal dtypes or float32 -> bfloat16)"));
     }
-    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, &reads);
-    if (s.ok()) s = CheckPlacements(t, t.target, "target", t.target_dtype, buffers, &writes);
+    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, &spans);
+    if (s.ok()) s = CheckPlacements(t, t.target, "target", t.target_dtype, buffers, &spans);
     if (!s.ok()) return s;
     if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
     for (const Fill& f : t.target.fills) {
       if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
-      s = CheckFits(t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, &writes);
+      s = CheckFits(t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, &spans);
       if (!s.ok()) return s;
     }
   }
-  // Two writes into one buffer must not share a byte (conservatively: their byte spans);
-  // nor two source placements: one byte cannot hold two elements (found by the fuzzer).
-  if (auto s = CheckDisjoint(writes, "target"); !s.ok()) return s;
-  return CheckDisjoint(reads, "source");
+  return CheckDisjoint(spans);
 }
 
 }  // namespace shardsync::planner

@@ -8,8 +8,8 @@ namespace shardsync::planner {
 
 // Buffers declared once with a non-negative size; tensors named once, at most kMaxAxes
 // axes; boxes inside the tensor; placements and fills inside their buffers (no
-// overflow); convertible dtypes; neither target writes nor source placements on one
-// buffer overlapping.
+// overflow); convertible dtypes; no two placements or fills (source or target) sharing
+// a byte of a buffer.
 absl::Status ValidatePlanInput(const PlanInput& input);
 
 }  // namespace shardsync::planner

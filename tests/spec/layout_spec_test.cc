@@ -122,7 +122,7 @@ TEST_CASE("a target whose name or shape does not match a source is refused") {
              Contains("shape mismatch"));
 }
 
-TEST_CASE("inputs the fuzzer found are refused: a box without hi, two source placements on the same bytes") {
+TEST_CASE("inputs the fuzzer found are refused: a box without hi, sources sharing bytes, a target over a source") {
   constexpr char kTwoRanks[] = R"({"buffers": [{"rank": 0, "name": "flat", "bytes": 64}, {"rank": 1, "name": "flat", "bytes": 64},
       {"rank": 0, "name": "shard", "bytes": 32}, {"rank": 1, "name": "shard", "bytes": 32}],
     "targets": [{"name": "w", "shape": [4, 8], "dtype": "BFLOAT16", "placements": [
@@ -140,7 +140,17 @@ TEST_CASE("inputs the fuzzer found are refused: a box without hi, two source pla
   };
   const absl::Status aliased = validated(R"(0, "box": {"lo": [2, 0], "hi": [4, 8]}}]}]})");
   CHECK_THAT(std::string(aliased.message()),
-             Contains("source placements of tensor 'w' and tensor 'w' overlap") && Contains("rank 1"));
+             Contains("the source of tensor 'w' and the source of tensor 'w' overlap") && Contains("rank 1"));
+  // A target on rank 1 written into the source buffer "flat" while it is read.
+  auto written = FromJson(R"({"buffers": [{"rank": 0, "name": "a", "bytes": 64}, {"rank": 1, "name": "b", "bytes": 64}],
+    "sources": [{"name": "w", "shape": [4, 8], "dtype": "BFLOAT16", "placements": [
+      {"rank": 0, "buffer": "a", "base": 0, "box": {"lo": [0, 0], "hi": [4, 8]}}]}],
+    "targets": [{"name": "w", "shape": [4, 8], "dtype": "BFLOAT16", "placements": [
+      {"rank": 0, "buffer": "a", "base": 4, "box": {"lo": [0, 0], "hi": [1, 8]}},
+      {"rank": 1, "buffer": "b", "base": 0, "box": {"lo": [0, 0], "hi": [4, 8]}}]}]})");
+  REQUIRE(written.ok());
+  CHECK_THAT(std::string(planner::ValidatePlanInput(*written).message()),
+             Contains("the source of tensor 'w' and the target of tensor 'w' overlap in buffer") && Contains("rank 0"));
   CHECK(validated(R"(16, "box": {"lo": [2, 0], "hi": [4, 8]}}]}]})").ok());  // base in elements: after rows 0-1
 }
 
