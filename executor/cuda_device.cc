@@ -43,7 +43,10 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
   cudaStream_t stream, local;
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&local, cudaStreamNonBlocking));
-  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, stream, local));
+  cudaEvent_t local_start, local_end;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&local_start));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&local_end));
+  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, stream, local, local_start, local_end));
 }
 
 CudaDevice::~CudaDevice() {
@@ -53,6 +56,8 @@ CudaDevice::~CudaDevice() {
   for (auto& [key, staging] : staging_) cudaFree(staging.first);
   cudaFree(network_batch_.device);
   cudaFree(local_batch_.device);
+  cudaEventDestroy(local_start_);
+  cudaEventDestroy(local_end_);
   cudaStreamDestroy(stream_);
   cudaStreamDestroy(local_stream_);
 }
@@ -152,7 +157,19 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
     d.fill = 1;
     local_batch_.descriptors.push_back(d);
   }
-  return Launch(local_batch_, local_stream_);
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_start_, local_stream_));
+  if (auto status = Launch(local_batch_, local_stream_); !status.ok()) return status;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_end_, local_stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaDevice::LastLocalSeconds() {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  float milliseconds = 0;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(local_end_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&milliseconds, local_start_, local_end_));
+  return milliseconds / 1e3;
 }
 
 absl::Status CudaDevice::Synchronize() {

@@ -31,6 +31,7 @@ class CudaDevice final : public Device {
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
   absl::Status Synchronize() override;
   absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) override;
+  absl::StatusOr<double> LastLocalSeconds() override;
 
  private:
   // Descriptors of one launch and their device copy, per stream.
@@ -40,13 +41,19 @@ class CudaDevice final : public Device {
     uint8_t* device = nullptr;  // descriptors, then first_block
     size_t capacity = 0;
   };
-  CudaDevice(int ordinal, cudaStream_t stream, cudaStream_t local_stream)
-      : ordinal_(ordinal), stream_(stream), local_stream_(local_stream) {}
+  CudaDevice(int ordinal, cudaStream_t stream, cudaStream_t local_stream, cudaEvent_t local_start, cudaEvent_t local_end)
+      : ordinal_(ordinal),
+        stream_(stream),
+        local_stream_(local_stream),
+        local_start_(local_start),
+        local_end_(local_end) {}
   absl::Status Launch(Batch& batch, cudaStream_t stream);
 
   const int ordinal_;
   cudaStream_t stream_;
   cudaStream_t local_stream_;
+  cudaEvent_t local_start_;  // around the last CopyLocal on local_stream_
+  cudaEvent_t local_end_;
   Batch network_batch_;
   Batch local_batch_;
   std::map<std::pair<int32_t, bool>, std::pair<uint8_t*, int64_t>> staging_;

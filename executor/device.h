@@ -39,6 +39,9 @@ class Device {
   virtual absl::Status Synchronize() = 0;
   // Waits for everything queued, then copies `bytes` of device memory (staging) to host.
   virtual absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) = 0;
+  // How long the last CopyLocal's copies and fills ran (after Synchronize): beside the
+  // rounds on a device, so the part of a sync they explain.
+  virtual absl::StatusOr<double> LastLocalSeconds() = 0;
 };
 
 // Host memory: every call copies at once.
@@ -54,9 +57,11 @@ class HostDevice final : public Device {
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) override;
+  absl::StatusOr<double> LastLocalSeconds() override { return local_seconds_; }
 
  private:
   std::map<std::pair<int32_t, bool>, std::vector<uint8_t>> staging_;
+  double local_seconds_ = 0;
 };
 
 }  // namespace shardsync::executor

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/time/clock.h"
 #include "executor/host_copy.h"
 
 namespace shardsync::executor {
@@ -34,11 +35,13 @@ absl::Status HostDevice::Unpack(const planner::Plan& plan, absl::Span<const plan
 
 absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                    absl::Span<const int32_t> fills, const BufferTable& buffers) {
+  const absl::Time start = absl::Now();
   for (int32_t index : segments) {
     const planner::Segment& s = plan.segments[index];
     CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
   }
   for (int32_t index : fills) FillHost(plan.fills[index], buffers[plan.fills[index].fill.holder.buffer]);
+  local_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
 }
 

@@ -101,6 +101,9 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
   }
   if (auto s = transport_.Finish(deadline); !s.ok()) return s;
   if (auto s = device_.Synchronize(); !s.ok()) return s;
+  const absl::StatusOr<double> local_seconds = device_.LastLocalSeconds();
+  if (!local_seconds.ok()) return local_seconds.status();
+  stats.local_seconds = *local_seconds;
   progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;

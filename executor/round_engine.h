@@ -27,6 +27,7 @@ struct ExecutionStats {
   int64_t peak_staging_bytes = 0;       // staging in use at once, both directions, all peers
   int64_t peak_peer_staging_bytes = 0;  // staging of one peer in one direction (<= budget)
   double seconds = 0;
+  double local_seconds = 0;  // the local copies and fills alone (beside the rounds on a device)
 };
 
 // How far a run is, readable from another thread while it goes.

@@ -193,6 +193,7 @@ def shardsync_case(name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
             response = coordinator.sync(timeout=120)
             times.append(time.perf_counter() - start)
             ranks = response.ranks
+        verified = coordinator.sync(timeout=120, verify=True)  # the cost of --verify, once
         explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
         # Peak extra memory of the clients during the syncs, before the checks allocate.
         memory = [int(ask(c, "memory").split()[1]) for c in clients]
@@ -208,7 +209,9 @@ def shardsync_case(name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
             "sent_bytes": [r.sent_bytes for r in ranks], "received_bytes": [r.received_bytes for r in ranks],
             "local_bytes": [r.local_bytes for r in ranks], "rounds": [r.rounds for r in ranks],
             "agent_peak_staging_bytes": [r.peak_staging_bytes for r in ranks], "client_peak_extra_bytes": memory,
-            "agent_seconds": [r.seconds for r in ranks],
+            "agent_seconds": [r.seconds for r in ranks], "agent_local_seconds": [r.local_seconds for r in ranks],
+            "verify_sync_seconds": verified.seconds, "verify_seconds": [r.verify_seconds for r in verified.ranks],
+            "verified_placements": verified.verified_placements,
         }
     finally:
         cluster.stop()
@@ -240,7 +243,9 @@ def main():
         rows.append(row)
         print(f"{name}: shardsync {row['seconds'] * 1e3:.2f} ms (floor {row['floor_seconds'] * 1e3:.2f} ms, "
               f"x{row['seconds'] / row['floor_seconds']:.2f}); gather {gather * 1e3:.2f} ms; bucketed gather "
-              f"{bucketed * 1e3:.2f} ms; checks {row['checks']}", flush=True)
+              f"{bucketed * 1e3:.2f} ms; agents {max(row['agent_seconds']) * 1e3:.2f} ms of which local copies "
+              f"{max(row['agent_local_seconds']) * 1e3:.2f} ms; with --verify {row['verify_sync_seconds'] * 1e3:.2f} ms; "
+              f"checks {row['checks']}", flush=True)
     with open(os.path.join(args.out, "sync_bench.json"), "w") as f:
         json.dump({"link_gbps": link, "memory_gbps": memory, "staging_bytes": args.staging_bytes, "syncs": args.syncs,
                    "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows,

@@ -263,6 +263,7 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   out.set_peak_staging_bytes(stats->peak_staging_bytes);
   out.set_peak_peer_staging_bytes(stats->peak_peer_staging_bytes);
   out.set_seconds(stats->seconds);
+  out.set_local_seconds(stats->local_seconds);
   return response;
 }
 

@@ -120,8 +120,8 @@ def ready(process):
     assert line.startswith("ready"), f"client did not register: {line!r}"
 
 
-def sync(cluster, timeout=60):
-    return shardsync.CoordinatorClient(cluster.coordinator, insecure=True).sync(timeout=timeout)
+def sync(cluster, timeout=60, verify=False):
+    return shardsync.CoordinatorClient(cluster.coordinator, insecure=True).sync(timeout=timeout, verify=verify)
 
 
 def case(name):
@@ -164,7 +164,7 @@ def one_gpu():
 
 
 def two_gpu_layout(zero, tp):
-    @case(f"2 GPUs: ZeRO-{zero} over 2 ranks into {'TP2' if tp == 2 else 'TP1 x 2'}, two syncs")
+    @case(f"2 GPUs: ZeRO-{zero} over 2 ranks into {'TP2' if tp == 2 else 'TP1 x 2'}, two syncs, then one with --verify")
     def run():
         cluster = Cluster(f"zero{zero}-tp{tp}", 2)
         try:
@@ -184,7 +184,12 @@ def two_gpu_layout(zero, tp):
             if zero < 3:
                 assert sent == 0, f"{sent} bytes crossed GPUs under ZeRO-{zero}"
             moved = sum(r.received_bytes + r.local_bytes for r in second.ranks)
-            return f"second sync {second.seconds * 1e3:.2f} ms, {moved} bytes written, {sent} over NVLink"
+            verified = sync(cluster, verify=True)  # checksums on the GPU path (ReadBack)
+            assert verified.verified_placements > 0, "verify compared nothing"
+            checksums = max(r.verify_seconds for r in verified.ranks)
+            return (f"second sync {second.seconds * 1e3:.2f} ms, {moved} bytes written, {sent} over NVLink; "
+                    f"verified {verified.verified_placements} placements, sync with verify {verified.seconds * 1e3:.1f} ms "
+                    f"(checksums {checksums * 1e3:.1f} ms)")
         finally:
             cluster.stop()
     return run
