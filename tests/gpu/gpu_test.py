@@ -140,7 +140,7 @@ def case(name):
     return wrap
 
 
-@case("1 GPU: ZeRO-3 into a TP1 arena on the same GPU; a CUDA graph reads the new weights; the arena stays put")
+@case("1 GPU: ZeRO-3 into a TP1 arena on the same GPU; a CUDA graph reads the new weights; the arena stays put; --verify")
 def one_gpu():
     cluster = Cluster("one-gpu", 1)
     try:
@@ -158,7 +158,13 @@ def one_gpu():
         assert ask(rollout, "check 2") == "ok"
         assert ask(rollout, "replay 2") == "ok", "the graph did not see the second sync's weights"
         assert ask(rollout, "address") == address
-        return f"{response.ranks[0].local_bytes} bytes local in {response.ranks[0].seconds:.4f} s"
+        verified = sync(cluster, verify=True)  # checksums read back from the GPU
+        assert verified.verified_placements > 0, "verify compared nothing"
+        assert ask(rollout, "check 2") == "ok"
+        r = verified.ranks[0]
+        return (f"{response.ranks[0].local_bytes} bytes local in {response.ranks[0].seconds:.4f} s "
+                f"(local copies {response.ranks[0].local_seconds:.4f} s); --verify: {verified.verified_placements} "
+                f"placements equal, checksums {r.verify_seconds:.4f} s")
     finally:
         cluster.stop()
 
