@@ -52,7 +52,8 @@ absl::StatusOr<int32_t> CompareChecksums(const std::vector<v1::ExecuteResponse>&
 
 }  // namespace
 
-Coordinator::Coordinator(CoordinatorConfig config) : config_(config), instance_id_(NewInstanceId()) {}
+Coordinator::Coordinator(CoordinatorConfig config)
+    : config_(config), instance_id_(NewInstanceId()), phase_pool_(config.world_size) {}
 
 v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
   absl::MutexLock lock(&mu_);
@@ -170,7 +171,7 @@ absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration 
     }
   }
   std::vector<std::string> refusals(config_.world_size);
-  ForEachRank(config_.world_size, [&](int32_t rank) {
+  phase_pool_.Run([&](int32_t rank) {
     const v1::PrepareRequest& full = cache_.requests[rank];
     v1::PrepareRequest request;
     const bool cached = delivered_.count(rank) && delivered_.at(rank) == cache_.digest;
@@ -276,7 +277,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
       });
     });
   };
-  ForEachRank(config_.world_size, [&](int32_t rank) {
+  phase_pool_.Run([&](int32_t rank) {
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
     execute.set_digest(cache_.digest);

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/metrics_http.h"
 #include "common/tls.h"
+#include "daemon/coordinator/rank_pool.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "proto/shardsync.grpc.pb.h"
@@ -64,6 +65,7 @@ class Coordinator {
 
   const CoordinatorConfig config_;
   const std::string instance_id_;
+  RankPool phase_pool_;  // Prepare and Execute fan out on it; used under sync_mu_
   mutable absl::Mutex mu_;
   std::map<int32_t, AgentEntry> agents_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, v1::PublishRequest> published_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,45 @@
+#include "daemon/coordinator/rank_pool.h"
+
+namespace shardsync::coordinator {
+
+RankPool::RankPool(int32_t ranks) {
+  for (int32_t r = 0; r < ranks; ++r) threads_.emplace_back([this, r] { Worker(r); });
+}
+
+RankPool::~RankPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void RankPool::Run(const std::function<void(int32_t)>& fn) {
+  absl::MutexLock lock(&mu_);
+  job_ = &fn;
+  running_ = static_cast<int32_t>(threads_.size());
+  ++generation_;
+  mu_.Await(absl::Condition(
+      +[](int32_t* running) { return *running == 0; }, &running_));
+  job_ = nullptr;
+}
+
+void RankPool::Worker(int32_t rank) {
+  int64_t seen = 0;
+  while (true) {
+    const std::function<void(int32_t)>* job;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    (*job)(rank);
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+}
+
+}  // namespace shardsync::coordinator

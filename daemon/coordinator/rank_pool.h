@@ -1,0 +1,36 @@
+// One thread per rank, started once: the fan-out of a sync's phases (Prepare, Execute)
+// without starting 2 x world threads on every sync. One Run at a time; a call made from
+// inside a Run must not use the same pool.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace shardsync::coordinator {
+
+class RankPool {
+ public:
+  explicit RankPool(int32_t ranks);
+  ~RankPool();
+  RankPool(const RankPool&) = delete;
+  RankPool& operator=(const RankPool&) = delete;
+
+  // Calls fn(rank) for every rank, each on its own thread; returns when all returned.
+  void Run(const std::function<void(int32_t)>& fn);
+
+ private:
+  void Worker(int32_t rank);
+
+  absl::Mutex mu_;
+  const std::function<void(int32_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // one more for every Run
+  int32_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace shardsync::coordinator
