@@ -43,11 +43,14 @@ std::string ModelJson(int zero_stage, const std::string& replicas, const std::st
 struct Layout {
   const char* name;
   const char* replicas;
+  int first_target_rank = 0;  // a rank that holds targets
 };
 constexpr Layout kLayouts[] = {
     {"tp2x2", R"([{"ranks": [0, 1]}, {"ranks": [2, 3]}])"},
     {"tp4", R"([{"ranks": [0, 1, 2, 3]}])"},
     {"tp1-on-half", R"([{"ranks": [0]}, {"ranks": [2]}])"},
+    {"tp1x4", R"([{"ranks": [0]}, {"ranks": [1]}, {"ranks": [2]}, {"ranks": [3]}])"},
+    {"tp2-on-ranks-2-3", R"([{"ranks": [2, 3]}])", 2},
 };
 
 void RequireReady(Deployment& deployment) {
@@ -60,7 +63,7 @@ int64_t BytesSent(const v1::SyncResponse& response) {
   return sent;
 }
 
-TEST_CASE("ZeRO-1/2/3 into TP2x2, uneven TP4 and TP1 on half the ranks sync exactly, twice") {
+TEST_CASE("ZeRO-1/2/3 over 4 ranks into TP2x2, uneven TP4, TP1 on half and on all ranks, TP2 on ranks 2-3 sync exactly, twice") {
   Cluster cluster(ClusterOptions{});
   for (int stage = 1; stage <= 3; ++stage) {
     for (const Layout& layout : kLayouts) {
@@ -68,7 +71,7 @@ TEST_CASE("ZeRO-1/2/3 into TP2x2, uneven TP4 and TP1 on half the ranks sync exac
       Deployment deployment(cluster, absl::StrCat("zero", stage, "-", layout.name), ModelJson(stage, layout.replicas),
                             /*seed=*/stage * 100 + 1);
       RequireReady(deployment);
-      const std::string address = deployment.RolloutAddress(0);
+      const std::string address = deployment.RolloutAddress(layout.first_target_rank);
       CHECK(deployment.CheckTargets(stage * 100 + 1).size() > 0);  // poisoned before the sync
 
       auto first = SyncOnce(cluster, absl::Seconds(20));
@@ -86,7 +89,7 @@ TEST_CASE("ZeRO-1/2/3 into TP2x2, uneven TP4 and TP1 on half the ranks sync exac
       CHECK(second->plan_seconds() == 0);  // the cached plan of this epoch
       errors = deployment.CheckTargets(stage * 100 + 2);
       CHECK(errors.empty());
-      CHECK(deployment.RolloutAddress(0) == address);  // the arena never moves
+      CHECK(deployment.RolloutAddress(layout.first_target_rank) == address);  // the arena never moves
     }
   }
 }
