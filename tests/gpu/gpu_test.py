@@ -169,23 +169,25 @@ def one_gpu():
         cluster.stop()
 
 
-def two_gpu_layout(zero, tp):
-    @case(f"2 GPUs: ZeRO-{zero} over 2 ranks into {'TP2' if tp == 2 else 'TP1 x 2'}, two syncs, then one with --verify")
+def layout_case(world, zero, name, rollouts):
+    """ZeRO-`zero` over `world` GPUs into the rollout `rollouts`: (rank, tp, tp_rank) each."""
+    @case(f"{world} GPUs: ZeRO-{zero} over {world} ranks into {name}, two syncs, then one with --verify")
     def run():
-        cluster = Cluster(f"zero{zero}-tp{tp}", 2)
+        cluster = Cluster(f"zero{zero}-{name}", world)
         try:
-            trainers = [cluster.client("trainer", r, zero=zero, dp=2, seed=10 + zero) for r in range(2)]
-            rollouts = [cluster.client("rollout", r, tp=tp, tp_rank=r if tp == 2 else 0, seed=10 + zero) for r in range(2)]
-            for p in trainers + rollouts:
+            seed = 10 * world + zero
+            trainers = [cluster.client("trainer", r, zero=zero, dp=world, seed=seed) for r in range(world)]
+            clients = [cluster.client("rollout", r, tp=tp, tp_rank=k, seed=seed) for r, tp, k in rollouts]
+            for p in trainers + clients:
                 ready(p)
-            first = sync(cluster)
-            for r in rollouts:
-                assert ask(r, "check %d" % (10 + zero)) == "ok"
+            sync(cluster)
+            for r in clients:
+                assert ask(r, "check %d" % seed) == "ok"
             for t in trainers:
-                assert ask(t, "refill %d" % (20 + zero)) == "refilled"
+                assert ask(t, "refill %d" % (seed + 100)) == "refilled"
             second = sync(cluster)
-            for r in rollouts:
-                assert ask(r, "check %d" % (20 + zero)) == "ok"
+            for r in clients:
+                assert ask(r, "check %d" % (seed + 100)) == "ok"
             sent = sum(r.sent_bytes for r in second.ranks)
             if zero < 3:
                 assert sent == 0, f"{sent} bytes crossed GPUs under ZeRO-{zero}"
@@ -201,28 +203,41 @@ def two_gpu_layout(zero, tp):
     return run
 
 
-@case("2 GPUs: a missing shard refuses the sync, naming the rank, and no target changes")
-def missing_shard():
-    cluster = Cluster("missing", 2)
-    try:
-        trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=5, drop="layers.1.up" if r == 1 else "") for r in range(2)]
-        rollouts = [cluster.client("rollout", r, tp=2, tp_rank=r, seed=5) for r in range(2)]
-        for p in trainers + rollouts:
-            ready(p)
-        refusal = None
+# The rollout layouts: (rank, tp, tp_rank) of every rollout process.
+TWO_GPU_LAYOUTS = {"TP2": [(0, 2, 0), (1, 2, 1)], "TP1 x 2": [(0, 1, 0), (1, 1, 0)]}
+FOUR_GPU_LAYOUTS = {
+    "two TP2 replicas": [(0, 2, 0), (1, 2, 1), (2, 2, 0), (3, 2, 1)],
+    "TP4 (uneven shards)": [(r, 4, r) for r in range(4)],
+    "TP1 on every rank": [(r, 1, 0) for r in range(4)],
+    "one TP2 replica on ranks 2-3": [(2, 2, 0), (3, 2, 1)],
+}
+
+
+def missing_shard_case(world):
+    @case(f"{world} GPUs: a missing shard refuses the sync everywhere, naming the rank, and no target changes")
+    def run():
+        cluster = Cluster(f"missing{world}", world)
         try:
-            sync(cluster)
-        except shardsync.ShardsyncError as error:
-            refusal = error
-        assert refusal is not None, "the sync was not refused"
-        assert refusal.code.name == "FAILED_PRECONDITION", refusal
-        assert "no byte moved" in refusal.message and "by none of rank 1" in refusal.message, refusal.message
-        for r in rollouts:
-            # Still the poison: every element differs from the values it would have got.
-            assert ask(r, "check 5").startswith("mismatch"), "a target changed although the sync was refused"
-        return "refused: " + refusal.message[:160]
-    finally:
-        cluster.stop()
+            trainers = [cluster.client("trainer", r, zero=3, dp=world, seed=5, drop="layers.1.up" if r == 1 else "")
+                        for r in range(world)]
+            rollouts = [cluster.client("rollout", r, tp=world, tp_rank=r, seed=5) for r in range(world)]
+            for p in trainers + rollouts:
+                ready(p)
+            refusal = None
+            try:
+                sync(cluster)
+            except shardsync.ShardsyncError as error:
+                refusal = error
+            assert refusal is not None, "the sync was not refused"
+            assert refusal.code.name == "FAILED_PRECONDITION", refusal
+            assert "no byte moved" in refusal.message and "by none of rank 1" in refusal.message, refusal.message
+            for r in rollouts:
+                # Still the poison: every element differs from the values it would have got.
+                assert ask(r, "check 5").startswith("mismatch"), "a target changed although the sync was refused"
+            return "refused: " + refusal.message[:160]
+        finally:
+            cluster.stop()
+    return run
 
 
 @case("2 GPUs: an agent killed during a sync fails it within the deadline, naming it; restarted, it syncs again")
@@ -277,9 +292,13 @@ def agent_killed():
 
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
-    cases = [one_gpu]
+    cases = [one_gpu] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
     if GPUS >= 2:
-        cases += [two_gpu_layout(z, tp) for z in (1, 2, 3) for tp in (2, 1)] + [missing_shard, agent_killed]
+        cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
+        cases += [missing_shard_case(2), agent_killed]
+    if GPUS >= 4:
+        cases += [layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]
+        cases += [missing_shard_case(4)]
     for run in cases:
         if args.only in run.name:
             run()

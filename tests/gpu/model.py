@@ -7,7 +7,8 @@ HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, LAYERS, VOCAB = 1024, 3072, 16,
 
 def tensors(scale=1):
     """(name, shape, style): style 'column' splits rows, 'row' splits columns."""
-    out = [("embed", (VOCAB * scale, HIDDEN), "column")]
+    # "odd" has 1030 rows: TP4 shards of 258, 258, 257, 257 (uneven), TP2 of 515.
+    out = [("embed", (VOCAB * scale, HIDDEN), "column"), ("odd", (1030, HIDDEN), "column")]
     for layer in range(LAYERS):
         p = f"layers.{layer}."
         out += [
