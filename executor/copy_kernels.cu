@@ -102,7 +102,40 @@ __global__ void CopyKernel(const CopyDescriptor* descriptors, const int64_t* fir
   }
 }
 
+constexpr int kHashThreads = 256;
+
+__global__ void HashKernel(const uint8_t* data, const HashPiece* pieces, uint64_t* sums) {
+  const HashPiece p = pieces[blockIdx.x];
+  const uint64_t* words = reinterpret_cast<const uint64_t*>(data + p.offset);  // 8-byte aligned
+  const int64_t whole = p.bytes / 8;
+  uint64_t sum = 0;
+  for (int64_t w = threadIdx.x; w < whole; w += blockDim.x) sum += WordHash(p.first_word + w, words[w]);
+  if (threadIdx.x == 0 && p.bytes % 8 != 0) {
+    uint64_t tail = 0;
+    const uint8_t* bytes = data + p.offset + whole * 8;
+    for (int b = 0; b < p.bytes % 8; ++b) tail |= static_cast<uint64_t>(bytes[b]) << (8 * b);
+    sum += WordHash(p.first_word + whole, tail);
+  }
+  // The block's sum: within each warp, then across warps.
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  __shared__ uint64_t warp_sums[kHashThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t total = 0;
+    for (int w = 0; w < kHashThreads / 32; ++w) total += warp_sums[w];
+    sums[blockIdx.x] = total;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchHashes(const uint8_t* data, const HashPiece* pieces, int32_t count, uint64_t* sums,
+                         cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  HashKernel<<<static_cast<unsigned>(count), kHashThreads, 0, stream>>>(data, pieces, sums);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchCopies(const CopyDescriptor* descriptors, const int64_t* first_block, int32_t count,
                          int64_t total_blocks, cudaStream_t stream) {

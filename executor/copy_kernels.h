@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "executor/word_hash.h"
+
 namespace shardsync::executor {
 
 inline constexpr int kCopyAxes = 4;
@@ -38,5 +40,10 @@ inline constexpr int64_t kElementsPerBlock = 32768;
 // entries, the last being the total) are in device memory.
 cudaError_t LaunchCopies(const CopyDescriptor* descriptors, const int64_t* first_block, int32_t count,
                          int64_t total_blocks, cudaStream_t stream);
+
+// sums[i] = the sum of WordHash over piece i of `data` (one block a piece). `pieces` and
+// `sums` are in device memory.
+cudaError_t LaunchHashes(const uint8_t* data, const HashPiece* pieces, int32_t count, uint64_t* sums,
+                         cudaStream_t stream);
 
 }  // namespace shardsync::executor

@@ -56,6 +56,7 @@ CudaDevice::~CudaDevice() {
   for (auto& [key, staging] : staging_) cudaFree(staging.first);
   cudaFree(network_batch_.device);
   cudaFree(local_batch_.device);
+  cudaFree(hash_buffer_);
   cudaEventDestroy(local_start_);
   cudaEventDestroy(local_end_);
   cudaStreamDestroy(stream_);
@@ -135,10 +136,9 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
                                    absl::Span<const int32_t> fills, const BufferTable& buffers) {
   for (int32_t index : segments) {
     const planner::Segment& s = plan.segments[index];
-    local_batch_.descriptors.push_back(Describe(s, 0, planner::SegmentElements(s),
-                                                buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype),
-                                                buffers[s.dst.buffer] + s.dst_base * planner::ElementBytes(s.dst_dtype),
-                                                false, false));
+    local_batch_.descriptors.push_back(Describe(
+        s, 0, planner::SegmentElements(s), buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype),
+        buffers[s.dst.buffer] + s.dst_base * planner::ElementBytes(s.dst_dtype), false, false));
   }
   for (int32_t index : fills) {
     const planner::FillOp& f = plan.fills[index];
@@ -151,9 +151,9 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
       as_segment.shape[k] = f.fill.shape[k];
       as_segment.dst_strides[k] = f.fill.strides[k];
     }
-    CopyDescriptor d = Describe(as_segment, 0, planner::NumElements(f.fill.shape), nullptr,
-                                buffers[f.fill.holder.buffer] + f.fill.base * planner::ElementBytes(f.dtype), true,
-                                false);
+    CopyDescriptor d =
+        Describe(as_segment, 0, planner::NumElements(f.fill.shape), nullptr,
+                 buffers[f.fill.holder.buffer] + f.fill.base * planner::ElementBytes(f.dtype), true, false);
     d.fill = 1;
     local_batch_.descriptors.push_back(d);
   }
@@ -179,10 +179,25 @@ absl::Status CudaDevice::Synchronize() {
   return absl::OkStatus();
 }
 
-absl::Status CudaDevice::ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) {
+absl::Status CudaDevice::HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) {
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(local_stream_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, device, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
+  const size_t piece_bytes = pieces.size() * sizeof(HashPiece);
+  const size_t bytes = piece_bytes + pieces.size() * sizeof(uint64_t);
+  if (bytes > hash_capacity_) {
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // the old buffer may be in use
+    if (hash_buffer_ != nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(hash_buffer_));
+    hash_buffer_ = nullptr;
+    hash_capacity_ = 2 * bytes;
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&hash_buffer_, hash_capacity_));
+  }
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(hash_buffer_, pieces.data(), piece_bytes, cudaMemcpyHostToDevice, stream_));
+  uint64_t* device_sums = reinterpret_cast<uint64_t*>(hash_buffer_ + piece_bytes);
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(LaunchHashes(data, reinterpret_cast<const HashPiece*>(hash_buffer_),
+                                              static_cast<int32_t>(pieces.size()), device_sums, stream_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(sums, device_sums, pieces.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

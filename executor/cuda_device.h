@@ -23,14 +23,14 @@ class CudaDevice final : public Device {
   int ordinal() const { return ordinal_; }
   cudaStream_t stream() const { return stream_; }  // the transport enqueues here too
   absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) override;
-  absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                    const BufferTable& buffers, uint8_t* out) override;
+  absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
+                    uint8_t* out) override;
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
                       const BufferTable& buffers) override;
-  absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
-                         absl::Span<const int32_t> fills, const BufferTable& buffers) override;
+  absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
+                         const BufferTable& buffers) override;
   absl::Status Synchronize() override;
-  absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) override;
+  absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) override;
   absl::StatusOr<double> LastLocalSeconds() override;
 
  private:
@@ -41,7 +41,8 @@ class CudaDevice final : public Device {
     uint8_t* device = nullptr;  // descriptors, then first_block
     size_t capacity = 0;
   };
-  CudaDevice(int ordinal, cudaStream_t stream, cudaStream_t local_stream, cudaEvent_t local_start, cudaEvent_t local_end)
+  CudaDevice(int ordinal, cudaStream_t stream, cudaStream_t local_stream, cudaEvent_t local_start,
+             cudaEvent_t local_end)
       : ordinal_(ordinal),
         stream_(stream),
         local_stream_(local_stream),
@@ -56,6 +57,8 @@ class CudaDevice final : public Device {
   cudaEvent_t local_end_;
   Batch network_batch_;
   Batch local_batch_;
+  uint8_t* hash_buffer_ = nullptr;  // HashPieces: the pieces, then their sums
+  size_t hash_capacity_ = 0;
   std::map<std::pair<int32_t, bool>, std::pair<uint8_t*, int64_t>> staging_;
 };
 

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "executor/word_hash.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 
@@ -37,8 +38,9 @@ class Device {
                                  absl::Span<const int32_t> fills, const BufferTable& buffers) = 0;
   // Waits for everything queued so far.
   virtual absl::Status Synchronize() = 0;
-  // Waits for everything queued, then copies `bytes` of device memory (staging) to host.
-  virtual absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) = 0;
+  // Waits for everything queued, then hashes `pieces` of `data` (staging) where the data
+  // lives: sums[i] = the sum of WordHash over piece i (executor/word_hash.h).
+  virtual absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) = 0;
   // How long the last CopyLocal's copies and fills ran (after Synchronize): beside the
   // rounds on a device, so the part of a sync they explain.
   virtual absl::StatusOr<double> LastLocalSeconds() = 0;
@@ -56,7 +58,7 @@ class HostDevice final : public Device {
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
-  absl::Status ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) override;
+  absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) override;
   absl::StatusOr<double> LastLocalSeconds() override { return local_seconds_; }
 
  private:

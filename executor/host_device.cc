@@ -1,8 +1,8 @@
-#include "executor/device.h"
-
+#include <algorithm>
 #include <cstring>
 
 #include "absl/time/clock.h"
+#include "executor/device.h"
 #include "executor/host_copy.h"
 
 namespace shardsync::executor {
@@ -45,8 +45,17 @@ absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   return absl::OkStatus();
 }
 
-absl::Status HostDevice::ReadBack(const uint8_t* device, int64_t bytes, uint8_t* host) {
-  std::memcpy(host, device, static_cast<size_t>(bytes));
+absl::Status HostDevice::HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const HashPiece& p = pieces[i];
+    uint64_t sum = 0;
+    for (int64_t at = 0; at < p.bytes; at += 8) {
+      uint64_t word = 0;  // the last one zero-padded
+      std::memcpy(&word, data + p.offset + at, static_cast<size_t>(std::min<int64_t>(8, p.bytes - at)));
+      sum += WordHash(static_cast<uint64_t>(p.first_word + at / 8), word);
+    }
+    sums[i] = sum;
+  }
   return absl::OkStatus();
 }
 

@@ -7,26 +7,18 @@
 namespace shardsync::executor {
 namespace {
 
-uint64_t Finalize(uint64_t x) {  // splitmix64's finalizer
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // One region to read: a segment of `reads` and where its hash goes.
 struct Region {
   bool target_side = false;
   int32_t tensor = 0;
   int32_t target_rank = 0;
-  uint64_t place = 0;  // (sender, receiver, position) folded into one value
+  uint64_t place = 0;         // (sender, receiver, position) folded into one value
   bool expect_zeros = false;  // a fill: the source side is the hash of zeros
 };
 
 uint64_t Place(int32_t sender, int32_t receiver, int64_t position, bool fill) {
-  return Finalize((static_cast<uint64_t>(sender) << 40) ^ (static_cast<uint64_t>(receiver) << 20) ^
-                  static_cast<uint64_t>(position) ^ (fill ? 1ULL << 63 : 0));
+  return Mix64((static_cast<uint64_t>(sender) << 40) ^ (static_cast<uint64_t>(receiver) << 20) ^
+               static_cast<uint64_t>(position) ^ (fill ? 1ULL << 63 : 0));
 }
 
 // The same elements read from the target side: source := target.
@@ -58,41 +50,9 @@ planner::Segment FillView(const planner::FillOp& f) {
 
 }  // namespace
 
-void StreamHash::Mix(uint64_t word) {
-  state_ ^= word * 0x87c37b91114253d5ULL;
-  state_ = (state_ << 31 | state_ >> 33) * 0x4cf5ad432745937fULL;
-}
-
-void StreamHash::Update(const uint8_t* data, int64_t bytes) {
-  length_ += bytes;
-  while (bytes > 0 && pending_bytes_ > 0) {  // finish a word begun by the last call
-    pending_ |= static_cast<uint64_t>(*data++) << (8 * pending_bytes_);
-    --bytes;
-    if (++pending_bytes_ == 8) {
-      Mix(pending_);
-      pending_ = 0;
-      pending_bytes_ = 0;
-    }
-  }
-  for (; bytes >= 8; data += 8, bytes -= 8) {
-    uint64_t word;
-    std::memcpy(&word, data, 8);
-    Mix(word);
-  }
-  for (; bytes > 0; --bytes) pending_ |= static_cast<uint64_t>(*data++) << (8 * pending_bytes_++);
-}
-
-uint64_t StreamHash::Final() const {
-  uint64_t state = state_;
-  if (pending_bytes_ > 0) state = (state ^ pending_ * 0x87c37b91114253d5ULL) * 0x4cf5ad432745937fULL;
-  return Finalize(state ^ static_cast<uint64_t>(length_));
-}
-
-absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& plan,
-                                           const planner::Schedule& schedule, const BufferTable& buffers,
-                                           int64_t scratch_bytes) {
+absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& plan, const planner::Schedule& schedule,
+                                           const BufferTable& buffers, int64_t scratch_bytes) {
   const int32_t rank = schedule.rank;
-  scratch_bytes = std::max<int64_t>(scratch_bytes, 1024);  // room for any element
   planner::Plan reads;
   std::vector<Region> regions;
   const auto add = [&](const planner::Segment& segment, const planner::Segment& original, bool target_side,
@@ -124,59 +84,85 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     regions.back().target_rank = rank;
   }
 
-  Checksums sums;
+  // Batches of parts in the scratch buffer. A part starts at a multiple of kPieceBytes
+  // of its region (so its words are numbered from there) and at a 16-byte aligned
+  // offset of the scratch (so the device reads whole words).
+  constexpr int64_t kPieceBytes = 64 << 10;
+  scratch_bytes = std::max<int64_t>(scratch_bytes, 1 << 20);
   absl::StatusOr<uint8_t*> scratch = device.Staging(/*peer=*/-1, /*send=*/true, scratch_bytes);
   if (!scratch.ok()) return scratch.status();
-  std::vector<uint8_t> host(static_cast<size_t>(scratch_bytes));
-  std::vector<StreamHash> hashes(regions.size());
-  std::vector<planner::ChunkPart> batch;
-  int64_t batch_bytes = 0;
+  struct Part {
+    planner::ChunkPart elements;  // of reads.segments[elements.segment]
+    int64_t offset;               // in the scratch
+    int64_t region_byte;          // where it starts in its region
+    int64_t bytes;
+  };
+  std::vector<uint64_t> region_sums(regions.size(), 0);
+  std::vector<Part> batch;
+  int64_t used = 0;
+  std::vector<HashPiece> pieces;
+  std::vector<int32_t> piece_region;
+  std::vector<uint64_t> sums;
   const auto flush = [&]() -> absl::Status {
-    if (batch.empty()) return absl::OkStatus();
-    if (auto status = device.Pack(reads, batch, buffers, *scratch); !status.ok()) return status;
-    if (auto status = device.ReadBack(*scratch, batch_bytes, host.data()); !status.ok()) return status;
-    const uint8_t* at = host.data();
-    for (const planner::ChunkPart& part : batch) {
-      const int64_t bytes = (part.end - part.begin) * planner::ElementBytes(reads.segments[part.segment].dst_dtype);
-      hashes[part.segment].Update(at, bytes);
-      at += bytes;
+    // One Pack for each run of parts that lie back to back.
+    for (size_t first = 0; first < batch.size();) {
+      size_t last = first + 1;
+      while (last < batch.size() && batch[last].offset == batch[last - 1].offset + batch[last - 1].bytes) ++last;
+      std::vector<planner::ChunkPart> run;
+      for (size_t k = first; k < last; ++k) run.push_back(batch[k].elements);
+      if (auto status = device.Pack(reads, run, buffers, *scratch + batch[first].offset); !status.ok()) return status;
+      first = last;
     }
+    pieces.clear();
+    piece_region.clear();
+    for (const Part& part : batch) {
+      for (int64_t at = 0; at < part.bytes; at += kPieceBytes) {
+        pieces.push_back({part.offset + at, std::min(kPieceBytes, part.bytes - at), (part.region_byte + at) / 8});
+        piece_region.push_back(part.elements.segment);
+      }
+    }
+    sums.resize(pieces.size());
+    if (auto status = device.HashPieces(*scratch, pieces, sums.data()); !status.ok()) return status;
+    for (size_t k = 0; k < pieces.size(); ++k) region_sums[piece_region[k]] += sums[k];
     batch.clear();
-    batch_bytes = 0;
+    used = 0;
     return absl::OkStatus();
   };
+  std::vector<int64_t> region_bytes(regions.size());
   for (size_t r = 0; r < regions.size(); ++r) {
     const planner::Segment& s = reads.segments[r];
     const int64_t element = planner::ElementBytes(s.dst_dtype);
     const int64_t elements = planner::SegmentElements(s);
+    region_bytes[r] = elements * element;
     for (int64_t begin = 0; begin < elements;) {
-      if ((scratch_bytes - batch_bytes) / element == 0) {
+      int64_t offset = (used + 15) / 16 * 16;
+      if (offset + kPieceBytes > scratch_bytes) {  // room for at least one piece, or flush
         if (auto status = flush(); !status.ok()) return status;
+        offset = 0;
       }
-      const int64_t end = std::min(elements, begin + (scratch_bytes - batch_bytes) / element);
-      batch.push_back({static_cast<int32_t>(r), begin, end});
-      batch_bytes += (end - begin) * element;
+      // Whole pieces while they fit; the region's last piece may be short.
+      const int64_t room = (scratch_bytes - offset) / kPieceBytes * kPieceBytes;
+      const int64_t end = std::min(elements, begin + room / element);
+      batch.push_back({{static_cast<int32_t>(r), begin, end}, offset, begin * element, (end - begin) * element});
+      used = offset + (end - begin) * element;
       begin = end;
     }
   }
   if (auto status = flush(); !status.ok()) return status;
 
-  std::vector<uint8_t> zeros(static_cast<size_t>(std::min<int64_t>(scratch_bytes, 1 << 20)), 0);
+  Checksums sums_by_key;
   for (size_t r = 0; r < regions.size(); ++r) {
     const Region& region = regions[r];
-    SideSums& side = sums[{plan.tensor_names[region.tensor], region.target_rank}];
-    const auto mixed = [&](uint64_t hash) { return Finalize(hash ^ region.place); };
-    (region.target_side ? side.targets : side.sources) += mixed(hashes[r].Final());
+    SideSums& side = sums_by_key[{plan.tensor_names[region.tensor], region.target_rank}];
+    const auto hash = [&](uint64_t word_sum) { return Mix64(word_sum ^ Mix64(region_bytes[r])) ^ region.place; };
+    (region.target_side ? side.targets : side.sources) += Mix64(hash(region_sums[r]));
     if (region.expect_zeros) {
-      StreamHash expected;
-      int64_t left = planner::SegmentElements(reads.segments[r]) * planner::ElementBytes(reads.segments[r].dst_dtype);
-      for (; left > 0; left -= static_cast<int64_t>(zeros.size())) {
-        expected.Update(zeros.data(), std::min<int64_t>(left, static_cast<int64_t>(zeros.size())));
-      }
-      side.sources += mixed(expected.Final());
+      uint64_t zeros = 0;
+      for (int64_t word = 0; word * 8 < region_bytes[r]; ++word) zeros += WordHash(static_cast<uint64_t>(word), 0);
+      side.sources += Mix64(hash(zeros));
     }
   }
-  return sums;
+  return sums_by_key;
 }
 
 }  // namespace shardsync::executor

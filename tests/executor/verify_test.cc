@@ -1,14 +1,14 @@
 // sync --verify's checksums: after a correct sync the source and target sums agree for
 // every (tensor, target rank); one changed target, source or fill byte makes exactly
-// that tensor and rank disagree; the hash does not depend on how bytes are split.
-#include <catch2/catch.hpp>
+// that tensor and rank disagree; a region's hash does not depend on how it is split.
+#include "executor/verify.h"
 
+#include <catch2/catch.hpp>
 #include <random>
 #include <thread>
 
 #include "executor/mailbox.h"
 #include "executor/round_engine.h"
-#include "executor/verify.h"
 #include "planner/model.h"
 #include "planner/schedule.h"
 #include "tests/planner/random_layouts.h"
@@ -81,7 +81,7 @@ TEST_CASE("checksums agree after a sync; one changed byte names its tensor and t
     }
     for (std::thread& t : threads) t.join();
 
-    const int64_t scratch = std::vector<int64_t>{64, 1000, 1 << 20}[seed % 3];
+    const int64_t scratch = std::vector<int64_t>{1 << 20, 3 << 20, 64 << 20}[seed % 3];
     const Checksums good = SumOverRanks(*plan, *schedules, buffers, scratch);
     REQUIRE_FALSE(good.empty());
     CHECK(Mismatches(good).empty());
@@ -94,8 +94,8 @@ TEST_CASE("checksums agree after a sync; one changed byte names its tensor and t
     CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)) == std::vector{key});
     target ^= 1;
     // A source element that changed after the sync (its last value never arrived).
-    uint8_t& source = buffers.at(s.src)[s.src_base * planner::ElementBytes(s.src_dtype) +
-                                        planner::ElementBytes(s.src_dtype) - 1];
+    uint8_t& source =
+        buffers.at(s.src)[s.src_base * planner::ElementBytes(s.src_dtype) + planner::ElementBytes(s.src_dtype) - 1];
     source ^= 0x40;
     CHECK_FALSE(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)).empty());
     source ^= 0x40;
@@ -114,28 +114,35 @@ TEST_CASE("checksums agree after a sync; one changed byte names its tensor and t
   CHECK(fills_checked > 5);
 }
 
-TEST_CASE("the stream hash depends on the bytes only, not on how they are split") {
+TEST_CASE("a region's word-hash sum does not depend on how it is cut into word-aligned pieces") {
   std::mt19937_64 rng(7);
-  std::vector<uint8_t> bytes(1000);
+  std::vector<uint8_t> bytes(1003);  // not a whole number of words
   for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
-  StreamHash whole;
-  whole.Update(bytes.data(), static_cast<int64_t>(bytes.size()));
+  HostDevice device;
+  const auto sum_of = [&](const std::vector<uint8_t>& data, std::vector<HashPiece> pieces) {
+    std::vector<uint64_t> sums(pieces.size());
+    REQUIRE(device.HashPieces(data.data(), pieces, sums.data()).ok());
+    uint64_t total = 0;
+    for (uint64_t s : sums) total += s;
+    return total;
+  };
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  const uint64_t whole = sum_of(bytes, {{0, size, 0}});
   for (int trial = 0; trial < 50; ++trial) {
-    StreamHash pieces;
-    for (size_t at = 0; at < bytes.size();) {
-      const size_t n = std::min<size_t>(bytes.size() - at, rng() % 23);
-      pieces.Update(bytes.data() + at, static_cast<int64_t>(n));
+    std::vector<HashPiece> pieces;
+    for (int64_t at = 0; at < size;) {
+      const int64_t n = std::min<int64_t>(size - at, 8 * (1 + static_cast<int64_t>(rng() % 9)));
+      pieces.push_back({at, n, at / 8});
       at += n;
     }
-    CHECK(pieces.Final() == whole.Final());
+    CHECK(sum_of(bytes, pieces) == whole);
   }
-  StreamHash shorter;
-  shorter.Update(bytes.data(), 999);
-  CHECK(shorter.Final() != whole.Final());
-  bytes[500] ^= 1;
-  StreamHash changed;
-  changed.Update(bytes.data(), static_cast<int64_t>(bytes.size()));
-  CHECK(changed.Final() != whole.Final());
+  std::vector<uint8_t> swapped = bytes;  // two words trade places: the position counts
+  std::swap_ranges(swapped.begin(), swapped.begin() + 8, swapped.begin() + 16);
+  CHECK(sum_of(swapped, {{0, size, 0}}) != whole);
+  std::vector<uint8_t> changed = bytes;
+  changed[1001] ^= 1;  // in the zero-padded last word
+  CHECK(sum_of(changed, {{0, size, 0}}) != whole);
 }
 
 }  // namespace
