@@ -142,18 +142,10 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   }
   for (int32_t index : fills) {
     const planner::FillOp& f = plan.fills[index];
-    planner::Segment as_segment;
-    as_segment.src_dtype = as_segment.dst_dtype = f.dtype;
-    as_segment.axes = static_cast<int8_t>(std::max<size_t>(1, f.fill.shape.size()));
-    as_segment.shape.fill(1);
-    as_segment.dst_strides.fill(1);
-    for (size_t k = 0; k < f.fill.shape.size(); ++k) {
-      as_segment.shape[k] = f.fill.shape[k];
-      as_segment.dst_strides[k] = f.fill.strides[k];
-    }
-    CopyDescriptor d =
-        Describe(as_segment, 0, planner::NumElements(f.fill.shape), nullptr,
-                 buffers[f.fill.holder.buffer] + f.fill.base * planner::ElementBytes(f.dtype), true, false);
+    const planner::Segment region = planner::FillRegion(f);
+    CopyDescriptor d = Describe(region, 0, planner::SegmentElements(region), nullptr,
+                                buffers[f.fill.holder.buffer] + f.fill.base * planner::ElementBytes(f.dtype), true,
+                                false);
     d.fill = 1;
     local_batch_.descriptors.push_back(d);
   }

@@ -31,23 +31,6 @@ planner::Segment TargetView(const planner::Segment& s) {
   return view;
 }
 
-planner::Segment FillView(const planner::FillOp& f) {
-  planner::Segment view;
-  view.tensor = f.tensor;
-  view.src = view.dst = f.fill.holder;
-  view.src_base = view.dst_base = f.fill.base;
-  view.src_dtype = view.dst_dtype = f.dtype;
-  view.axes = static_cast<int8_t>(std::max<size_t>(1, f.fill.shape.size()));
-  view.shape.fill(1);
-  view.src_strides.fill(1);
-  for (size_t k = 0; k < f.fill.shape.size(); ++k) {
-    view.shape[k] = f.fill.shape[k];
-    view.src_strides[k] = f.fill.strides[k];
-  }
-  view.dst_strides = view.src_strides;
-  return view;
-}
-
 }  // namespace
 
 absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& plan, const planner::Schedule& schedule,
@@ -79,7 +62,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     add(TargetView(s), s, true, place, false);
   }
   for (size_t i = 0; i < schedule.fills.size(); ++i) {
-    const planner::Segment view = FillView(plan.fills[schedule.fills[i]]);
+    const planner::Segment view = planner::FillRegion(plan.fills[schedule.fills[i]]);
     add(view, view, true, Place(rank, rank, static_cast<int64_t>(i), true), true);
     regions.back().target_rank = rank;
   }

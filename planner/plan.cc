@@ -219,6 +219,23 @@ struct Pending {
 
 }  // namespace
 
+Segment FillRegion(const FillOp& f) {
+  Segment region;
+  region.tensor = f.tensor;
+  region.src = region.dst = f.fill.holder;
+  region.src_base = region.dst_base = f.fill.base;
+  region.src_dtype = region.dst_dtype = f.dtype;
+  region.axes = static_cast<int8_t>(std::max<size_t>(1, f.fill.shape.size()));  // a scalar: one element
+  region.shape.fill(1);
+  region.src_strides.fill(1);
+  for (size_t k = 0; k < f.fill.shape.size(); ++k) {
+    region.shape[k] = f.fill.shape[k];
+    region.src_strides[k] = f.fill.strides[k];
+  }
+  region.dst_strides = region.src_strides;
+  return region;
+}
+
 int64_t SegmentElements(const Segment& segment) {
   int64_t n = 1;
   for (int k = 0; k < segment.axes; ++k) n *= segment.shape[k];

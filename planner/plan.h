@@ -44,6 +44,10 @@ struct FillOp {
   DType dtype = DType::kBFloat16;
 };
 
+// A fill as a segment whose source and target are both the filled region, for code
+// that walks segments (a device writing zeros, verify reading them back).
+Segment FillRegion(const FillOp& fill);
+
 struct Plan {
   // Canonical order: by tensor, then target placement, then box. Every rank derives
   // its streams from this order, so senders and receivers agree without talking.

@@ -10,6 +10,7 @@
 #include "planner/model.h"
 #include "planner/schedule.h"
 #include "planner/stats.h"
+#include "tests/executor/buffer_table.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/sync_check.h"
 
@@ -25,16 +26,6 @@ struct World {
     for (int r = 0; r < ranks; ++r) pointers[r] = &mailboxes[r];
   }
 };
-
-BufferTable TableFor(int32_t rank, testing::HostBuffers& buffers) {
-  BufferTable table;
-  for (auto& [holder, bytes] : buffers) {
-    if (holder.rank != rank) continue;
-    if (static_cast<int32_t>(table.size()) <= holder.buffer) table.resize(holder.buffer + 1, nullptr);
-    table[holder.buffer] = bytes.data();
-  }
-  return table;
-}
 
 TEST_CASE("every rank's round engine over loopback syncs random layouts bit for bit") {
   const auto policy = planner::LocalFirstLeastLoaded();

@@ -11,21 +11,12 @@
 #include "executor/round_engine.h"
 #include "planner/model.h"
 #include "planner/schedule.h"
+#include "tests/executor/buffer_table.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/sync_check.h"
 
 namespace shardsync::executor {
 namespace {
-
-BufferTable TableFor(int32_t rank, testing::HostBuffers& buffers) {
-  BufferTable table;
-  for (auto& [holder, bytes] : buffers) {
-    if (holder.rank != rank) continue;
-    if (static_cast<int32_t>(table.size()) <= holder.buffer) table.resize(holder.buffer + 1, nullptr);
-    table[holder.buffer] = bytes.data();
-  }
-  return table;
-}
 
 // Every rank's checksums, added up over ranks as the coordinator does.
 Checksums SumOverRanks(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules,
