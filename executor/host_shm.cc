@@ -15,18 +15,20 @@ namespace {
 
 class HostShmBuffer final : public MappedBuffer {
  public:
-  HostShmBuffer(void* mapping, size_t mapped, uint8_t* data, int64_t bytes)
-      : mapping_(mapping), mapped_(mapped), data_(data), bytes_(bytes) {}
+  HostShmBuffer(void* mapping, size_t mapped, uint8_t* data, int64_t bytes, uint32_t owner)
+      : mapping_(mapping), mapped_(mapped), data_(data), bytes_(bytes), owner_(owner) {}
   ~HostShmBuffer() override { munmap(mapping_, mapped_); }
   uint8_t* data() const override { return data_; }
   int64_t bytes() const override { return bytes_; }
   bool on_device() const override { return false; }
+  std::optional<uint32_t> owner_uid() const override { return owner_; }
 
  private:
   void* mapping_;
   size_t mapped_;
   uint8_t* data_;
   int64_t bytes_;
+  uint32_t owner_;
 };
 
 }  // namespace
@@ -60,7 +62,7 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryH
     return absl::InternalError(absl::StrCat("mmap('", handle.shm_name, "'): ", std::strerror(error)));
   }
   return std::unique_ptr<MappedBuffer>(
-      new HostShmBuffer(mapping, mapped, static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes));
+      new HostShmBuffer(mapping, mapped, static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes, info.st_uid));
 }
 
 }  // namespace shardsync::executor

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,9 @@ class MappedBuffer {
   virtual uint8_t* data() const = 0;
   virtual int64_t bytes() const = 0;
   virtual bool on_device() const = 0;
+  // The uid that owns the memory, where the backend can tell (host shared memory); none
+  // for CUDA IPC, whose handle only the owning process can make.
+  virtual std::optional<uint32_t> owner_uid() const { return std::nullopt; }
 };
 
 class MemoryBackend {

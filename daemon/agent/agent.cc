@@ -34,15 +34,15 @@ Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, exec
       engine_(device_, transport_) {}
 
 grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
-                             grpc::ServerWriter<v1::RegisterEvent>* writer) {
-  if (auto status = registry_.Add(request); !status.ok()) {
+                             grpc::ServerWriter<v1::RegisterEvent>* writer, const Peer& peer) {
+  if (auto status = registry_.Add(request, peer); !status.ok()) {
     spdlog::warn("refused registration of '{}': {}", request.client_id(), std::string(status.message()));
     return ToGrpcStatus(status);
   }
   const int64_t version = registry_.version();
   link_.Nudge();
-  spdlog::info("client '{}' registered {} buffers and {} tensors", request.client_id(), request.buffers_size(),
-               request.tensors_size());
+  spdlog::info("client '{}' (pid {}, uid {}) registered {} buffers and {} tensors", request.client_id(), peer.pid,
+               peer.uid, request.buffers_size(), request.tensors_size());
   v1::RegisterEvent event;
   event.set_rank(config_.rank);
   event.set_layout_epoch(link_.WaitPublished(version, absl::Now() + config_.rpc_deadline));

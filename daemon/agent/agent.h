@@ -35,8 +35,9 @@ class Agent {
         executor::Transport& transport, executor::Mailbox& mailbox);
 
   // Agent service (unix socket).
+  // `peer`: the process that called, from the unix socket's credentials.
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
-                        grpc::ServerWriter<v1::RegisterEvent>* writer);
+                        grpc::ServerWriter<v1::RegisterEvent>* writer, const Peer& peer);
   v1::AgentStatus Status() const;
   // Prometheus text: registrations, syncs executed, bytes moved, target validity.
   std::string Metrics() const;

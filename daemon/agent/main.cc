@@ -1,6 +1,4 @@
 // shardsync-agent: flags parsed here only, into AgentConfig and LinkConfig.
-#include <grp.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -133,7 +131,6 @@ int main(int argc, char** argv) {
   shardsync::agent::CoordinatorLink link(link_config, registry);
   shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox);
   shardsync::agent::ControlService control(agent);
-  shardsync::agent::LocalService local(agent);
 
   grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
@@ -147,10 +144,15 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", c.listen);
     return 1;
   }
-  unlink(c.socket.c_str());  // a stale socket of an earlier run
+  // The unix socket is accepted by LocalSocket, which reads each caller's credentials;
+  // its mode and group decide who may register (no TLS on it).
+  auto socket = shardsync::agent::LocalSocket::Listen(c.socket, c.socket_group);
+  if (!socket.ok()) {
+    spdlog::error("{}", std::string(socket.status().message()));
+    return 1;
+  }
+  shardsync::agent::LocalService local(agent, **socket);
   grpc::ServerBuilder local_builder;
-  // The socket's mode and group decide who may register: no TLS on it.
-  local_builder.AddListeningPort("unix:" + c.socket, grpc::InsecureServerCredentials());
   local_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(c.max_message_bytes, INT32_MAX)));
   local_builder.RegisterService(&local);
   std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
@@ -158,14 +160,7 @@ int main(int argc, char** argv) {
     spdlog::error("cannot serve the unix socket {}", c.socket);
     return 1;
   }
-  chmod(c.socket.c_str(), 0660);  // owner and group only: who may register buffers
-  if (!c.socket_group.empty()) {
-    const group* g = getgrnam(c.socket_group.c_str());
-    if (g == nullptr || chown(c.socket.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      spdlog::error("cannot give the socket {} to group {}", c.socket, c.socket_group);
-      return 1;
-    }
-  }
+  (*socket)->Serve(local_server.get());
   const std::string address =
       c.advertise.empty() ? c.listen.substr(0, c.listen.rfind(':')) + ":" + std::to_string(port) : c.advertise;
   link.Start(address);
@@ -183,8 +178,8 @@ int main(int argc, char** argv) {
 
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
   agent.Shutdown();
+  socket->reset();  // no new connections; the file is removed
   local_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   control_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  unlink(c.socket.c_str());
   return 0;
 }

@@ -35,7 +35,7 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
 
 }  // namespace
 
-absl::Status Registry::Add(v1::RegisterRequest request) {
+absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer) {
   if (request.client_id().empty()) return absl::InvalidArgumentError("a registration needs a client_id");
   if (request.role() != v1::SOURCE && request.role() != v1::TARGET) {
     return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': role must be SOURCE or TARGET"));
@@ -65,6 +65,14 @@ absl::Status Registry::Add(v1::RegisterRequest request) {
       return absl::InvalidArgumentError(
           absl::StrCat("client '", request.client_id(), "' buffer '", b.name(), "': ", memory.status().message()));
     }
+    // A client registers only its own memory: host shared memory of another user is
+    // refused even where the agent could open it.
+    if (const std::optional<uint32_t> owner = (*memory)->owner_uid(); owner && *owner != peer.uid) {
+      return absl::PermissionDeniedError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                      "': the memory belongs to uid ", *owner,
+                                                      ", not to the registering process (pid ", peer.pid, ", uid ",
+                                                      peer.uid, ")"));
+    }
     if (opened.count(b.name())) {
       return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' names buffer '", b.name(), "' twice"));
     }
@@ -86,6 +94,7 @@ absl::Status Registry::Add(v1::RegisterRequest request) {
     buffers_[name] = entry;
   }
   client.request = std::move(request);
+  client.peer = peer;
   clients_[client.request.client_id()] = std::move(client);
   ++version_;
   return absl::OkStatus();
@@ -143,6 +152,8 @@ std::vector<v1::ClientInfo> Registry::Clients() const {
     for (const v1::RegisteredBuffer& b : client.request.buffers()) bytes += b.bytes();
     info.set_bytes(bytes);
     info.set_tensors(client.request.tensors_size());
+    info.set_pid(client.peer.pid);
+    info.set_uid(client.peer.uid);
     out.push_back(info);
   }
   return out;

@@ -16,6 +16,12 @@
 
 namespace shardsync::agent {
 
+// Who registers: the process at the other end of the unix socket (SO_PEERCRED).
+struct Peer {
+  int32_t pid = 0;
+  uint32_t uid = 0;
+};
+
 struct BufferEntry {
   std::string client_id;
   v1::Role role = v1::ROLE_UNSPECIFIED;
@@ -27,10 +33,11 @@ class Registry {
   Registry(int32_t rank, std::vector<executor::MemoryBackend*> backends)
       : rank_(rank), backends_(std::move(backends)) {}
 
-  // Opens and checks every buffer (handle, size) and every placement (inside its buffer,
-  // inside its tensor, no overlapping targets); sets this agent's rank on all of them.
-  // Refuses a second registration of a client id or of a buffer name.
-  absl::Status Add(v1::RegisterRequest request);
+  // Opens and checks every buffer (handle, size, owned by `peer`'s uid where the memory
+  // has an owner) and every placement (inside its buffer, inside its tensor, no
+  // overlapping targets); sets this agent's rank on all of them. Refuses a second
+  // registration of a client id or of a buffer name.
+  absl::Status Add(v1::RegisterRequest request, const Peer& peer);
   // Drops a client's registrations and mappings (a running sync keeps its own).
   void Remove(const std::string& client_id);
 
@@ -44,6 +51,7 @@ class Registry {
   struct Client {
     v1::RegisterRequest request;  // handles included, kept here only
     std::vector<std::string> buffers;
+    Peer peer;
   };
 
   const int32_t rank_;

@@ -2,15 +2,18 @@
 #pragma once
 
 #include "daemon/agent/agent.h"
+#include "daemon/agent/local_socket.h"
 
 namespace shardsync::agent {
 
 class LocalService final : public v1::Agent::Service {
  public:
-  explicit LocalService(Agent& agent) : agent_(agent) {}
+  LocalService(Agent& agent, const LocalSocket& socket) : agent_(agent), socket_(socket) {}
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         grpc::ServerWriter<v1::RegisterEvent>* writer) override {
-    return agent_.Register(context, *request, writer);
+    const std::optional<Peer> peer = socket_.Find(context->peer());
+    if (!peer) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the caller's credentials are unknown");
+    return agent_.Register(context, *request, writer, *peer);
   }
   grpc::Status Status(grpc::ServerContext*, const v1::AgentStatusRequest*, v1::AgentStatus* response) override {
     *response = agent_.Status();
@@ -19,6 +22,7 @@ class LocalService final : public v1::Agent::Service {
 
  private:
   Agent& agent_;
+  const LocalSocket& socket_;
 };
 
 class ControlService final : public v1::AgentControl::Service {

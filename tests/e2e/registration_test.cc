@@ -2,6 +2,8 @@
 // anything is held, and the agent's registry stays as it was.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
+
 #include "client/cpp/client.h"
 #include "tools/localsync/cluster.h"
 
@@ -42,7 +44,9 @@ TEST_CASE("bad registrations are refused with their reason and leave nothing reg
   options.agents = 1;
   Cluster cluster(options);
   client::AgentClient agent(cluster.socket(0));
-  auto shm = client::SharedMemory::Create("/ss-registration-" + std::to_string(getpid()), 64);
+  const std::string name = "/ss-registration-" + std::to_string(getpid());
+  shm_unlink(name.c_str());  // left by an earlier run that died (pids repeat in a sandbox)
+  auto shm = client::SharedMemory::Create(name, 64);
   REQUIRE(shm.ok());
   const auto refused = [&](const v1::RegisterRequest& request) {
     auto registration = agent.Register(request, absl::Seconds(10));

@@ -1,7 +1,10 @@
 // Real daemons and clients: sync --verify catches a target that differs from its
-// source, concurrent syncs queue, malformed protobuf is refused with the daemons still
-// serving, and an agent writes only into target placements, never into sources.
+// source, concurrent syncs queue, malformed and oversized messages are refused with the
+// daemons still serving, an agent writes only into target placements, never into
+// sources, and knows which process registered what.
 #include <catch2/catch.hpp>
+
+#include <unistd.h>
 
 #include <condition_variable>
 #include <mutex>
@@ -9,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "tools/localsync/deployment.h"
@@ -162,6 +166,30 @@ TEST_CASE("malformed protobuf on every service is refused; the daemons keep serv
   CHECK(deployment.CheckTargets(13).empty());
 }
 
+TEST_CASE("a message over a server's limit is refused; the daemons keep serving") {
+  ClusterOptions options;
+  options.agents = 2;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "limits", R"({"model": {"tensors": [{"name": "w", "shape": [64, 8]}],
+      "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})", 3);
+  RequireReady(deployment);
+  const std::string big((64 << 20) + 1024, 'x');  // just over 64 MiB: the default limit of both
+  const grpc::Status coordinator = CallWithGarbage(
+      grpc::CreateChannel(cluster.coordinator(), grpc::InsecureChannelCredentials()), "/shardsync.v1.Coordinator/Publish",
+      big);
+  INFO(coordinator.error_message());
+  CHECK(coordinator.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const grpc::Status agent = CallWithGarbage(
+      grpc::CreateChannel("unix:" + cluster.socket(0), grpc::InsecureChannelCredentials()), "/shardsync.v1.Agent/Status",
+      big);
+  INFO(agent.error_message());
+  CHECK(agent.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  auto sync = SyncOnce(cluster, absl::Seconds(20), /*verify=*/true);
+  INFO(sync.status().message());
+  REQUIRE(sync.ok());
+  CHECK(deployment.CheckTargets(3).empty());
+}
+
 TEST_CASE("an agent writes only target placements: sources and every byte outside the placements stay as they were") {
   Cluster cluster(ClusterOptions{});
   Deployment deployment(cluster, "writes", kModel, 21);
@@ -176,6 +204,22 @@ TEST_CASE("an agent writes only target placements: sources and every byte outsid
     CHECK(sources.empty());
     // The arena's gaps keep their poison: CheckTargets compares every byte of it.
     CHECK(deployment.CheckTargets(seed).empty());
+  }
+}
+
+TEST_CASE("the agent knows who registered: each client's pid and uid, from the unix socket") {
+  Cluster cluster(ClusterOptions{});
+  Deployment deployment(cluster, "peers", kModel, 31);
+  RequireReady(deployment);
+  for (int rank = 0; rank < 4; ++rank) {
+    auto status = client::AgentClient(cluster.socket(rank)).Status(absl::Seconds(5));
+    REQUIRE(status.ok());
+    std::set<int32_t> pids;
+    for (const v1::ClientInfo& c : status->clients()) {
+      CHECK(c.uid() == getuid());
+      pids.insert(c.pid());
+    }
+    CHECK(pids == std::set<int32_t>{deployment.trainer(rank).pid(), deployment.rollout(rank).pid()});
   }
 }
 

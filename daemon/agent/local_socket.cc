@@ -1,0 +1,90 @@
+#include "daemon/agent/local_socket.h"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/server_posix.h"
+#include "spdlog/spdlog.h"
+
+namespace shardsync::agent {
+
+absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::string& path, const std::string& group) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is longer than ",
+                                                   sizeof(address.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  unlink(path.c_str());  // a stale socket of an earlier run
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || listen(fd, 64) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("cannot listen on ", path, ": ", std::strerror(error)));
+  }
+  std::unique_ptr<LocalSocket> socket(new LocalSocket(fd, path));
+  chmod(path.c_str(), 0660);  // owner and group only: who may register buffers
+  if (!group.empty()) {
+    const struct group* g = getgrnam(group.c_str());
+    if (g == nullptr || chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot give the socket ", path, " to group ", group));
+    }
+  }
+  return socket;
+}
+
+LocalSocket::~LocalSocket() {
+  shutdown(fd_, SHUT_RDWR);  // wakes accept()
+  if (accepting_.joinable()) accepting_.join();
+  close(fd_);
+  unlink(path_.c_str());
+}
+
+void LocalSocket::Serve(grpc::Server* server) {
+  accepting_ = std::thread([this, server] { Accept(server); });
+}
+
+void LocalSocket::Accept(grpc::Server* server) {
+  while (true) {
+    // Non-blocking, as gRPC's own accepted sockets are: its poller must never wait in read().
+    const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (connection < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;  // shut down
+    }
+    ucred credentials{};
+    socklen_t length = sizeof(credentials);
+    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) {
+      spdlog::warn("a local connection without peer credentials is closed: {}", std::strerror(errno));
+      close(connection);
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      peers_[connection] = Peer{credentials.pid, credentials.uid};
+    }
+    grpc::AddInsecureChannelFromFd(server, connection);  // gRPC owns and closes it
+  }
+}
+
+std::optional<Peer> LocalSocket::Find(const std::string& grpc_peer) const {
+  // gRPC names a connection it was handed "fd:N".
+  int fd = -1;
+  if (grpc_peer.rfind("fd:", 0) != 0 || !absl::SimpleAtoi(grpc_peer.substr(3), &fd)) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(fd);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace shardsync::agent

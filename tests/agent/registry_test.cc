@@ -1,0 +1,73 @@
+// The agent's registry refuses memory that belongs to another user than the process
+// registering it (where the memory has an owner, as host shared memory does).
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "daemon/agent/registry.h"
+
+namespace shardsync::agent {
+namespace {
+
+using Catch::Matchers::Contains;
+
+// Memory owned by `owner` (none: like CUDA IPC, whose handles carry no owner).
+class FakeBuffer final : public executor::MappedBuffer {
+ public:
+  FakeBuffer(int64_t bytes, std::optional<uint32_t> owner) : bytes_(bytes, 1), owner_(owner) {}
+  uint8_t* data() const override { return const_cast<uint8_t*>(bytes_.data()); }
+  int64_t bytes() const override { return static_cast<int64_t>(bytes_.size()); }
+  bool on_device() const override { return false; }
+  std::optional<uint32_t> owner_uid() const override { return owner_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  std::optional<uint32_t> owner_;
+};
+
+// Takes handles named "uid:N" (owned by N) or "any" (no owner).
+class FakeBackend final : public executor::MemoryBackend {
+ public:
+  absl::string_view name() const override { return "fake"; }
+  bool Accepts(const executor::MemoryHandle& handle) const override { return !handle.shm_name.empty(); }
+  absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Open(const executor::MemoryHandle& handle,
+                                                              int64_t bytes) override {
+    std::optional<uint32_t> owner;
+    if (handle.shm_name.rfind("uid:", 0) == 0) owner = static_cast<uint32_t>(std::stoul(handle.shm_name.substr(4)));
+    return std::unique_ptr<executor::MappedBuffer>(new FakeBuffer(bytes, owner));
+  }
+};
+
+v1::RegisterRequest Request(const std::string& client, const std::string& handle) {
+  v1::RegisterRequest request;
+  request.set_client_id(client);
+  request.set_role(v1::TARGET);
+  v1::RegisteredBuffer* b = request.add_buffers();
+  b->set_name("arena-" + client);
+  b->set_bytes(64);
+  b->mutable_handle()->set_shm_name(handle);
+  return request;
+}
+
+TEST_CASE("a client registers only memory its own uid owns") {
+  FakeBackend backend;
+  Registry registry(0, {&backend});
+  const Peer peer{1234, 1000};
+  const absl::Status other = registry.Add(Request("intruder", "uid:0"), peer);
+  CHECK(absl::IsPermissionDenied(other));
+  CHECK_THAT(std::string(other.message()), Contains("client 'intruder'") && Contains("belongs to uid 0") &&
+                                               Contains("pid 1234, uid 1000"));
+  CHECK(registry.Clients().empty());
+
+  REQUIRE(registry.Add(Request("owner", "uid:1000"), peer).ok());
+  REQUIRE(registry.Add(Request("device", "any"), peer).ok());  // no owner to compare
+  const std::vector<v1::ClientInfo> clients = registry.Clients();
+  REQUIRE(clients.size() == 2);
+  for (const v1::ClientInfo& c : clients) {
+    CHECK(c.pid() == 1234);
+    CHECK(c.uid() == 1000);
+  }
+}
+
+}  // namespace
+}  // namespace shardsync::agent
