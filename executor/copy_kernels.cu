@@ -35,6 +35,10 @@ __device__ void CopyElement(const uint8_t* from, uint8_t* to, const CopyDescript
 
 // The block's threads copy `bytes` bytes together: 16 bytes at a time where source and
 // destination share their alignment, else 4, 2 or 1.
+// Two 16-byte loads in flight per thread before their stores: measured on an H200
+// (bench/copy_bench) 8 to 15 % faster than one, and faster than four.
+constexpr int kUnroll = 2;
+
 __device__ void BlockCopy(const uint8_t* src, uint8_t* dst, int64_t bytes) {
   const uintptr_t s = reinterpret_cast<uintptr_t>(src), d = reinterpret_cast<uintptr_t>(dst);
   int width = 1;
@@ -49,7 +53,18 @@ __device__ void BlockCopy(const uint8_t* src, uint8_t* dst, int64_t bytes) {
   const uint8_t* ws = src + head;
   uint8_t* wd = dst + head;
   if (width == 16) {
-    for (int64_t i = threadIdx.x; i < words; i += blockDim.x) reinterpret_cast<uint4*>(wd)[i] = reinterpret_cast<const uint4*>(ws)[i];
+    const uint4* __restrict__ from = reinterpret_cast<const uint4*>(ws);
+    uint4* __restrict__ to = reinterpret_cast<uint4*>(wd);
+    int64_t i = threadIdx.x;
+    // Loads first, then stores: kUnroll 16-byte loads in flight per thread.
+    for (; i + (kUnroll - 1) * static_cast<int64_t>(blockDim.x) < words; i += kUnroll * blockDim.x) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = from[i + u * blockDim.x];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) to[i + u * blockDim.x] = v[u];
+    }
+    for (; i < words; i += blockDim.x) to[i] = from[i];
   } else if (width == 4) {
     for (int64_t i = threadIdx.x; i < words; i += blockDim.x) reinterpret_cast<uint32_t*>(wd)[i] = reinterpret_cast<const uint32_t*>(ws)[i];
   } else if (width == 2) {
