@@ -158,7 +158,7 @@ def one_gpu():
         assert ask(rollout, "check 2") == "ok"
         assert ask(rollout, "replay 2") == "ok", "the graph did not see the second sync's weights"
         assert ask(rollout, "address") == address
-        verified = sync(cluster, verify=True)  # checksums read back from the GPU
+        verified = sync(cluster, verify=True)  # checksums hashed on the GPU
         assert verified.verified_placements > 0, "verify compared nothing"
         assert ask(rollout, "check 2") == "ok"
         r = verified.ranks[0]
@@ -192,10 +192,22 @@ def layout_case(world, zero, name, rollouts):
             if zero < 3:
                 assert sent == 0, f"{sent} bytes crossed GPUs under ZeRO-{zero}"
             moved = sum(r.received_bytes + r.local_bytes for r in second.ranks)
-            verified = sync(cluster, verify=True)  # checksums on the GPU path (ReadBack)
+            # Where a sync's time goes: the client's wall time, the coordinator's, the agents'.
+            client = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
+            walls, coordinator, agents = [], [], []
+            for _ in range(10):
+                started = time.perf_counter()
+                response = client.sync(timeout=60)
+                walls.append(time.perf_counter() - started)
+                coordinator.append(response.seconds)
+                agents.append(max(r.seconds for r in response.ranks))
+            verified = sync(cluster, verify=True)  # checksums hashed on the GPU
             assert verified.verified_placements > 0, "verify compared nothing"
             checksums = max(r.verify_seconds for r in verified.ranks)
+            median = lambda values: sorted(values)[len(values) // 2] * 1e3  # noqa: E731
             return (f"second sync {second.seconds * 1e3:.2f} ms, {moved} bytes written, {sent} over NVLink; "
+                    f"10 syncs, medians: client {median(walls):.2f} ms, coordinator {median(coordinator):.2f} ms, "
+                    f"slowest agent {median(agents):.2f} ms; "
                     f"verified {verified.verified_placements} placements, sync with verify {verified.seconds * 1e3:.1f} ms "
                     f"(checksums {checksums * 1e3:.1f} ms)")
         finally:
