@@ -80,7 +80,6 @@ Flags:
   --layout              explain: bytes per link
 TCP security, as the coordinator has it (one of them required):
 
-
 Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing
 agent; no byte moved), 4 failed (a peer died or timed out, or --verify found a
 difference; targets are invalid).
