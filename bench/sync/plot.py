@@ -15,10 +15,12 @@ names = [r["case"] for r in rows]
 series = [("floor", "floor_seconds", "#999999"), ("shardsync", "seconds", "#1f77b4"),
           ("gather each parameter", "gather_seconds", "#d62728"),
           ("bucketed gather", "bucketed_gather_seconds", "#ff7f0e")]
-width = 0.2
+if all("bucketed_p2p_seconds" in r for r in rows):  # results from before it have none
+    series.append(("bucketed point-to-point", "bucketed_p2p_seconds", "#2ca02c"))
+width = 0.8 / len(series)
 fig, ax = plt.subplots(figsize=(11, 4.8))
 for i, (label, key, color) in enumerate(series):
-    xs = [j + (i - 1.5) * width for j in range(len(rows))]
+    xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
     ax.bar(xs, [r[key] * 1e3 for r in rows], width, label=label, color=color)
 ax.set_xticks(range(len(rows)))
 ax.set_xticklabels(names, rotation=12)

@@ -1,14 +1,13 @@
 """Sync benchmark on the GPU machine: in one run, the floor (link and memory speeds
-measured now, bytes from shardsync's own plan), PyTorch baselines (gather every
-parameter then slice; bucketed gather), and shardsync through its daemons and
-clients (CUDA IPC, NCCL): median of the timed syncs after a warm-up, checked element
-by element afterwards.
+measured now, bytes from shardsync's own plan), PyTorch baselines (baselines.py:
+gather every parameter then slice, bucketed gather, bucketed point-to-point), and
+shardsync through its daemons and clients (CUDA IPC, NCCL): median of the timed syncs
+after a warm-up, checked element by element afterwards.
   python3 bench/sync/sync_bench.py --bin dist/bin --out DIR [--cases NAME,...] [--syncs N]
 """
 
 import argparse
 import json
-import math
 import os
 import signal
 import statistics
@@ -18,10 +17,8 @@ import tempfile
 import time
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-import models
+import baselines
 import shardsync
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,96 +30,6 @@ CASES = {  # name: (model, zero stage, tp, fused)
     "qwen3-8b tp1x2": ("qwen3-8b", 3, 1, False),
     "qwen3-8b fused tp2": ("qwen3-8b", 3, 2, True),
 }
-
-
-def timed(fn, repeats):
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        torch.cuda.synchronize()
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-def worker(rank, world, init, cases, repeats, results):
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=torch.device("cuda", rank))
-    peer = 1 - rank
-    out = {}
-    # Link: 1 GiB each way at once, as a sync's rounds run; memory: an on-GPU copy.
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    link = timed(lambda: [w.wait() for w in dist.batch_isend_irecv(
-        [dist.P2POp(dist.isend, a, peer), dist.P2POp(dist.irecv, b, peer)])], repeats)
-    big = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
-    big2 = torch.empty_like(big)
-    copy = timed(lambda: big2.copy_(big), repeats)
-    out["link_gbps"] = (1 << 30) / link / 1e9
-    out["memory_gbps"] = 2 * (4 << 30) / copy / 1e9
-    del a, b, big, big2
-    for name in cases:
-        model, zero, tp, fused = CASES[name]
-        tensors = models.tensors(model)
-        # DeepSpeed ZeRO-3: each parameter's partition padded to p = ceil(n / world).
-        parts, at = [], 0
-        for i, (pname, shape, style, _) in enumerate(tensors):
-            p = math.ceil(math.prod(shape) / world)
-            parts.append((pname, shape, style, p, at))
-            at += p
-        flat = torch.randn(at, device="cuda").to(torch.bfloat16)
-        tp_rank = rank % tp
-        arena = {pname: torch.empty([h - l for l, h in zip(*shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), tp, tp_rank))],
-                                    dtype=torch.bfloat16, device="cuda") for pname, shape, style, _, _ in parts}
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-
-        def place(pname, shape, style, full):
-            lo, hi = shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), tp, tp_rank)
-            arena[pname].copy_(full.view(shape)[tuple(slice(l, h) for l, h in zip(lo, hi))])
-
-        def gather_each():  # GatheredParameters on each parameter, then this rank's slice
-            for pname, shape, style, p, off in parts:
-                full = torch.empty(p * world, dtype=torch.bfloat16, device="cuda")
-                dist.all_gather_into_tensor(full, flat[off:off + p])
-                place(pname, shape, style, full[:math.prod(shape)])
-
-        def gather_buckets(bucket_bytes=512 << 20):  # one all_gather per bucket of partitions
-            start = 0
-            while start < len(parts):
-                end, size = start, 0
-                while end < len(parts) and (size == 0 or (size + parts[end][3]) * 2 * world <= bucket_bytes):
-                    size += parts[end][3]
-                    end += 1
-                off0 = parts[start][4]
-                gathered = torch.empty(world, size, dtype=torch.bfloat16, device="cuda")
-                dist.all_gather_into_tensor(gathered.view(-1), flat[off0:off0 + size])
-                for pname, shape, style, p, off in parts[start:end]:
-                    full = gathered[:, off - off0:off - off0 + p].reshape(-1)[:math.prod(shape)]
-                    place(pname, shape, style, full)
-                start = end
-
-        entry = {}
-        for label, fn in (("gather", gather_each), ("bucketed_gather", gather_buckets)):
-            torch.cuda.reset_peak_memory_stats()
-            entry[label] = timed(fn, repeats)
-            entry[label + "_peak_bytes"] = torch.cuda.max_memory_allocated() - base
-        out[name] = entry
-        del flat, arena
-        torch.cuda.empty_cache()
-    results[rank] = out
-    dist.destroy_process_group()
-
-
-def baselines(cases, repeats):
-    manager = mp.Manager()
-    results = manager.dict()
-    init = f"file://{tempfile.mktemp(prefix='ss-bench-')}"
-    mp.spawn(worker, args=(2, init, cases, repeats, results), nprocs=2, join=True)
-    return dict(results)
 
 
 class Cluster:
@@ -228,7 +135,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     cases = [c for c in args.cases.split(",") if c]
     started = time.time()
-    base = baselines(cases, args.syncs)
+    base = baselines.measure({name: (CASES[name][0], CASES[name][2]) for name in cases}, args.syncs)
     link = min(base[r]["link_gbps"] for r in range(2))
     memory = min(base[r]["memory_gbps"] for r in range(2))
     print(f"measured: link {link:.1f} GB/s each way at once, on-GPU copy {memory:.0f} GB/s (read + write)", flush=True)
@@ -237,13 +144,18 @@ def main():
         result = shardsync_case(name, args.bin, args.out, args.syncs, args.staging_bytes, link, memory)
         gather = max(base[r][name]["gather"] for r in range(2))
         bucketed = max(base[r][name]["bucketed_gather"] for r in range(2))
+        p2p = max(base[r][name]["bucketed_p2p"] for r in range(2))
         row = {"case": name, **result, "gather_seconds": gather, "bucketed_gather_seconds": bucketed,
+               "bucketed_p2p_seconds": p2p,
                "gather_peak_bytes": max(base[r][name]["gather_peak_bytes"] for r in range(2)),
-               "bucketed_gather_peak_bytes": max(base[r][name]["bucketed_gather_peak_bytes"] for r in range(2))}
+               "bucketed_gather_peak_bytes": max(base[r][name]["bucketed_gather_peak_bytes"] for r in range(2)),
+               "bucketed_p2p_peak_bytes": max(base[r][name]["bucketed_p2p_peak_bytes"] for r in range(2)),
+               "baseline_checks": sorted({base[r][name][k] for r in range(2)
+                                          for k in ("bucketed_gather_check", "bucketed_p2p_check")})}
         rows.append(row)
         print(f"{name}: shardsync {row['seconds'] * 1e3:.2f} ms (floor {row['floor_seconds'] * 1e3:.2f} ms, "
               f"x{row['seconds'] / row['floor_seconds']:.2f}); gather {gather * 1e3:.2f} ms; bucketed gather "
-              f"{bucketed * 1e3:.2f} ms; agents {max(row['agent_seconds']) * 1e3:.2f} ms of which local copies "
+              f"{bucketed * 1e3:.2f} ms; bucketed p2p {p2p * 1e3:.2f} ms (baselines {row['baseline_checks']}); agents {max(row['agent_seconds']) * 1e3:.2f} ms of which local copies "
               f"{max(row['agent_local_seconds']) * 1e3:.2f} ms; with --verify {row['verify_sync_seconds'] * 1e3:.2f} ms; "
               f"checks {row['checks']}", flush=True)
     with open(os.path.join(args.out, "sync_bench.json"), "w") as f:
