@@ -215,7 +215,7 @@ def worker(rank, world, init, cases, repeats, results):
                 same = all(torch.equal(result[k].view(torch.int16), reference[k].view(torch.int16)) for k in arena)
                 entry[label + "_check"] = "ok" if same else "MISMATCH"
         out[name] = entry
-        del flat, arena
+        flat = arena = plans = reference = None  # free the memory before the next case
         if GPU:
             torch.cuda.empty_cache()
     results[rank] = out
