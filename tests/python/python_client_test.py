@@ -4,7 +4,6 @@ with TP=2 shards. Every arena byte is checked after every sync."""
 
 import ctypes
 import math
-import os
 import random
 import subprocess
 import sys
