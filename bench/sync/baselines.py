@@ -76,18 +76,19 @@ def worker(rank, world, init, cases, repeats, results):
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     device = "cuda" if GPU else "cpu"
     out = {}
-    if GPU:  # link: 1 GiB each way at once, as a sync's rounds run; memory: an on-GPU copy
-        peer = 1 - rank
+    if GPU and world > 1:  # link: 1 GiB each way at once with the next rank, as rounds run
         a = torch.empty(1 << 30, dtype=torch.uint8, device=device)
         b = torch.empty_like(a)
         link = timed(lambda: [w.wait() for w in dist.batch_isend_irecv(
-            [dist.P2POp(dist.isend, a, peer), dist.P2POp(dist.irecv, b, peer)])], repeats)
+            [dist.P2POp(dist.isend, a, (rank + 1) % world), dist.P2POp(dist.irecv, b, (rank - 1) % world)])], repeats)
+        out["link_gbps"] = (1 << 30) / link / 1e9
+        a = b = None
+    if GPU:  # memory: an on-GPU copy
         big = torch.empty(4 << 30, dtype=torch.uint8, device=device)
         big2 = torch.empty_like(big)
         copy = timed(lambda: big2.copy_(big), repeats)
-        out["link_gbps"] = (1 << 30) / link / 1e9
         out["memory_gbps"] = 2 * (4 << 30) / copy / 1e9
-        del a, b, big, big2
+        big = big2 = None
     for name, (model, tp) in cases.items():
         tensors = models.tensors(model)
         # DeepSpeed ZeRO-3: each parameter's partition padded to p = ceil(n / world).
