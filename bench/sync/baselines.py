@@ -59,8 +59,11 @@ def all_gather_flat(out, part):
 
 
 def peak_reset():
-    if GPU:
-        torch.cuda.reset_peak_memory_stats()
+    """Starts counting peak memory from now; returns what is allocated now."""
+    if not GPU:
+        return 0
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
 
 
 def peak_bytes(base):
@@ -106,8 +109,6 @@ def worker(rank, world, init, cases, repeats, results):
 
         arena = {pname: torch.empty(shard_shape(shape, style, tp_rank), dtype=torch.bfloat16, device=device)
                  for pname, shape, style, _, _ in parts}
-        peak_reset()
-        base = torch.cuda.memory_allocated() if GPU else 0
 
         def place(pname, shape, style, full):
             lo, hi = shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), tp, tp_rank)
@@ -205,7 +206,7 @@ def worker(rank, world, init, cases, repeats, results):
         for label, fn in (("gather", gather_each), ("bucketed_gather", gather_buckets), ("bucketed_p2p", p2p_buckets)):
             for t in arena.values():
                 t.fill_(float("nan"))
-            peak_reset()
+            base = peak_reset()  # the arena and earlier results are not the baseline's
             entry[label] = timed(fn, repeats)
             entry[label + "_peak_bytes"] = peak_bytes(base)
             synchronize()
