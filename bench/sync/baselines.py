@@ -92,7 +92,9 @@ def worker(rank, world, init, cases, repeats, results):
         copy = timed(lambda: big2.copy_(big), repeats)
         out["memory_gbps"] = 2 * (4 << 30) / copy / 1e9
         big = big2 = None
-    for name, (model, tp) in cases.items():
+    for name, (model, tp, targets) in cases.items():
+        targets = targets or list(range(world))  # consecutive groups of tp: the replicas
+        tp_of = {q: i % tp for i, q in enumerate(targets)}  # a target rank's TP rank
         tensors = models.tensors(model)
         # DeepSpeed ZeRO-3: each parameter's partition padded to p = ceil(n / world).
         parts, at = [], 0
@@ -101,16 +103,18 @@ def worker(rank, world, init, cases, repeats, results):
             parts.append((pname, shape, style, p, at))
             at += p
         flat = torch.randn(at, device=device).to(torch.bfloat16)
-        tp_rank = rank % tp
+        tp_rank = tp_of.get(rank)  # None: this rank holds no rollout weights
 
         def shard_shape(shape, style, q):
             lo, hi = shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), tp, q)
             return [h - l for l, h in zip(lo, hi)]
 
         arena = {pname: torch.empty(shard_shape(shape, style, tp_rank), dtype=torch.bfloat16, device=device)
-                 for pname, shape, style, _, _ in parts}
+                 for pname, shape, style, _, _ in parts} if tp_rank is not None else {}
 
         def place(pname, shape, style, full):
+            if tp_rank is None:
+                return
             lo, hi = shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), tp, tp_rank)
             arena[pname].copy_(full.view(shape)[tuple(slice(l, h) for l, h in zip(lo, hi))])
 
@@ -160,10 +164,10 @@ def worker(rank, world, init, cases, repeats, results):
             for pname, shape, style, p, off in bucket:
                 n = math.prod(shape)
                 mine = flat[off:off + p]
-                shard_flat = arena[pname].view(-1)
-                shard_cols = shard_shape(shape, style, tp_rank)[-1] if len(shape) > 1 else 1
-                for q in range(world):
-                    q_tp = q % tp
+                if tp_rank is not None:
+                    shard_flat = arena[pname].view(-1)
+                    shard_cols = shard_shape(shape, style, tp_rank)[-1] if len(shape) > 1 else 1
+                for q, q_tp in tp_of.items():
                     runs = models.pieces(shape, style, tp, q_tp, rank * p, min((rank + 1) * p, n))
                     if q == rank:
                         for start, rows, length, stride, dst in runs:
@@ -172,6 +176,8 @@ def worker(rank, world, init, cases, repeats, results):
                     else:
                         for start, rows, length, stride, dst in runs:
                             sends[q].append(run_view(mine, start - rank * p, length, (rows, stride) if rows > 1 else None))
+                if tp_rank is None:
+                    continue  # nothing to receive here
                 for s in range(world):
                     if s == rank:
                         continue
@@ -225,7 +231,7 @@ def worker(rank, world, init, cases, repeats, results):
 
 
 def measure(cases, repeats, world=2):
-    """cases: name -> (model, tp). Returns every rank's results."""
+    """cases: name -> (model, tp, target ranks or None for all). Returns every rank's results."""
     manager = mp.Manager()
     results = manager.dict()
     init = f"file://{tempfile.mktemp(prefix='ss-bench-')}"

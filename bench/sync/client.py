@@ -20,6 +20,7 @@ parser.add_argument("--role", choices=["trainer", "rollout"], required=True)
 parser.add_argument("--model", required=True)
 parser.add_argument("--zero", type=int, default=3)
 parser.add_argument("--tp", type=int, default=1)
+parser.add_argument("--tp-rank", type=int, default=0)  # rollout: this rank's place in its TP group
 parser.add_argument("--fused", action="store_true")
 parser.add_argument("--seed", type=int, default=1)
 args = parser.parse_args()
@@ -49,7 +50,7 @@ if args.role == "trainer":
                for i, name, shape, begin, end, offset in parts if end > begin]
     buffers = {"flat": cuda_buffer(flat)}
 else:
-    tp_rank = args.rank % args.tp
+    tp_rank = args.tp_rank
     boxes = {name: shardsync.tp_shard_box(shape, models.STYLE_AXIS.get(style), args.tp, tp_rank) for name, shape, style, _ in TENSORS}
     # The arena holds one view per tensor, or per fused group with its members' shards
     # stacked by rows in order. place[name] = (view key, first row in that view).

@@ -22,24 +22,39 @@ import baselines
 import shardsync
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = {  # name: (model, zero stage, tp, fused)
-    "qwen3-1.7b tp2": ("qwen3-1.7b", 3, 2, False),
-    "qwen3-1.7b tp1x2": ("qwen3-1.7b", 3, 1, False),
-    "qwen3-1.7b zero1 tp2": ("qwen3-1.7b", 1, 2, False),
-    "qwen3-8b tp2": ("qwen3-8b", 3, 2, False),
-    "qwen3-8b tp1x2": ("qwen3-8b", 3, 1, False),
-    "qwen3-8b fused tp2": ("qwen3-8b", 3, 2, True),
+# name: (model, zero stage, tp, fused, target ranks: consecutive groups of tp are the
+# replicas; None: every rank). Sources are ZeRO-1/3 over every GPU of the world.
+CASES = {
+    1: {
+        "qwen3-1.7b tp1": ("qwen3-1.7b", 3, 1, False, None),
+        "qwen3-8b tp1": ("qwen3-8b", 3, 1, False, None),
+    },
+    2: {
+        "qwen3-1.7b tp2": ("qwen3-1.7b", 3, 2, False, None),
+        "qwen3-1.7b tp1x2": ("qwen3-1.7b", 3, 1, False, None),
+        "qwen3-1.7b zero1 tp2": ("qwen3-1.7b", 1, 2, False, None),
+        "qwen3-8b tp2": ("qwen3-8b", 3, 2, False, None),
+        "qwen3-8b tp1x2": ("qwen3-8b", 3, 1, False, None),
+        "qwen3-8b fused tp2": ("qwen3-8b", 3, 2, True, None),
+    },
+    4: {  # the layouts of DeepSpeed PR #9045's table
+        "qwen3-1.7b tp2x2": ("qwen3-1.7b", 3, 2, False, None),
+        "qwen3-1.7b tp4": ("qwen3-1.7b", 3, 4, False, None),
+        "qwen3-1.7b tp1x4": ("qwen3-1.7b", 3, 1, False, None),
+        "qwen3-1.7b tp2 on ranks 2-3": ("qwen3-1.7b", 3, 2, False, [2, 3]),
+        "qwen3-8b tp4": ("qwen3-8b", 3, 4, False, None),
+    },
 }
 
 
 class Cluster:
-    def __init__(self, bin_dir, out, staging):
+    def __init__(self, bin_dir, out, staging, world):
         self.dir = tempfile.mkdtemp(prefix="ss-bench-", dir="/tmp")
         self.out, self.procs = out, []
-        self.spawn([f"{bin_dir}/shardsync-coordinator", "--world", "2", "--listen", "127.0.0.1:0", "--port-file",
+        self.spawn([f"{bin_dir}/shardsync-coordinator", "--world", str(world), "--listen", "127.0.0.1:0", "--port-file",
                     f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", "120000", "--insecure"], "coordinator")
         self.coordinator = f"127.0.0.1:{self.port(f'{self.dir}/c.port')}"
-        for r in range(2):
+        for r in range(world):
             self.spawn([f"{bin_dir}/shardsync-agent", "--rank", str(r), "--coordinator", self.coordinator, "--socket",
                         f"{self.dir}/a{r}.sock", "--device", str(r), "--port-file", f"{self.dir}/a{r}.port",
                         "--max-staging-bytes", str(1 << 30), "--insecure"], f"agent{r}")
@@ -76,19 +91,23 @@ def ask(p, line):
     return p.stdout.readline().strip()
 
 
-def shardsync_case(name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
-    model, zero, tp, fused = CASES[name]
+def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
+    model, zero, tp, fused, targets = CASES[world][name]
+    targets = targets or list(range(world))
     logs = os.path.join(out, name.replace(" ", "_"))
     os.makedirs(logs, exist_ok=True)
-    cluster = Cluster(bin_dir, logs, staging)
+    cluster = Cluster(bin_dir, logs, staging, world)
     try:
-        clients = []
-        for role in ("trainer", "rollout"):
-            for r in range(2):
+        clients, rollouts = [], []
+        for role, ranks in (("trainer", range(world)), ("rollout", targets)):
+            for r in ranks:
                 argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", f"{cluster.dir}/a{r}.sock",
-                        "--rank", str(r), "--world", "2", "--role", role, "--model", model, "--zero", str(zero),
-                        "--tp", str(tp), "--seed", "3"] + (["--fused"] if fused else [])
+                        "--rank", str(r), "--world", str(world), "--role", role, "--model", model, "--zero",
+                        str(zero), "--tp", str(tp), "--tp-rank", str(targets.index(r) % tp if r in targets else 0),
+                        "--seed", "3"] + (["--fused"] if fused else [])
                 clients.append(cluster.spawn(argv, f"{role}{r}", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                if role == "rollout":
+                    rollouts.append(clients[-1])
         for c in clients:
             line = c.stdout.readline().strip()
             assert line == "ready", f"a client did not register: {line!r}"
@@ -104,7 +123,7 @@ def shardsync_case(name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
         explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
         # Peak extra memory of the clients during the syncs, before the checks allocate.
         memory = [int(ask(c, "memory").split()[1]) for c in clients]
-        checks = [ask(c, "check 3") for c in clients[2:]]
+        checks = [ask(c, "check 3") for c in rollouts]
         for c in clients:
             c.stdin.write("exit\n")
             c.stdin.flush()
@@ -128,29 +147,37 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--world", type=int, default=2, choices=sorted(CASES), help="GPUs used")
+    parser.add_argument("--cases", default="", help="comma-separated; default: every case of --world")
     parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--staging-bytes", type=int, default=64 << 20)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    cases = [c for c in args.cases.split(",") if c]
+    world = args.world
+    cases = [c for c in args.cases.split(",") if c] or list(CASES[world])
+    unknown = [c for c in cases if c not in CASES[world]]
+    if unknown:
+        parser.error(f"no such case for {world} GPUs: {unknown}; there are {list(CASES[world])}")
     started = time.time()
-    base = baselines.measure({name: (CASES[name][0], CASES[name][2]) for name in cases}, args.syncs)
-    link = min(base[r]["link_gbps"] for r in range(2))
-    memory = min(base[r]["memory_gbps"] for r in range(2))
+    base = baselines.measure({name: (CASES[world][name][0], CASES[world][name][2], CASES[world][name][4])
+                              for name in cases}, args.syncs, world)
+    ranks = range(world)
+    # One GPU has no link: its floor counts local copies only (Explain's default link).
+    link = min(base[r]["link_gbps"] for r in ranks) if world > 1 else 360.0
+    memory = min(base[r]["memory_gbps"] for r in ranks)
     print(f"measured: link {link:.1f} GB/s each way at once, on-GPU copy {memory:.0f} GB/s (read + write)", flush=True)
     rows = []
     for name in cases:
-        result = shardsync_case(name, args.bin, args.out, args.syncs, args.staging_bytes, link, memory)
-        gather = max(base[r][name]["gather"] for r in range(2))
-        bucketed = max(base[r][name]["bucketed_gather"] for r in range(2))
-        p2p = max(base[r][name]["bucketed_p2p"] for r in range(2))
+        result = shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, link, memory)
+        gather = max(base[r][name]["gather"] for r in ranks)
+        bucketed = max(base[r][name]["bucketed_gather"] for r in ranks)
+        p2p = max(base[r][name]["bucketed_p2p"] for r in ranks)
         row = {"case": name, **result, "gather_seconds": gather, "bucketed_gather_seconds": bucketed,
                "bucketed_p2p_seconds": p2p,
-               "gather_peak_bytes": max(base[r][name]["gather_peak_bytes"] for r in range(2)),
-               "bucketed_gather_peak_bytes": max(base[r][name]["bucketed_gather_peak_bytes"] for r in range(2)),
-               "bucketed_p2p_peak_bytes": max(base[r][name]["bucketed_p2p_peak_bytes"] for r in range(2)),
-               "baseline_checks": sorted({base[r][name][k] for r in range(2)
+               "gather_peak_bytes": max(base[r][name]["gather_peak_bytes"] for r in ranks),
+               "bucketed_gather_peak_bytes": max(base[r][name]["bucketed_gather_peak_bytes"] for r in ranks),
+               "bucketed_p2p_peak_bytes": max(base[r][name]["bucketed_p2p_peak_bytes"] for r in ranks),
+               "baseline_checks": sorted({base[r][name][k] for r in ranks
                                           for k in ("bucketed_gather_check", "bucketed_p2p_check")})}
         rows.append(row)
         print(f"{name}: shardsync {row['seconds'] * 1e3:.2f} ms (floor {row['floor_seconds'] * 1e3:.2f} ms, "
@@ -159,7 +186,7 @@ def main():
               f"{max(row['agent_local_seconds']) * 1e3:.2f} ms; with --verify {row['verify_sync_seconds'] * 1e3:.2f} ms; "
               f"checks {row['checks']}", flush=True)
     with open(os.path.join(args.out, "sync_bench.json"), "w") as f:
-        json.dump({"link_gbps": link, "memory_gbps": memory, "staging_bytes": args.staging_bytes, "syncs": args.syncs,
+        json.dump({"world": world, "link_gbps": link, "memory_gbps": memory, "staging_bytes": args.staging_bytes, "syncs": args.syncs,
                    "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows,
                    "wall_seconds": time.time() - started}, f, indent=1)
 
