@@ -106,9 +106,12 @@ std::string Agent::Metrics() const {
 }
 
 absl::Status Agent::Check(const daemon::LocalSchedule& local) const {
+  // Each buffer looked up once: a schedule has thousands of segments and a few buffers.
+  std::vector<std::shared_ptr<const BufferEntry>> entries(local.buffer_names.size());
   const auto buffer = [&](int32_t id, v1::Role role, const std::string& tensor) -> absl::StatusOr<int64_t> {
     const std::string& name = local.buffer_names.at(id);
-    auto entry = registry_.Find(name);
+    if (!entries[id]) entries[id] = registry_.Find(name);
+    const std::shared_ptr<const BufferEntry>& entry = entries[id];
     if (!entry) return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is not registered"));
     if (entry->role != role) {
       return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is registered as ",
@@ -166,10 +169,16 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
     it->second.sync_id = request.sync_id();
     it->second.peers.communicator_id = request.communicator_id();
     it->second.peers.generation = request.communicator_generation();
-    if (auto status = Check(it->second.local); !status.ok()) return refuse(status);
+    // Buffers, roles and bounds change only with the registry: checked once per version.
+    const int64_t version = registry_.version();
+    if (it->second.checked_version != version) {
+      if (auto status = Check(*it->second.local); !status.ok()) return refuse(status);
+      it->second.checked_version = version;
+    }
     response.set_ok(true);
     return response;
   }
+  const int64_t version = registry_.version();
   auto local = daemon::DecodeSchedule(request, config_.rank);
   if (!local.ok()) return refuse(local.status());
   if (auto status = Check(*local); !status.ok()) return refuse(status);
@@ -179,8 +188,8 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
   peers.addresses.insert(request.peer_addresses().begin(), request.peer_addresses().end());
   peers.communicator_id = request.communicator_id();
   peers.generation = request.communicator_generation();
-  Prepared prepared{*std::move(local), request.sync_id(), request.staging_bytes(),
-                    absl::Milliseconds(request.deadline_ms()), std::move(peers)};
+  Prepared prepared{std::make_shared<const daemon::LocalSchedule>(*std::move(local)), request.sync_id(),
+                    request.staging_bytes(), absl::Milliseconds(request.deadline_ms()), std::move(peers), version};
   prepared_.clear();  // one plan per epoch: the previous one is stale
   prepared_[request.digest()] = std::move(prepared);
   response.set_ok(true);
@@ -205,11 +214,11 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   }
   // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
   std::vector<std::shared_ptr<const BufferEntry>> held;
-  executor::BufferTable table(prepared.local.buffer_names.size(), nullptr);
-  for (size_t id = 0; id < prepared.local.buffer_names.size(); ++id) {
-    auto entry = registry_.Find(prepared.local.buffer_names[id]);
+  executor::BufferTable table(prepared.local->buffer_names.size(), nullptr);
+  for (size_t id = 0; id < prepared.local->buffer_names.size(); ++id) {
+    auto entry = registry_.Find(prepared.local->buffer_names[id]);
     if (!entry) {
-      return absl::FailedPreconditionError(absl::StrCat("buffer '", prepared.local.buffer_names[id],
+      return absl::FailedPreconditionError(absl::StrCat("buffer '", prepared.local->buffer_names[id],
                                                         "' went away after Prepare on rank ", config_.rank));
     }
     table[id] = entry->memory->data();
@@ -219,7 +228,7 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   const absl::Time deadline = absl::Now() + prepared.deadline;
   const absl::Status setup = transport_.Setup(prepared.peers, deadline);
   const absl::StatusOr<executor::ExecutionStats> stats =
-      setup.ok() ? engine_.Run(request.sync_id(), prepared.local.plan, prepared.local.schedule, table,
+      setup.ok() ? engine_.Run(request.sync_id(), prepared.local->plan, prepared.local->schedule, table,
                                prepared.staging_bytes, deadline, &progress_)
                  : absl::StatusOr<executor::ExecutionStats>(setup);
   v1::ExecuteResponse response;
@@ -227,7 +236,7 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   if (stats.ok() && request.verify()) {
     const absl::Time start = absl::Now();
     const absl::StatusOr<executor::Checksums> sums = executor::ComputeChecksums(
-        device_, prepared.local.plan, prepared.local.schedule, table, prepared.staging_bytes);
+        device_, prepared.local->plan, prepared.local->schedule, table, prepared.staging_bytes);
     verified = sums.status();
     for (const auto& [key, side] : sums.ok() ? *sums : executor::Checksums{}) {
       v1::TensorChecksum* checksum = response.add_checksums();

@@ -56,11 +56,12 @@ class Agent {
 
  private:
   struct Prepared {
-    daemon::LocalSchedule local;
+    std::shared_ptr<const daemon::LocalSchedule> local;  // shared with a running Execute
     std::string sync_id;
     int64_t staging_bytes = 0;
     absl::Duration deadline;
     executor::PeerSetup peers;
+    int64_t checked_version = -1;  // the registry version Check last passed against
   };
   // Every buffer the schedule touches, present, of the right role, and in bounds.
   absl::Status Check(const daemon::LocalSchedule& local) const;
