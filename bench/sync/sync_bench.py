@@ -113,12 +113,18 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             assert line == "ready", f"a client did not register: {line!r}"
         coordinator = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
         first = coordinator.sync(timeout=120)  # warm-up: plans, builds the communicator
-        times, ranks = [], None
+        times, ranks, phases = [], None, []
         for _ in range(syncs):
             start = time.perf_counter()
             response = coordinator.sync(timeout=120)
             times.append(time.perf_counter() - start)
             ranks = response.ranks
+            # Where the time went: the coordinator's whole sync, its Prepare and Execute
+            # fan-outs, the slowest agent's Execute call and its engine.
+            phases.append({"coordinator": response.seconds, "prepare": response.prepare_seconds,
+                           "execute": response.execute_seconds,
+                           "agent_execute": max(r.execute_seconds for r in response.ranks),
+                           "agent_engine": max(r.seconds for r in response.ranks)})
         verified = coordinator.sync(timeout=120, verify=True)  # the cost of --verify, once
         explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
         # Peak extra memory of the clients during the syncs, before the checks allocate.
@@ -136,6 +142,7 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             "local_bytes": [r.local_bytes for r in ranks], "rounds": [r.rounds for r in ranks],
             "agent_peak_staging_bytes": [r.peak_staging_bytes for r in ranks], "client_peak_extra_bytes": memory,
             "agent_seconds": [r.seconds for r in ranks], "agent_local_seconds": [r.local_seconds for r in ranks],
+            "phases_median": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
             "verify_sync_seconds": verified.seconds, "verify_seconds": [r.verify_seconds for r in verified.ranks],
             "verified_placements": verified.verified_placements,
         }
@@ -184,7 +191,8 @@ def main():
               f"x{row['seconds'] / row['floor_seconds']:.2f}); gather {gather * 1e3:.2f} ms; bucketed gather "
               f"{bucketed * 1e3:.2f} ms; bucketed p2p {p2p * 1e3:.2f} ms (baselines {row['baseline_checks']}); agents {max(row['agent_seconds']) * 1e3:.2f} ms of which local copies "
               f"{max(row['agent_local_seconds']) * 1e3:.2f} ms; with --verify {row['verify_sync_seconds'] * 1e3:.2f} ms; "
-              f"checks {row['checks']}", flush=True)
+              f"checks {row['checks']}; medians (ms): " +
+              ", ".join(f"{k} {v * 1e3:.2f}" for k, v in row["phases_median"].items()), flush=True)
     with open(os.path.join(args.out, "sync_bench.json"), "w") as f:
         json.dump({"world": world, "link_gbps": link, "memory_gbps": memory, "staging_bytes": args.staging_bytes, "syncs": args.syncs,
                    "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows,

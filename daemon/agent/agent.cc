@@ -197,6 +197,7 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
 }
 
 absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& request) {
+  const absl::Time entered = absl::Now();
   absl::MutexLock execute_lock(&execute_mu_);
   Prepared prepared;
   {
@@ -273,6 +274,7 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   out.set_peak_peer_staging_bytes(stats->peak_peer_staging_bytes);
   out.set_seconds(stats->seconds);
   out.set_local_seconds(stats->local_seconds);
+  out.set_execute_seconds(absl::ToDoubleSeconds(absl::Now() - entered));
   return response;
 }
 

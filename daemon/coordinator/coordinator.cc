@@ -252,7 +252,9 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     return finish(absl::FailedPreconditionError(
         absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
   }
+  const absl::Time prepare_start = absl::Now();
   if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
+  const absl::Time execute_start = absl::Now();
 
   std::map<int32_t, v1::AgentControl::Stub*> stubs;
   {
@@ -288,6 +290,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     results[rank] = stubs[rank]->Execute(&context, execute, &responses[rank]);
     if (!results[rank].ok()) abort_all(rank, results[rank].error_message());
   });
+  const absl::Time executed = absl::Now();
   std::vector<std::string> failures;
   for (int32_t rank = 0; rank < config_.world_size; ++rank) {
     const grpc::Status& r = results[rank];
@@ -327,6 +330,8 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   response.set_layout_epoch(cache_.epoch);
   response.set_digest(cache_.digest);
   response.set_plan_seconds(*planned ? cache_.plan_seconds : 0);
+  response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
+  response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
   for (v1::ExecuteResponse& r : responses) *response.add_ranks() = r.stats();
   response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   {
