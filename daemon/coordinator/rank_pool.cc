@@ -3,7 +3,7 @@
 namespace shardsync::coordinator {
 
 RankPool::RankPool(int32_t ranks) {
-  for (int32_t r = 0; r < ranks; ++r) threads_.emplace_back([this, r] { Worker(r); });
+  for (int32_t r = 1; r < ranks; ++r) threads_.emplace_back([this, r] { Worker(r); });
 }
 
 RankPool::~RankPool() {
@@ -15,12 +15,15 @@ RankPool::~RankPool() {
 }
 
 void RankPool::Run(const std::function<void(int32_t)>& fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    job_ = &fn;
+    running_ = static_cast<int32_t>(threads_.size());
+    ++generation_;
+  }
+  fn(0);
   absl::MutexLock lock(&mu_);
-  job_ = &fn;
-  running_ = static_cast<int32_t>(threads_.size());
-  ++generation_;
-  mu_.Await(absl::Condition(
-      +[](int32_t* running) { return *running == 0; }, &running_));
+  mu_.Await(absl::Condition(+[](int32_t* running) { return *running == 0; }, &running_));
   job_ = nullptr;
 }
 

@@ -1,6 +1,7 @@
-// One thread per rank, started once: the fan-out of a sync's phases (Prepare, Execute)
-// without starting 2 x world threads on every sync. One Run at a time; a call made from
-// inside a Run must not use the same pool.
+// The fan-out of a sync's phases (Prepare, Execute) without starting 2 x world threads
+// on every sync: rank 0 runs on the calling thread, every other rank on a thread of its
+// own started once (each hand-off between threads costs latency). One Run at a time; a
+// call made from inside a Run must not use the same pool.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ class RankPool {
   RankPool(const RankPool&) = delete;
   RankPool& operator=(const RankPool&) = delete;
 
-  // Calls fn(rank) for every rank, each on its own thread; returns when all returned.
+  // Calls fn(rank) for every rank at once; returns when all returned.
   void Run(const std::function<void(int32_t)>& fn);
 
  private:

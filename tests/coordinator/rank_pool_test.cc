@@ -1,5 +1,5 @@
-// The coordinator's rank pool: every Run calls each rank once, on that rank's own
-// thread, and returns only when all have returned; Runs follow one another cleanly.
+// The coordinator's rank pool: every Run calls each rank once, all at once (rank 0 on the
+// caller's thread), and returns only when all have returned; Runs follow one another.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -44,6 +44,7 @@ TEST_CASE("the ranks of one Run overlap: a call can wait for the others") {
   });
   CHECK(arrived == kRanks);
   CHECK(threads.size() == kRanks);
+  CHECK(threads.count(std::this_thread::get_id()) == 1);  // rank 0 ran here
 }
 
 }  // namespace
