@@ -76,6 +76,16 @@ absl::StatusOr<uint8_t*> CudaDevice::Staging(int32_t peer, bool send, int64_t by
   return pointer;
 }
 
+absl::Status CudaDevice::ReleaseStaging(int32_t peer, bool send) {
+  auto it = staging_.find({peer, send});
+  if (it == staging_.end()) return absl::OkStatus();
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // the last user may be queued
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(it->second.first));
+  staging_.erase(it);
+  return absl::OkStatus();
+}
+
 absl::Status CudaDevice::Launch(Batch& batch, cudaStream_t stream) {
   if (batch.descriptors.empty()) return absl::OkStatus();
   batch.first_block.clear();

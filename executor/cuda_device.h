@@ -23,6 +23,7 @@ class CudaDevice final : public Device {
   int ordinal() const { return ordinal_; }
   cudaStream_t stream() const { return stream_; }  // the transport enqueues here too
   absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) override;
+  absl::Status ReleaseStaging(int32_t peer, bool send) override;
   absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
                     uint8_t* out) override;
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,

@@ -26,6 +26,8 @@ class Device {
   virtual absl::string_view name() const = 0;
   // Staging for one peer and direction: allocated once at `bytes` and reused.
   virtual absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) = 0;
+  // Frees one staging buffer (after everything queued that uses it).
+  virtual absl::Status ReleaseStaging(int32_t peer, bool send) = 0;
   // Copies the parts' source elements, in order and converted to the target dtype,
   // back to back into `out`. May only queue the work: see Synchronize.
   virtual absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
@@ -51,6 +53,10 @@ class HostDevice final : public Device {
  public:
   absl::string_view name() const override { return "host"; }
   absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) override;
+  absl::Status ReleaseStaging(int32_t peer, bool send) override {
+    staging_.erase({peer, send});
+    return absl::OkStatus();
+  }
   absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
                     const BufferTable& buffers, uint8_t* out) override;
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,

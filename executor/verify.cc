@@ -132,6 +132,8 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     }
   }
   if (auto status = flush(); !status.ok()) return status;
+  // The scratch is extra device memory only while verifying: give it back.
+  if (auto status = device.ReleaseStaging(/*peer=*/-1, /*send=*/true); !status.ok()) return status;
 
   Checksums sums_by_key;
   for (size_t r = 0; r < regions.size(); ++r) {
