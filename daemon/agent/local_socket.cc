@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
 
@@ -44,6 +45,7 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::stri
 }
 
 LocalSocket::~LocalSocket() {
+  stopping_ = true;
   shutdown(fd_, SHUT_RDWR);  // wakes accept()
   if (accepting_.joinable()) accepting_.join();
   close(fd_);
@@ -59,8 +61,12 @@ void LocalSocket::Accept(grpc::Server* server) {
     // Non-blocking, as gRPC's own accepted sockets are: its poller must never wait in read().
     const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (connection < 0) {
+      if (stopping_) return;
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;  // shut down
+      // Out of descriptors or memory: say so and keep serving once it passes.
+      spdlog::error("accepting a client on {}: {}; trying again", path_, std::strerror(errno));
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
     }
     ucred credentials{};
     socklen_t length = sizeof(credentials);

@@ -3,6 +3,7 @@
 // is handed to the gRPC server. A call finds its caller by ServerContext::peer().
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -34,6 +35,7 @@ class LocalSocket {
 
   const int fd_;
   const std::string path_;
+  std::atomic<bool> stopping_{false};
   std::thread accepting_;
   mutable absl::Mutex mu_;
   std::map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by connection fd (reused: overwritten)
