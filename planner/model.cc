@@ -98,6 +98,22 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
   if (spec.dp_ranks.empty()) return absl::InvalidArgumentError("a model layout needs at least one DP rank");
   std::map<std::string, const ModelTensor*> by_name;
   std::vector<const ModelTensor*> sourced;
+  // Sizes are checked before any offset is summed from them (found by the fuzzer: a
+  // huge extent overflowed the arena's offsets). 2^50 bytes is far beyond any model and
+  // far from int64's end.
+  constexpr int64_t kMaxModelBytes = int64_t{1} << 50;
+  int64_t model_bytes = 0;
+  for (const ModelTensor& t : spec.tensors) {
+    if (t.shape.size() > static_cast<size_t>(kMaxAxes)) return Bad(t.name, "has more axes than are supported");
+    int64_t numel = 1;
+    for (int64_t extent : t.shape) {
+      if (extent < 0) return Bad(t.name, "has a negative extent");
+      if (extent > 0 && numel > kMaxModelBytes / extent) return Bad(t.name, "is larger than 2^50 elements");
+      numel *= extent;
+    }
+    model_bytes += numel * ElementBytes(t.dtype);
+    if (model_bytes > kMaxModelBytes) return Bad(t.name, "makes the model larger than 2^50 bytes");
+  }
   for (const ModelTensor& t : spec.tensors) {
     if (!by_name.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
     if (t.tied_to.empty()) sourced.push_back(&t);

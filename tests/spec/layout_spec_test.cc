@@ -122,7 +122,7 @@ TEST_CASE("a target whose name or shape does not match a source is refused") {
              Contains("shape mismatch"));
 }
 
-TEST_CASE("inputs the fuzzer found are refused: a box without hi, sources sharing bytes, a target over a source") {
+TEST_CASE("inputs the fuzzer found are refused: a box without hi, sources sharing bytes, a target over a source, a huge extent") {
   constexpr char kTwoRanks[] = R"({"buffers": [{"rank": 0, "name": "flat", "bytes": 64}, {"rank": 1, "name": "flat", "bytes": 64},
       {"rank": 0, "name": "shard", "bytes": 32}, {"rank": 1, "name": "shard", "bytes": 32}],
     "targets": [{"name": "w", "shape": [4, 8], "dtype": "BFLOAT16", "placements": [
@@ -151,6 +151,10 @@ TEST_CASE("inputs the fuzzer found are refused: a box without hi, sources sharin
   REQUIRE(written.ok());
   CHECK_THAT(std::string(planner::ValidatePlanInput(*written).message()),
              Contains("the source of tensor 'w' and the target of tensor 'w' overlap in buffer") && Contains("rank 0"));
+  // A model tensor with a huge extent: refused before any offset is summed (UB before).
+  CHECK_THAT(ErrorOf(R"({"model": {"tensors": [{"name": "cube", "shape": [1, 7777777777777777777], "style": "COLUMN"}],
+      "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})"),
+             Contains("model tensor 'cube'") && Contains("larger than 2^50"));
   CHECK(validated(R"(16, "box": {"lo": [2, 0], "hi": [4, 8]}}]}]})").ok());  // base in elements: after rows 0-1
 }
 
