@@ -25,7 +25,8 @@ for i, (label, key, color) in enumerate(series):
 ax.set_xticks(range(len(rows)))
 ax.set_xticklabels(names, rotation=12)
 ax.set_ylabel("milliseconds (median of %d syncs)" % results["syncs"])
-ax.set_title("Weight sync on 2 x %s (NVLink): ZeRO-3 (one ZeRO-1 case) into TP layouts" % results["device"])
+ax.set_title("Weight sync on %d x %s: ZeRO-3 (one ZeRO-1 case) into TP layouts"
+             % (results.get("world", 2), results["device"]))
 ax.legend()
 ax.grid(axis="y", alpha=0.3)
 fig.tight_layout()
