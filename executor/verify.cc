@@ -1,7 +1,6 @@
 #include "executor/verify.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 namespace shardsync::executor {

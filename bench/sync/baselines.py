@@ -9,7 +9,9 @@ link and memory speeds the floor uses, measured in the same run:
   and copies its own elements locally.
 
 Every baseline's arena is compared bit for bit with the gather's. Without GPUs (a
-development check) the same code runs on the CPU with gloo.
+development check) the same code runs on the CPU with gloo, on the small model:
+  cd bench/sync && PYTHONPATH=../../dist/python python3 -c "import baselines;
+  print(baselines.measure({'t': ('qwen3-tiny', 2, None)}, 1, world=4))"
 """
 
 import math

@@ -172,7 +172,8 @@ def main():
     # One GPU has no link: its floor counts local copies only (Explain's default link).
     link = min(base[r]["link_gbps"] for r in ranks) if world > 1 else 360.0
     memory = min(base[r]["memory_gbps"] for r in ranks)
-    print(f"measured: link {link:.1f} GB/s each way at once, on-GPU copy {memory:.0f} GB/s (read + write)", flush=True)
+    measured_link = f"link {link:.1f} GB/s each way at once" if world > 1 else "no link (one GPU; the floor is copies)"
+    print(f"measured: {measured_link}, on-GPU copy {memory:.0f} GB/s (read + write)", flush=True)
     rows = []
     for name in cases:
         result = shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, link, memory)

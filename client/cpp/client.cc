@@ -25,10 +25,9 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& target, const Credenti
 
 // The agent's unix socket: its file mode decides who may connect; no TLS on it.
 Credentials UnixSocketCredentials() {
-  Credentials credentials;
-  credentials.channel = grpc::InsecureChannelCredentials();
-  credentials.insecure = true;
-  return credentials;
+  TlsConfig plaintext;
+  plaintext.insecure = true;
+  return *LoadCredentials(plaintext);  // never fails for plaintext
 }
 
 template <typename Request, typename Response, typename Call>

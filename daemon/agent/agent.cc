@@ -239,12 +239,14 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     const absl::StatusOr<executor::Checksums> sums = executor::ComputeChecksums(
         device_, prepared.local->plan, prepared.local->schedule, table, prepared.staging_bytes);
     verified = sums.status();
-    for (const auto& [key, side] : sums.ok() ? *sums : executor::Checksums{}) {
-      v1::TensorChecksum* checksum = response.add_checksums();
-      checksum->set_tensor(key.first);
-      checksum->set_target_rank(key.second);
-      checksum->set_sources(side.sources);
-      checksum->set_targets(side.targets);
+    if (sums.ok()) {
+      for (const auto& [key, side] : *sums) {
+        v1::TensorChecksum* checksum = response.add_checksums();
+        checksum->set_tensor(key.first);
+        checksum->set_target_rank(key.second);
+        checksum->set_sources(side.sources);
+        checksum->set_targets(side.targets);
+      }
     }
     response.mutable_stats()->set_verify_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   }

@@ -168,7 +168,7 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)), dir_(Te
 
 std::vector<std::string> Cluster::security_flags() const {
   const TlsConfig& tls = options_.tls;
-  if (tls.ca_file.empty() && tls.cert_file.empty() && tls.key_file.empty()) return {"--insecure"};
+  if (credentials_.insecure) return {"--insecure"};
   std::vector<std::string> flags = {"--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file, "--tls-key", tls.key_file};
   if (!tls.server_name.empty()) flags.insert(flags.end(), {"--tls-server-name", tls.server_name});
   return flags;
