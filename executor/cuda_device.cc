@@ -40,34 +40,55 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", ordinal, " does not exist (", count, " visible)"));
   }
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-  cudaStream_t stream, local;
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&local, cudaStreamNonBlocking));
+  int lowest = 0, highest = 0;  // numerically: the highest priority is the smallest number
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+  Streams streams{};
+  for (cudaStream_t* stream : {&streams.network, &streams.pack, &streams.unpack}) {
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking, highest));
+  }
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&streams.local, cudaStreamNonBlocking, lowest));
+  SlotEvents slots[planner::kStagingSlots];
+  for (SlotEvents& slot : slots) {
+    for (cudaEvent_t* event : {&slot.packed, &slot.transferred, &slot.unpacked}) {
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+    }
+  }
   cudaEvent_t local_start, local_end;
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&local_start));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&local_end));
-  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, stream, local, local_start, local_end));
+  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, streams, slots, local_start, local_end));
 }
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
-  cudaStreamSynchronize(stream_);
-  cudaStreamSynchronize(local_stream_);
+  for (cudaStream_t stream : {streams_.network, streams_.pack, streams_.unpack, streams_.local}) {
+    cudaStreamSynchronize(stream);
+  }
   for (auto& [key, staging] : staging_) cudaFree(staging.first);
-  cudaFree(network_batch_.device);
-  cudaFree(local_batch_.device);
+  for (Batch* batch : {&pack_batch_, &unpack_batch_, &local_batch_}) cudaFree(batch->device);
   cudaFree(hash_buffer_);
+  for (SlotEvents& slot : slots_) {
+    for (cudaEvent_t event : {slot.packed, slot.transferred, slot.unpacked}) cudaEventDestroy(event);
+  }
   cudaEventDestroy(local_start_);
   cudaEventDestroy(local_end_);
-  cudaStreamDestroy(stream_);
-  cudaStreamDestroy(local_stream_);
+  for (cudaStream_t stream : {streams_.network, streams_.pack, streams_.unpack, streams_.local}) {
+    cudaStreamDestroy(stream);
+  }
 }
 
-absl::StatusOr<uint8_t*> CudaDevice::Staging(int32_t peer, bool send, int64_t bytes) {
-  auto& [pointer, size] = staging_[{peer, send}];
+absl::Status CudaDevice::SynchronizeAll() {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  for (cudaStream_t stream : {streams_.local, streams_.pack, streams_.network, streams_.unpack}) {
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> CudaDevice::Staging(int32_t peer, bool send, int slot, int64_t bytes) {
+  auto& [pointer, size] = staging_[{peer, send, slot}];
   if (size != bytes) {
-    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // the old one may be in use
+    if (auto status = SynchronizeAll(); !status.ok()) return status;  // the old one may be in use
     if (pointer != nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(pointer));
     pointer = nullptr;
     SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&pointer, bytes));
@@ -77,12 +98,13 @@ absl::StatusOr<uint8_t*> CudaDevice::Staging(int32_t peer, bool send, int64_t by
 }
 
 absl::Status CudaDevice::ReleaseStaging(int32_t peer, bool send) {
-  auto it = staging_.find({peer, send});
-  if (it == staging_.end()) return absl::OkStatus();
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // the last user may be queued
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(it->second.first));
-  staging_.erase(it);
+  if (auto status = SynchronizeAll(); !status.ok()) return status;  // the last user may be queued
+  for (int slot = 0; slot < planner::kStagingSlots; ++slot) {
+    auto it = staging_.find({peer, send, slot});
+    if (it == staging_.end()) continue;
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(it->second.first));
+    staging_.erase(it);
+  }
   return absl::OkStatus();
 }
 
@@ -121,25 +143,48 @@ absl::Status CudaDevice::Launch(Batch& batch, cudaStream_t stream) {
 }
 
 absl::Status CudaDevice::Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                              const BufferTable& buffers, uint8_t* out) {
+                              const BufferTable& buffers, uint8_t* out, int slot) {
   for (const planner::ChunkPart& part : parts) {
     const planner::Segment& s = plan.segments[part.segment];
     const uint8_t* src = buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype);
-    network_batch_.descriptors.push_back(Describe(s, part.begin, part.end, src, out, false, true));
+    pack_batch_.descriptors.push_back(Describe(s, part.begin, part.end, src, out, false, true));
     out += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
   }
-  return Launch(network_batch_, stream_);
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  // The slot's previous transfer must have read it out.
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_.pack, slots_[slot].transferred, 0));
+  if (auto status = Launch(pack_batch_, streams_.pack); !status.ok()) return status;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(slots_[slot].packed, streams_.pack));
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                                const uint8_t* in, const BufferTable& buffers) {
+                                const uint8_t* in, const BufferTable& buffers, int slot) {
   for (const planner::ChunkPart& part : parts) {
     const planner::Segment& s = plan.segments[part.segment];
     uint8_t* dst = buffers[s.dst.buffer] + s.dst_base * planner::ElementBytes(s.dst_dtype);
-    network_batch_.descriptors.push_back(Describe(s, part.begin, part.end, in, dst, true, false));
+    unpack_batch_.descriptors.push_back(Describe(s, part.begin, part.end, in, dst, true, false));
     in += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
   }
-  return Launch(network_batch_, stream_);
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_.unpack, slots_[slot].transferred, 0));
+  if (auto status = Launch(unpack_batch_, streams_.unpack); !status.ok()) return status;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(slots_[slot].unpacked, streams_.unpack));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::BeforeTransfer(int slot) {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  // An event never recorded (a slot's first use) is no wait at all.
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_.network, slots_[slot].packed, 0));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_.network, slots_[slot].unpacked, 0));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::AfterTransfer(int slot) {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(slots_[slot].transferred, streams_.network));
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
@@ -160,9 +205,9 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
     local_batch_.descriptors.push_back(d);
   }
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_start_, local_stream_));
-  if (auto status = Launch(local_batch_, local_stream_); !status.ok()) return status;
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_end_, local_stream_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_start_, streams_.local));
+  if (auto status = Launch(local_batch_, streams_.local); !status.ok()) return status;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_end_, streams_.local));
   return absl::OkStatus();
 }
 
@@ -174,33 +219,27 @@ absl::StatusOr<double> CudaDevice::LastLocalSeconds() {
   return milliseconds / 1e3;
 }
 
-absl::Status CudaDevice::Synchronize() {
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(local_stream_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
-}
+absl::Status CudaDevice::Synchronize() { return SynchronizeAll(); }
 
 absl::Status CudaDevice::HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) {
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(local_stream_));
+  if (auto status = SynchronizeAll(); !status.ok()) return status;
   const size_t piece_bytes = pieces.size() * sizeof(HashPiece);
   const size_t bytes = piece_bytes + pieces.size() * sizeof(uint64_t);
   if (bytes > hash_capacity_) {
-    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // the old buffer may be in use
     if (hash_buffer_ != nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(hash_buffer_));
     hash_buffer_ = nullptr;
     hash_capacity_ = 2 * bytes;
     SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&hash_buffer_, hash_capacity_));
   }
+  cudaStream_t stream = streams_.pack;
   SHARDSYNC_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(hash_buffer_, pieces.data(), piece_bytes, cudaMemcpyHostToDevice, stream_));
+      cudaMemcpyAsync(hash_buffer_, pieces.data(), piece_bytes, cudaMemcpyHostToDevice, stream));
   uint64_t* device_sums = reinterpret_cast<uint64_t*>(hash_buffer_ + piece_bytes);
   SHARDSYNC_CUDA_RETURN_IF_ERROR(LaunchHashes(data, reinterpret_cast<const HashPiece*>(hash_buffer_),
-                                              static_cast<int32_t>(pieces.size()), device_sums, stream_));
+                                              static_cast<int32_t>(pieces.size()), device_sums, stream));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(sums, device_sums, pieces.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      cudaMemcpyAsync(sums, device_sums, pieces.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
 

@@ -1,10 +1,15 @@
-// One CUDA device: copies run as batched kernels on the agent's stream (packs, unpacks)
-// and a second stream (local copies and fills, beside the network rounds). Staging is
-// device memory, allocated once per peer and direction and reused.
+// One CUDA device: copies run as batched kernels on three streams beside the network
+// stream the transport queues on: packs, unpacks, and local copies and fills. Events
+// per staging slot order pack -> transfer -> unpack -> reuse of the slot, so round k+1
+// packs and round k-1 unpacks while round k is on the link. The network, pack and
+// unpack streams run at the highest priority, so the local copies (which only need to
+// end with the sync) do not hold the transfers back. Staging is device memory,
+// allocated once per peer, direction and slot and reused.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,13 +26,15 @@ class CudaDevice final : public Device {
 
   absl::string_view name() const override { return "cuda"; }
   int ordinal() const { return ordinal_; }
-  cudaStream_t stream() const { return stream_; }  // the transport enqueues here too
-  absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) override;
+  cudaStream_t network_stream() const { return streams_.network; }  // the transport queues here
+  absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int slot, int64_t bytes) override;
   absl::Status ReleaseStaging(int32_t peer, bool send) override;
   absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
-                    uint8_t* out) override;
+                    uint8_t* out, int slot) override;
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
-                      const BufferTable& buffers) override;
+                      const BufferTable& buffers, int slot) override;
+  absl::Status BeforeTransfer(int slot) override;
+  absl::Status AfterTransfer(int slot) override;
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
                          const BufferTable& buffers) override;
   absl::Status Synchronize() override;
@@ -42,25 +49,35 @@ class CudaDevice final : public Device {
     uint8_t* device = nullptr;  // descriptors, then first_block
     size_t capacity = 0;
   };
-  CudaDevice(int ordinal, cudaStream_t stream, cudaStream_t local_stream, cudaEvent_t local_start,
+  struct Streams {
+    cudaStream_t network, pack, unpack, local;
+  };
+  // Per staging slot: the last pack into it, the last transfer through it, the last
+  // unpack out of it.
+  struct SlotEvents {
+    cudaEvent_t packed, transferred, unpacked;
+  };
+  CudaDevice(int ordinal, Streams streams, SlotEvents (&slots)[planner::kStagingSlots], cudaEvent_t local_start,
              cudaEvent_t local_end)
-      : ordinal_(ordinal),
-        stream_(stream),
-        local_stream_(local_stream),
-        local_start_(local_start),
-        local_end_(local_end) {}
+      : ordinal_(ordinal), streams_(streams), local_start_(local_start), local_end_(local_end) {
+    for (int k = 0; k < planner::kStagingSlots; ++k) slots_[k] = slots[k];
+  }
   absl::Status Launch(Batch& batch, cudaStream_t stream);
+  absl::Status SynchronizeAll();
 
   const int ordinal_;
-  cudaStream_t stream_;
-  cudaStream_t local_stream_;
-  cudaEvent_t local_start_;  // around the last CopyLocal on local_stream_
+  const Streams streams_;
+  SlotEvents slots_[planner::kStagingSlots];
+  cudaEvent_t local_start_;  // around the last CopyLocal on the local stream
   cudaEvent_t local_end_;
-  Batch network_batch_;
+  // One descriptor batch per stream: a launch may overwrite only what its own stream
+  // has finished reading.
+  Batch pack_batch_;
+  Batch unpack_batch_;
   Batch local_batch_;
   uint8_t* hash_buffer_ = nullptr;  // HashPieces: the pieces, then their sums
   size_t hash_capacity_ = 0;
-  std::map<std::pair<int32_t, bool>, std::pair<uint8_t*, int64_t>> staging_;
+  std::map<std::tuple<int32_t, bool, int>, std::pair<uint8_t*, int64_t>> staging_;
 };
 
 }  // namespace shardsync::executor

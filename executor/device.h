@@ -1,10 +1,17 @@
 // Where one rank's buffers live and how bytes are copied there: host memory, or one
-// CUDA device (copy kernels on the agent's stream). The round engine talks to this, so
+// CUDA device (copy kernels on their own streams). The round engine talks to this, so
 // it is the same for every memory and transport.
+//
+// Staging is double buffered: round k uses slot k % 2 of each peer's staging, so a
+// device may pack round k+1 and unpack round k-1 while round k is on the link. The
+// engine brackets each round's transfer with BeforeTransfer/AfterTransfer(slot); a
+// device orders the work of one slot (pack -> transfer -> unpack -> the next pack or
+// transfer into that slot) and nothing else.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,17 +31,24 @@ class Device {
  public:
   virtual ~Device() = default;
   virtual absl::string_view name() const = 0;
-  // Staging for one peer and direction: allocated once at `bytes` and reused.
-  virtual absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) = 0;
-  // Frees one staging buffer (after everything queued that uses it).
+  // Staging slot `slot` (0 or 1) for one peer and direction: allocated once at `bytes`
+  // and reused.
+  virtual absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int slot, int64_t bytes) = 0;
+  // Frees both slots of one peer and direction (after everything queued that uses them).
   virtual absl::Status ReleaseStaging(int32_t peer, bool send) = 0;
   // Copies the parts' source elements, in order and converted to the target dtype,
-  // back to back into `out`. May only queue the work: see Synchronize.
+  // back to back into `out` (staging of `slot`), after the transfer that last read that
+  // slot. May only queue the work: see Synchronize.
   virtual absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                            const BufferTable& buffers, uint8_t* out) = 0;
-  // The reverse: packed target-dtype bytes from `in` into the parts' targets.
+                            const BufferTable& buffers, uint8_t* out, int slot) = 0;
+  // The reverse: packed target-dtype bytes from `in` (staging of `slot`) into the parts'
+  // targets, after the transfer that filled it.
   virtual absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                              const uint8_t* in, const BufferTable& buffers) = 0;
+                              const uint8_t* in, const BufferTable& buffers, int slot) = 0;
+  // Around the transport's round on `slot`: the transfer starts after this slot's packs
+  // and after the unpacks of the round that last received into it.
+  virtual absl::Status BeforeTransfer(int slot) = 0;
+  virtual absl::Status AfterTransfer(int slot) = 0;
   // Local copies and zero fills; on a device they run beside the network rounds.
   virtual absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                  absl::Span<const int32_t> fills, const BufferTable& buffers) = 0;
@@ -52,15 +66,14 @@ class Device {
 class HostDevice final : public Device {
  public:
   absl::string_view name() const override { return "host"; }
-  absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int64_t bytes) override;
-  absl::Status ReleaseStaging(int32_t peer, bool send) override {
-    staging_.erase({peer, send});
-    return absl::OkStatus();
-  }
+  absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int slot, int64_t bytes) override;
+  absl::Status ReleaseStaging(int32_t peer, bool send) override;
   absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                    const BufferTable& buffers, uint8_t* out) override;
+                    const BufferTable& buffers, uint8_t* out, int slot) override;
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
-                      const BufferTable& buffers) override;
+                      const BufferTable& buffers, int slot) override;
+  absl::Status BeforeTransfer(int) override { return absl::OkStatus(); }
+  absl::Status AfterTransfer(int) override { return absl::OkStatus(); }
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
@@ -68,7 +81,7 @@ class HostDevice final : public Device {
   absl::StatusOr<double> LastLocalSeconds() override { return local_seconds_; }
 
  private:
-  std::map<std::pair<int32_t, bool>, std::vector<uint8_t>> staging_;
+  std::map<std::tuple<int32_t, bool, int>, std::vector<uint8_t>> staging_;
   double local_seconds_ = 0;
 };
 

@@ -7,14 +7,19 @@
 
 namespace shardsync::executor {
 
-absl::StatusOr<uint8_t*> HostDevice::Staging(int32_t peer, bool send, int64_t bytes) {
-  std::vector<uint8_t>& staging = staging_[{peer, send}];
+absl::StatusOr<uint8_t*> HostDevice::Staging(int32_t peer, bool send, int slot, int64_t bytes) {
+  std::vector<uint8_t>& staging = staging_[{peer, send, slot}];
   if (static_cast<int64_t>(staging.size()) != bytes) staging.assign(bytes, 0);
   return staging.data();
 }
 
+absl::Status HostDevice::ReleaseStaging(int32_t peer, bool send) {
+  for (int slot = 0; slot < planner::kStagingSlots; ++slot) staging_.erase({peer, send, slot});
+  return absl::OkStatus();
+}
+
 absl::Status HostDevice::Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                              const BufferTable& buffers, uint8_t* out) {
+                              const BufferTable& buffers, uint8_t* out, int) {
   for (const planner::ChunkPart& part : parts) {
     const planner::Segment& s = plan.segments[part.segment];
     PackHost(s, part.begin, part.end, buffers[s.src.buffer], out);
@@ -24,7 +29,7 @@ absl::Status HostDevice::Pack(const planner::Plan& plan, absl::Span<const planne
 }
 
 absl::Status HostDevice::Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                                const uint8_t* in, const BufferTable& buffers) {
+                                const uint8_t* in, const BufferTable& buffers, int) {
   for (const planner::ChunkPart& part : parts) {
     const planner::Segment& s = plan.segments[part.segment];
     UnpackHost(s, part.begin, part.end, in, buffers[s.dst.buffer]);

@@ -1,25 +1,40 @@
 #include "executor/round_engine.h"
 
+#include <algorithm>
+
 #include "executor/host_copy.h"
 
 namespace shardsync::executor {
 namespace {
 
-// A chunk that is one contiguous run on `source`'s side moves without staging; returns
-// where it starts, or nullptr.
-uint8_t* DirectAddress(const planner::Plan& plan, const planner::PeerStream& stream, const planner::Chunk& chunk,
+// Where a chunk starts on one side when its parts lie back to back there, in one buffer
+// and already in the target dtype: then it moves without staging. nullptr otherwise.
+uint8_t* DirectAddress(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
                        const BufferTable& buffers, bool source) {
-  if (chunk.first != chunk.last) return nullptr;
-  const planner::Segment& s = plan.segments[stream.segments[chunk.first]];
-  if (s.src_dtype != s.dst_dtype || !IsContiguousRange(s, chunk.first_begin, chunk.last_end, source)) return nullptr;
-  int64_t offset = source ? s.src_base : s.dst_base;
-  int64_t rest = chunk.first_begin;
-  for (int k = s.axes - 1; k >= 0; --k) {
-    offset += (rest % s.shape[k]) * (source ? s.src_strides[k] : s.dst_strides[k]);
-    rest /= s.shape[k];
+  uint8_t* start = nullptr;
+  uint8_t* next = nullptr;
+  int32_t buffer = -1;
+  for (const planner::ChunkPart& part : parts) {
+    const planner::Segment& s = plan.segments[part.segment];
+    if (s.src_dtype != s.dst_dtype || !IsContiguousRange(s, part.begin, part.end, source)) return nullptr;
+    int64_t offset = source ? s.src_base : s.dst_base;
+    int64_t rest = part.begin;
+    for (int k = s.axes - 1; k >= 0; --k) {
+      offset += (rest % s.shape[k]) * (source ? s.src_strides[k] : s.dst_strides[k]);
+      rest /= s.shape[k];
+    }
+    const int32_t id = (source ? s.src : s.dst).buffer;
+    const int64_t element = planner::ElementBytes(s.dst_dtype);
+    uint8_t* at = buffers[id] + offset * element;
+    if (start == nullptr) {
+      start = at;
+      buffer = id;
+    } else if (id != buffer || at != next) {
+      return nullptr;
+    }
+    next = at + (part.end - part.begin) * element;
   }
-  uint8_t* base = buffers[(source ? s.src : s.dst).buffer];
-  return base + offset * planner::ElementBytes(s.dst_dtype);
+  return start;
 }
 
 }  // namespace
@@ -48,50 +63,67 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
     stats.fill_bytes += planner::NumElements(f.fill.shape) * planner::ElementBytes(f.dtype);
   }
 
+  const int64_t slot_bytes = planner::MaxChunkBytes(staging_bytes);
   std::vector<SendOp> sends;
   std::vector<RecvOp> receives;
-  std::vector<std::pair<const planner::PeerStream*, uint8_t*>> to_unpack;
+  std::vector<std::pair<std::vector<planner::ChunkPart>, uint8_t*>> to_unpack;
+  // Staged bytes of the previous round per stream (receives, then sends): with two
+  // slots, a round's staging is in use beside the one before it.
+  const size_t streams = schedule.receives.size() + schedule.sends.size();
+  std::vector<int64_t> staged(streams, 0), staged_before(streams, 0);
+  int64_t in_use_before = 0;
   for (int32_t round = 0; round < schedule.rounds; ++round) {
+    const int slot = round % planner::kStagingSlots;
     sends.clear();
     receives.clear();
     to_unpack.clear();
-    int64_t staging_in_use = 0;
+    staged.swap(staged_before);
+    std::fill(staged.begin(), staged.end(), 0);
+    size_t index = 0;
     for (const planner::PeerStream& stream : schedule.receives) {
+      const size_t at = index++;
       if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
       const planner::Chunk& chunk = stream.chunks[round];
-      uint8_t* into = DirectAddress(plan, stream, chunk, buffers, /*source=*/false);
+      std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+      uint8_t* into = DirectAddress(plan, parts, buffers, /*source=*/false);
       if (into == nullptr) {
-        auto staging = device_.Staging(stream.peer, /*send=*/false, staging_bytes);
+        auto staging = device_.Staging(stream.peer, /*send=*/false, slot, slot_bytes);
         if (!staging.ok()) return staging.status();
         into = *staging;
-        to_unpack.emplace_back(&stream, into);
-        staging_in_use += chunk.bytes;
-        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
+        to_unpack.emplace_back(std::move(parts), into);
+        staged[at] = chunk.bytes;
       }
       receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
     }
     for (const planner::PeerStream& stream : schedule.sends) {
+      const size_t at = index++;
       if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
       const planner::Chunk& chunk = stream.chunks[round];
-      const uint8_t* from = DirectAddress(plan, stream, chunk, buffers, /*source=*/true);
+      const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+      const uint8_t* from = DirectAddress(plan, parts, buffers, /*source=*/true);
       if (from == nullptr) {
-        auto staging = device_.Staging(stream.peer, /*send=*/true, staging_bytes);
+        auto staging = device_.Staging(stream.peer, /*send=*/true, slot, slot_bytes);
         if (!staging.ok()) return staging.status();
-        const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
-        if (auto s = device_.Pack(plan, parts, buffers, *staging); !s.ok()) return s;
+        if (auto s = device_.Pack(plan, parts, buffers, *staging, slot); !s.ok()) return s;
         from = *staging;
-        staging_in_use += chunk.bytes;
-        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, chunk.bytes);
+        staged[at] = chunk.bytes;
       }
       sends.push_back(SendOp{stream.peer, from, chunk.bytes});
       stats.sent_bytes += chunk.bytes;
       ++stats.chunks;
     }
-    stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, staging_in_use);
+    int64_t in_use = 0;
+    for (size_t k = 0; k < streams; ++k) {
+      in_use += staged[k];
+      stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, staged[k] + staged_before[k]);
+    }
+    stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + in_use_before);
+    in_use_before = in_use;
+    if (auto s = device_.BeforeTransfer(slot); !s.ok()) return s;
     if (auto status = transport_.RunRound(sync_id, round, sends, receives, deadline); !status.ok()) return status;
-    for (const auto& [stream, staging] : to_unpack) {
-      const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, *stream, stream->chunks[round]);
-      if (auto s = device_.Unpack(plan, parts, staging, buffers); !s.ok()) return s;
+    if (auto s = device_.AfterTransfer(slot); !s.ok()) return s;
+    for (const auto& [parts, staging] : to_unpack) {
+      if (auto s = device_.Unpack(plan, parts, staging, buffers, slot); !s.ok()) return s;
     }
     for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
     stats.chunks += static_cast<int64_t>(receives.size());

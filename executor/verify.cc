@@ -71,7 +71,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
   // offset of the scratch (so the device reads whole words).
   constexpr int64_t kPieceBytes = 64 << 10;
   scratch_bytes = std::max<int64_t>(scratch_bytes, 1 << 20);
-  absl::StatusOr<uint8_t*> scratch = device.Staging(/*peer=*/-1, /*send=*/true, scratch_bytes);
+  absl::StatusOr<uint8_t*> scratch = device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, scratch_bytes);
   if (!scratch.ok()) return scratch.status();
   struct Part {
     planner::ChunkPart elements;  // of reads.segments[elements.segment]
@@ -92,7 +92,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
       while (last < batch.size() && batch[last].offset == batch[last - 1].offset + batch[last - 1].bytes) ++last;
       std::vector<planner::ChunkPart> run;
       for (size_t k = first; k < last; ++k) run.push_back(batch[k].elements);
-      if (auto status = device.Pack(reads, run, buffers, *scratch + batch[first].offset); !status.ok()) return status;
+      if (auto status = device.Pack(reads, run, buffers, *scratch + batch[first].offset, /*slot=*/0); !status.ok()) return status;
       first = last;
     }
     pieces.clear();

@@ -7,17 +7,19 @@
 namespace shardsync::planner {
 namespace {
 
-// Cuts a stream into chunks of at most `budget` bytes; a segment larger than what is
-// left of a chunk is split at an element (outer axes included).
-absl::Status CutChunks(const Plan& plan, int64_t budget, PeerStream& stream) {
+// Cuts a stream into chunks of at most MaxChunkBytes(staging_bytes); a segment larger
+// than what is left of a chunk is split at an element (outer axes included).
+absl::Status CutChunks(const Plan& plan, int64_t staging_bytes, PeerStream& stream) {
+  const int64_t budget = MaxChunkBytes(staging_bytes);
   Chunk chunk;
   bool open = false;
   for (int32_t position = 0; position < static_cast<int32_t>(stream.segments.size()); ++position) {
     const Segment& s = plan.segments[stream.segments[position]];
     const int64_t element = ElementBytes(s.dst_dtype);
     if (element > budget) {
-      return absl::InvalidArgumentError(absl::StrCat("staging budget of ", budget, " bytes is smaller than one ",
-                                                     DTypeName(s.dst_dtype), " element of tensor '",
+      return absl::InvalidArgumentError(absl::StrCat("staging budget of ", staging_bytes, " bytes (", kStagingSlots,
+                                                     " slots of ", budget, ") is smaller than ", kStagingSlots, " ",
+                                                     DTypeName(s.dst_dtype), " elements of tensor '",
                                                      plan.tensor_names[s.tensor], "'"));
     }
     const int64_t total = SegmentElements(s);
@@ -75,6 +77,32 @@ std::vector<ChunkPart> ChunkParts(const Plan& plan, const PeerStream& stream, co
     parts.push_back(ChunkPart{segment, begin, end});
   }
   return parts;
+}
+
+absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t staging_bytes) {
+  for (const auto* streams : {&schedule.sends, &schedule.receives}) {
+    for (const PeerStream& stream : *streams) {
+      if (static_cast<int64_t>(stream.chunks.size()) > schedule.rounds) {
+        return absl::InvalidArgumentError(absl::StrCat("the stream with rank ", stream.peer, " has more chunks than ",
+                                                       schedule.rounds, " rounds"));
+      }
+      for (const Chunk& chunk : stream.chunks) {
+        int64_t bytes = 0;
+        for (const ChunkPart& part : ChunkParts(plan, stream, chunk)) {
+          if (part.end <= part.begin) {
+            return absl::InvalidArgumentError(absl::StrCat("a chunk with rank ", stream.peer, " has an empty part"));
+          }
+          bytes += (part.end - part.begin) * ElementBytes(plan.segments[part.segment].dst_dtype);
+        }
+        if (bytes != chunk.bytes || bytes > MaxChunkBytes(staging_bytes)) {
+          return absl::InvalidArgumentError(absl::StrCat("a chunk with rank ", stream.peer, " says ", chunk.bytes,
+                                                         " bytes, holds ", bytes, ", and a staging slot holds ",
+                                                         MaxChunkBytes(staging_bytes)));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes) {

@@ -1,6 +1,5 @@
 // One rank's part of a plan: local copies, fills, and per peer an ordered stream of
-// send segments and one of receive segments, cut into chunks of at most the staging
-// budget. Both ends of a link derive the same stream order and the same cuts from the
+// send segments and one of receive segments, cut into chunks that fit one staging slot. Both ends of a link derive the same stream order and the same cuts from the
 // plan, so chunk k that rank a sends to b is exactly chunk k that b receives from a.
 #pragma once
 
@@ -40,6 +39,12 @@ struct PeerStream {
 // The segment pieces a chunk covers, in stream order.
 std::vector<ChunkPart> ChunkParts(const Plan& plan, const PeerStream& stream, const Chunk& chunk);
 
+// Staging is double buffered (executor/device.h): while round k is on the link, round
+// k+1 is packed into the other slot and round k-1 unpacked from it. The budget per peer
+// per direction is both slots, so a chunk holds at most half of it.
+inline constexpr int kStagingSlots = 2;
+inline int64_t MaxChunkBytes(int64_t staging_bytes) { return staging_bytes / kStagingSlots; }
+
 struct Schedule {
   int32_t rank = 0;
   std::vector<int32_t> local_segments;  // source and target on this rank
@@ -51,7 +56,11 @@ struct Schedule {
 };
 
 // Schedules of every rank in one pass over the plan. `staging_bytes` is the budget per
-// peer per direction; it must hold at least one element of every dtype moved.
+// peer per direction; each of its slots must hold one element of every dtype moved.
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
+
+// What an executor checks of a schedule it was sent: every chunk's bytes are its parts'
+// (none empty) and fit one slot of `staging_bytes`; no stream has more chunks than rounds.
+absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t staging_bytes);
 
 }  // namespace shardsync::planner

@@ -5,6 +5,7 @@
 #include "common/metrics_http.h"
 #include "executor/verify.h"
 #include "planner/box.h"
+#include "planner/schedule.h"
 #include "spdlog/spdlog.h"
 
 namespace shardsync::agent {
@@ -181,6 +182,9 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
   const int64_t version = registry_.version();
   auto local = daemon::DecodeSchedule(request, config_.rank);
   if (!local.ok()) return refuse(local.status());
+  if (auto status = planner::CheckChunks(local->plan, local->schedule, request.staging_bytes()); !status.ok()) {
+    return refuse(status);
+  }
   if (auto status = Check(*local); !status.ok()) return refuse(status);
   executor::PeerSetup peers;
   peers.rank = config_.rank;

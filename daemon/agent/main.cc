@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     memory = std::make_unique<shardsync::executor::CudaIpcBackend>(ordinal);
-    transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->stream());
+    transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->network_stream());
     device = *std::move(cuda);
   }
   shardsync::agent::Registry registry(c.agent.rank, {memory.get()});

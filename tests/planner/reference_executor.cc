@@ -142,9 +142,11 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
         }
         const planner::Chunk& chunk = send.chunks[round];
         if (auto st = Pack(plan, planner::ChunkParts(plan, send, chunk), buffers, staging); !st.ok()) return st;
-        if (static_cast<int64_t>(staging.size()) > staging_bytes || static_cast<int64_t>(staging.size()) != chunk.bytes) {
-          return absl::InternalError(absl::StrCat("chunk of ", staging.size(), " bytes breaks the budget of ",
-                                                  staging_bytes, " or its own size ", chunk.bytes));
+        if (static_cast<int64_t>(staging.size()) > planner::MaxChunkBytes(staging_bytes) ||
+            static_cast<int64_t>(staging.size()) != chunk.bytes) {
+          return absl::InternalError(absl::StrCat("chunk of ", staging.size(), " bytes breaks the slot of ",
+                                                  planner::MaxChunkBytes(staging_bytes), " or its own size ",
+                                                  chunk.bytes));
         }
         stats.peak_staging_bytes = std::max<int64_t>(stats.peak_staging_bytes, staging.size());
         stats.sent_bytes += static_cast<int64_t>(staging.size());

@@ -34,9 +34,10 @@ std::vector<Schedule> Schedules(const PlanInput& input, int64_t budget, Plan* pl
   return *schedules;
 }
 
-TEST_CASE("a stream is cut into chunks of at most the budget, splitting rows when one is larger") {
-  // 3 rows of 5 float32 -> bfloat16: 30 bytes on the link; budget 8 bytes = 4 elements.
-  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 8);
+TEST_CASE("a stream is cut into chunks of at most half the budget, splitting rows when one is larger") {
+  // 3 rows of 5 float32 -> bfloat16: 30 bytes on the link; budget 16 bytes = two slots
+  // of 4 elements.
+  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 16);
   const PeerStream& send = schedules[0].sends.at(0);
   CHECK(send.peer == 1);
   CHECK(send.bytes == 30);
@@ -56,6 +57,26 @@ TEST_CASE("a budget smaller than one element is refused, naming the tensor") {
   REQUIRE_FALSE(schedules.ok());
   CHECK_THAT(std::string(schedules.status().message()), Contains("tensor 'w'") && Contains("3 bytes"));
   CHECK_FALSE(MakeSchedules(*plan, 0).ok());
+  CHECK_FALSE(MakeSchedules(*plan, 7).ok());  // two slots of 3 bytes: no float32 fits
+  CHECK(MakeSchedules(*plan, 8).ok());
+}
+
+TEST_CASE("an executor refuses chunks that do not add up or do not fit a slot") {
+  Plan plan;
+  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 16, &plan);
+  CHECK(CheckChunks(plan, schedules[0], 16).ok());
+  CHECK(CheckChunks(plan, schedules[1], 16).ok());
+  CHECK_FALSE(CheckChunks(plan, schedules[1], 14).ok());  // a slot of 7 bytes: chunks of 8 do not fit
+
+  Schedule lying = schedules[1];
+  lying.receives[0].chunks[0].bytes += 2;
+  CHECK_THAT(std::string(CheckChunks(plan, lying, 1 << 20).message()), Contains("says 10 bytes, holds 8"));
+  Schedule empty = schedules[1];
+  empty.receives[0].chunks[0].last_end = empty.receives[0].chunks[0].first_begin;
+  CHECK_FALSE(CheckChunks(plan, empty, 1 << 20).ok());
+  Schedule short_rounds = schedules[1];
+  short_rounds.rounds = 2;
+  CHECK_THAT(std::string(CheckChunks(plan, short_rounds, 1 << 20).message()), Contains("more chunks than 2 rounds"));
 }
 
 TEST_CASE("chunk k that a rank sends to a peer is chunk k the peer receives from it") {
@@ -73,7 +94,7 @@ TEST_CASE("chunk k that a rank sends to a peer is chunk k the peer receives from
         REQUIRE(it->chunks.size() == send.chunks.size());
         for (size_t k = 0; k < send.chunks.size(); ++k) {
           CHECK(it->chunks[k].bytes == send.chunks[k].bytes);
-          CHECK(it->chunks[k].bytes <= 16 + static_cast<int64_t>(seed));
+          CHECK(it->chunks[k].bytes <= MaxChunkBytes(16 + static_cast<int64_t>(seed)));
         }
       }
     }
