@@ -27,6 +27,7 @@ class CudaDevice final : public Device {
   absl::string_view name() const override { return "cuda"; }
   int ordinal() const { return ordinal_; }
   cudaStream_t network_stream() const { return streams_.network; }  // the transport queues here
+  cudaStream_t unpack_stream() const { return streams_.unpack; }    // tests hold it to slow unpacks
   absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int slot, int64_t bytes) override;
   absl::Status ReleaseStaging(int32_t peer, bool send) override;
   absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,

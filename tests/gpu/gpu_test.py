@@ -169,6 +169,21 @@ def one_gpu():
         cluster.stop()
 
 
+def engine_case(slow_link_us, slow_unpack_us):
+    """The engine's double-buffered rounds between ranks sharing one GPU (tests/gpu/engine_check.cc)."""
+    @case(f"1 GPU: double-buffered rounds between ranks on one GPU, random layouts, each transfer held {slow_link_us} us, "
+          f"each unpack {slow_unpack_us} us")
+    def run():
+        done = subprocess.run([os.path.join(args.bin, "engine_check"), "--seeds", "150", "--slow-link-us",
+                               str(slow_link_us), "--slow-unpack-us", str(slow_unpack_us)],
+                              capture_output=True, text=True, timeout=600)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert done.returncode == 0 and result["failed"] == 0, f"{result['failed']} layouts wrong: {result['first_error']}"
+        assert result["rounds"] > 150, f"only {result['rounds']} rounds: the check did not exercise the rounds"
+        return f"{result['seeds']} layouts, {result['rounds']} rounds, every element right"
+    return run
+
+
 def layout_case(world, zero, name, rollouts):
     """ZeRO-`zero` over `world` GPUs into the rollout `rollouts`: (rank, tp, tp_rank) each."""
     @case(f"{world} GPUs: ZeRO-{zero} over {world} ranks into {name}, two syncs, then one with --verify")
@@ -305,6 +320,7 @@ def agent_killed():
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
     cases = [one_gpu] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
+    cases += [engine_case(0, 0), engine_case(300, 0), engine_case(0, 300)]
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [missing_shard_case(2), agent_killed]
