@@ -1,12 +1,14 @@
 // Fuzz target: any bytes as the PrepareRequest an agent receives. DecodeSchedule must
 // refuse what it cannot use; what it accepts must hold together (indices in range,
 // segments and chunks that touch this rank), since the agent's bounds checks and the
-// round engine rely on it.
+// round engine rely on it. CheckChunks, the agent's next check, must then run on it
+// without fault (sanitizers) and accept only chunks that fit one staging slot.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
 #include "daemon/common/schedule_codec.h"
+#include "planner/schedule.h"
 
 namespace {
 
@@ -50,6 +52,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (const planner::Chunk& chunk : stream.chunks) {
         if (chunk.first < 0 || chunk.last >= static_cast<int32_t>(stream.segments.size()) || chunk.first > chunk.last) {
           Finding("a chunk out of its stream");
+        }
+      }
+    }
+  }
+  if (planner::CheckChunks(plan, local->schedule, request.staging_bytes()).ok()) {
+    for (const auto* streams : {&local->schedule.sends, &local->schedule.receives}) {
+      for (const planner::PeerStream& stream : *streams) {
+        for (const planner::Chunk& chunk : stream.chunks) {
+          if (chunk.bytes <= 0 || chunk.bytes > planner::MaxChunkBytes(request.staging_bytes())) {
+            Finding("a chunk that does not fit one staging slot");
+          }
         }
       }
     }
