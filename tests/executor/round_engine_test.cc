@@ -29,6 +29,25 @@ struct World {
   }
 };
 
+// Every rank's engine on its own thread over loopback; the results by rank.
+std::vector<absl::StatusOr<ExecutionStats>> RunEveryRank(const planner::Plan& plan,
+                                                         const std::vector<planner::Schedule>& schedules,
+                                                         testing::HostBuffers& buffers, int64_t budget) {
+  World world(plan.num_ranks);
+  std::vector<absl::StatusOr<ExecutionStats>> results(plan.num_ranks, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < plan.num_ranks; ++r) {
+    threads.emplace_back([&, r] {
+      LoopbackTransport transport(r, world.pointers);
+      HostDevice device;
+      RoundEngine engine(device, transport);
+      results[r] = engine.Run("sync-1", plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
 TEST_CASE("every rank's round engine over loopback syncs random layouts bit for bit") {
   const auto policy = planner::LocalFirstLeastLoaded();
   for (uint64_t seed = 1; seed <= 150; ++seed) {
@@ -45,19 +64,7 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
     testing::HostBuffers buffers = testing::AllocateBuffers(*input);
     const testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
     const testing::HostBuffers before = buffers;
-    World world(plan->num_ranks);
-    std::vector<absl::StatusOr<ExecutionStats>> results(plan->num_ranks, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int32_t r = 0; r < plan->num_ranks; ++r) {
-      threads.emplace_back([&, r] {
-        LoopbackTransport transport(r, world.pointers);
-        HostDevice device;
-        RoundEngine engine(device, transport);
-        results[r] = engine.Run("sync-1", *plan, (*schedules)[r], TableFor(r, buffers), budget,
-                                absl::Now() + absl::Seconds(20));
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    const std::vector<absl::StatusOr<ExecutionStats>> results = RunEveryRank(*plan, *schedules, buffers, budget);
     const planner::PlanStats planned = planner::ComputeStats(*plan, *schedules);
     for (int32_t r = 0; r < plan->num_ranks; ++r) {
       REQUIRE(results[r].ok());
@@ -101,19 +108,7 @@ std::vector<ExecutionStats> RunBoth(const planner::PlanInput& input, int64_t bud
   testing::HostBuffers buffers = testing::AllocateBuffers(input);
   const testing::TensorValues values = testing::PrepareBuffers(input, rng, buffers);
   const testing::HostBuffers before = buffers;
-  World world(2);
-  std::vector<absl::StatusOr<ExecutionStats>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int32_t r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      LoopbackTransport transport(r, world.pointers);
-      HostDevice device;
-      RoundEngine engine(device, transport);
-      results[r] = engine.Run("sync-1", *plan, (*schedules)[r], TableFor(r, buffers), budget,
-                              absl::Now() + absl::Seconds(20));
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<absl::StatusOr<ExecutionStats>> results = RunEveryRank(*plan, *schedules, buffers, budget);
   const std::vector<std::string> errors = testing::CheckSync(input, values, before, buffers);
   INFO((errors.empty() ? std::string() : errors.front()));
   CHECK(errors.empty());
