@@ -27,7 +27,7 @@ namespace {
 struct Config {
   std::vector<std::string> cases;  // empty: all
   int repeats = 5;
-  int64_t staging_bytes = int64_t{64} << 20;
+  int64_t staging_bytes = int64_t{128} << 20;
   int moe_layers = 61;       // layers of the experts-only MoE case
   // Layers of the MoE case with dense tensors too: ZeRO-3 over all 1,024 ranks into TP=4
   // in every rollout group makes ~10M segments per layer, so the whole model does not
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
                    "                     [--moe-dense-layers N]\n"
                    "  --case NAME         run only cases whose name starts with NAME (repeatable)\n"
                    "  --repeats N         timed repeats of the small cases, median reported (5)\n"
-                   "  --staging-bytes B   staging budget per peer per direction (67108864)\n"
+                   "  --staging-bytes B   staging budget per peer, both directions (134217728)\n"
                    "  --moe-layers N        layers of the experts-only MoE case (61)\n"
                    "  --moe-dense-layers N  layers of the MoE case with dense tensors (2)\n");
       return 2;

@@ -1,6 +1,7 @@
 #include "executor/round_engine.h"
 
 #include <algorithm>
+#include <map>
 
 #include "executor/host_copy.h"
 
@@ -67,10 +68,13 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
   std::vector<SendOp> sends;
   std::vector<RecvOp> receives;
   std::vector<std::pair<std::vector<planner::ChunkPart>, uint8_t*>> to_unpack;
-  // Staged bytes of the previous round per stream (receives, then sends): with two
-  // slots, a round's staging is in use beside the one before it.
-  const size_t streams = schedule.receives.size() + schedule.sends.size();
-  std::vector<int64_t> staged(streams, 0), staged_before(streams, 0);
+  // Staged bytes per peer (both directions) in this round and the one before: with two
+  // slots, a round's staging is in use beside the previous round's.
+  std::map<int32_t, int64_t> staged, staged_before;
+  for (const auto* streams : {&schedule.receives, &schedule.sends}) {
+    for (const planner::PeerStream& stream : *streams) staged[stream.peer] = 0;
+  }
+  staged_before = staged;
   int64_t in_use_before = 0;
   for (int32_t round = 0; round < schedule.rounds; ++round) {
     const int slot = round % planner::kStagingSlots;
@@ -78,10 +82,8 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
     receives.clear();
     to_unpack.clear();
     staged.swap(staged_before);
-    std::fill(staged.begin(), staged.end(), 0);
-    size_t index = 0;
+    for (auto& [peer, bytes] : staged) bytes = 0;
     for (const planner::PeerStream& stream : schedule.receives) {
-      const size_t at = index++;
       if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
       const planner::Chunk& chunk = stream.chunks[round];
       std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
@@ -91,12 +93,11 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         if (!staging.ok()) return staging.status();
         into = *staging;
         to_unpack.emplace_back(std::move(parts), into);
-        staged[at] = chunk.bytes;
+        staged[stream.peer] += chunk.bytes;
       }
       receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
     }
     for (const planner::PeerStream& stream : schedule.sends) {
-      const size_t at = index++;
       if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
       const planner::Chunk& chunk = stream.chunks[round];
       const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
@@ -106,16 +107,16 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         if (!staging.ok()) return staging.status();
         if (auto s = device_.Pack(plan, parts, buffers, *staging, slot); !s.ok()) return s;
         from = *staging;
-        staged[at] = chunk.bytes;
+        staged[stream.peer] += chunk.bytes;
       }
       sends.push_back(SendOp{stream.peer, from, chunk.bytes});
       stats.sent_bytes += chunk.bytes;
       ++stats.chunks;
     }
     int64_t in_use = 0;
-    for (size_t k = 0; k < streams; ++k) {
-      in_use += staged[k];
-      stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, staged[k] + staged_before[k]);
+    for (const auto& [peer, bytes] : staged) {
+      in_use += bytes;
+      stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, bytes + staged_before[peer]);
     }
     stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + in_use_before);
     in_use_before = in_use;

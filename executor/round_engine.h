@@ -1,9 +1,9 @@
 // Runs one rank's part of a schedule, whatever the device and transport: local copies
 // and fills (beside the rounds on a device), then every round — receives posted before
-// sends, chunks packed into and unpacked from double-buffered staging (two slots of half
-// the budget per peer per direction, so a device overlaps a round's packs and unpacks
-// with the transfers beside it), chunks whose parts lie back to back on their side
-// moved without staging.
+// sends, chunks packed into and unpacked from double-buffered staging (per peer, two
+// slots for each direction, all four within the peer's budget, so a device overlaps a
+// round's packs and unpacks with the transfers beside it), chunks whose parts lie back
+// to back on their side moved without staging.
 #pragma once
 
 #include <atomic>
@@ -26,8 +26,8 @@ struct ExecutionStats {
   int64_t received_bytes = 0;
   int64_t local_bytes = 0;
   int64_t fill_bytes = 0;
-  int64_t peak_staging_bytes = 0;       // staging in use at once (two rounds), both directions, all peers
-  int64_t peak_peer_staging_bytes = 0;  // staging of one peer in one direction, both slots (<= budget)
+  int64_t peak_staging_bytes = 0;       // staging in use at once (two rounds), all peers
+  int64_t peak_peer_staging_bytes = 0;  // staging of one peer, both directions and slots (<= budget)
   double seconds = 0;
   double local_seconds = 0;  // the local copies and fills alone (beside the rounds on a device)
 };

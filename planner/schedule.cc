@@ -17,10 +17,10 @@ absl::Status CutChunks(const Plan& plan, int64_t staging_bytes, PeerStream& stre
     const Segment& s = plan.segments[stream.segments[position]];
     const int64_t element = ElementBytes(s.dst_dtype);
     if (element > budget) {
-      return absl::InvalidArgumentError(absl::StrCat("staging budget of ", staging_bytes, " bytes (", kStagingSlots,
-                                                     " slots of ", budget, ") is smaller than ", kStagingSlots, " ",
-                                                     DTypeName(s.dst_dtype), " elements of tensor '",
-                                                     plan.tensor_names[s.tensor], "'"));
+      return absl::InvalidArgumentError(absl::StrCat("staging budget of ", staging_bytes, " bytes (",
+                                                     kStagingBuffersPerPeer, " slots of ", budget,
+                                                     ") cannot hold one ", DTypeName(s.dst_dtype),
+                                                     " element of tensor '", plan.tensor_names[s.tensor], "' per slot"));
     }
     const int64_t total = SegmentElements(s);
     stream.bytes += total * element;

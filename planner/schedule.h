@@ -40,10 +40,12 @@ struct PeerStream {
 std::vector<ChunkPart> ChunkParts(const Plan& plan, const PeerStream& stream, const Chunk& chunk);
 
 // Staging is double buffered (executor/device.h): while round k is on the link, round
-// k+1 is packed into the other slot and round k-1 unpacked from it. The budget per peer
-// per direction is both slots, so a chunk holds at most half of it.
+// k+1 is packed into the other slot and round k-1 unpacked from it. The staging budget
+// is per peer and covers both directions, two slots each, so a chunk holds at most a
+// quarter of it.
 inline constexpr int kStagingSlots = 2;
-inline int64_t MaxChunkBytes(int64_t staging_bytes) { return staging_bytes / kStagingSlots; }
+inline constexpr int kStagingBuffersPerPeer = 2 * kStagingSlots;  // send and receive
+inline int64_t MaxChunkBytes(int64_t staging_bytes) { return staging_bytes / kStagingBuffersPerPeer; }
 
 struct Schedule {
   int32_t rank = 0;
@@ -56,7 +58,7 @@ struct Schedule {
 };
 
 // Schedules of every rank in one pass over the plan. `staging_bytes` is the budget per
-// peer per direction; each of its slots must hold one element of every dtype moved.
+// peer (both directions); each of its slots must hold one element of every dtype moved.
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
 
 // What an executor checks of a schedule it was sent: every chunk's bytes are its parts'

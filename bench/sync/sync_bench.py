@@ -157,7 +157,7 @@ def main():
     parser.add_argument("--world", type=int, default=2, choices=sorted(CASES), help="GPUs used")
     parser.add_argument("--cases", default="", help="comma-separated; default: every case of --world")
     parser.add_argument("--syncs", type=int, default=5)
-    parser.add_argument("--staging-bytes", type=int, default=64 << 20)
+    parser.add_argument("--staging-bytes", type=int, default=128 << 20)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     world = args.world

@@ -45,7 +45,7 @@ Model flags (with --model):
   --replicas N          rollout replicas on ranks 0..tp*replicas-1 (default 2)
   --fused               rollout holds fused qkv and gate_up shards
 Flags:
-  --staging-bytes B     staging budget per peer per direction, bytes (default 67108864)
+  --staging-bytes B     staging budget per peer, both directions, bytes (default 134217728)
   --link-gbps X         link speed for the floor, GB/s one direction per rank (default 360)
   --memory-gbps X       device memory speed for the floor, GB/s read + write (default 4200)
   --policy P            replica policy: least_loaded (default) or first_holder

@@ -16,7 +16,7 @@ struct PlanCommandConfig {
   int dp = 8;                  // DP ranks 0..dp-1
   int tp = 4;                  // TP size of each replica
   int replicas = 2;            // replicas over ranks 0..tp*replicas-1
-  int64_t staging_bytes = int64_t{64} << 20;
+  int64_t staging_bytes = int64_t{128} << 20;
   double link_gbps = 360;      // GB/s, one direction of a rank's link
   double memory_gbps = 4200;   // GB/s, device memory read + write
   std::string policy = "least_loaded";

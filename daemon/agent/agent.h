@@ -24,7 +24,7 @@ struct AgentConfig {
   int32_t rank = 0;
   std::string device = "cpu";
   absl::Duration rpc_deadline = absl::Seconds(5);
-  int64_t max_staging_bytes = int64_t{256} << 20;  // refuse larger budgets at Prepare
+  int64_t max_staging_bytes = int64_t{512} << 20;  // refuse larger budgets at Prepare
 };
 
 class Agent {

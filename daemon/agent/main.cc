@@ -39,7 +39,7 @@ chunks to each other.
   --device D             cpu (default: host shared memory, the agents' gRPC channels) or
                          a CUDA device ordinal (CUDA IPC buffers, copy kernels, NCCL)
   --rpc-deadline-ms N    deadline of every control RPC this agent makes (default 5000)
-  --max-staging-bytes B  largest staging budget accepted per peer per direction
+  --max-staging-bytes B  largest staging budget accepted per peer
                          (default 268435456); also bounds a Transfer message
   --max-message-bytes B  largest registration or control message accepted (default
                          67108864: the layouts of a large model)

@@ -23,7 +23,7 @@ namespace shardsync::coordinator {
 
 struct CoordinatorConfig {
   int32_t world_size = 1;
-  int64_t staging_bytes = int64_t{64} << 20;   // per peer per direction
+  int64_t staging_bytes = int64_t{128} << 20;  // per peer, both directions
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
   absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
   Credentials credentials;  // of the channels to agents: TLS or, if asked, plaintext

@@ -21,7 +21,7 @@ agent, then Execute only if all said ok.
   --listen ADDR          host:port to serve agents and clients (default 127.0.0.1:7070;
                          port 0 lets the OS choose)
   --port-file PATH       write the bound port here once serving (for scripts, tests)
-  --staging-bytes B      staging budget per peer per direction (default 67108864)
+  --staging-bytes B      staging budget per peer, both directions (default 134217728)
   --rpc-deadline-ms N    deadline of Prepare and Abort calls (default 5000)
   --sync-timeout-ms N    default deadline of a sync's Execute (default 60000)
 )";

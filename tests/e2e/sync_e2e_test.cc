@@ -135,7 +135,7 @@ TEST_CASE("a staging budget smaller than a parameter syncs exactly and stays wit
   for (const v1::RankStats& r : sync->ranks()) {
     CHECK(r.peak_peer_staging_bytes() <= 96);
     CHECK(r.peak_peer_staging_bytes() > 0);
-    CHECK(r.peak_staging_bytes() <= 96 * 2 * 3);  // both directions, 3 peers at once
+    CHECK(r.peak_staging_bytes() <= 96 * 3);  // 3 peers at once
     CHECK(r.rounds() > 1);
   }
 }
@@ -261,7 +261,7 @@ std::string BigModelJson() {
 
 TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn invalid; restarted, it syncs again") {
   ClusterOptions options;
-  options.staging_bytes = 8;
+  options.staging_bytes = 16;  // slots of 4 bytes: thousands of rounds
   options.sync_timeout_ms = 5000;
   Cluster cluster(options);
   Deployment deployment(cluster, "killed", BigModelJson(), 25);

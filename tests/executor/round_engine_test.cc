@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -54,7 +55,7 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
     std::mt19937_64 rng(seed);
     auto input = planner::ExpandModel(testing::RandomModel(rng));
     REQUIRE(input.ok());
-    const int64_t budget = std::vector<int64_t>{8, 16, 100, 4096}[seed % 4];
+    const int64_t budget = std::vector<int64_t>{16, 32, 100, 4096}[seed % 4];
     auto plan = planner::MakePlan(*input, *policy);
     REQUIRE(plan.ok());
     auto schedules = planner::MakeSchedules(*plan, budget);
@@ -72,8 +73,11 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
       CHECK(s.sent_bytes == planned.ranks[r].sent_bytes);
       CHECK(s.received_bytes == planned.ranks[r].received_bytes);
       CHECK(s.local_bytes == planned.ranks[r].local_bytes);
-      const int64_t peers = static_cast<int64_t>((*schedules)[r].sends.size() + (*schedules)[r].receives.size());
-      CHECK(s.peak_staging_bytes <= budget * peers);
+      std::set<int32_t> peers;
+      for (const auto* streams : {&(*schedules)[r].sends, &(*schedules)[r].receives}) {
+        for (const planner::PeerStream& stream : *streams) peers.insert(stream.peer);
+      }
+      CHECK(s.peak_staging_bytes <= budget * static_cast<int64_t>(peers.size()));
       CHECK(s.peak_peer_staging_bytes <= budget);
     }
     const std::vector<std::string> errors = testing::CheckSync(*input, values, before, buffers);
@@ -122,23 +126,24 @@ std::vector<ExecutionStats> RunBoth(const planner::PlanInput& input, int64_t bud
 
 TEST_CASE("a chunk whose parts lie back to back on a side moves without staging on that side") {
   // 128 bytes of a and b in one chunk (slots of 128 bytes): back to back on both sides.
-  std::vector<ExecutionStats> stats = RunBoth(TwoTensors(32).input, 256);
+  std::vector<ExecutionStats> stats = RunBoth(TwoTensors(32).input, 512);
   CHECK(stats[0].rounds == 1);
   CHECK(stats[0].sent_bytes == 128);
   CHECK(stats[0].peak_staging_bytes == 0);
   CHECK(stats[1].peak_staging_bytes == 0);
   // A gap between a and b on the target: the sender still sends straight from its
   // buffer, the receiver stages the chunk and unpacks it.
-  stats = RunBoth(TwoTensors(40).input, 256);
+  stats = RunBoth(TwoTensors(40).input, 512);
   CHECK(stats[0].peak_staging_bytes == 0);
   CHECK(stats[1].peak_staging_bytes == 128);
   CHECK(stats[1].peak_peer_staging_bytes == 128);
 }
 
-TEST_CASE("two rounds in flight hold two slots of staging, never more than the budget per peer") {
+TEST_CASE("two rounds in flight hold two slots of staging, within the budget per peer") {
   // float32 sources become bf16 on the link, so every chunk is packed and unpacked:
-  // slots of 24 bytes, 128 bytes in 6 rounds, two of them staged at once on each side.
-  const std::vector<ExecutionStats> stats = RunBoth(TwoTensors(40, planner::DType::kFloat32).input, 48);
+  // slots of 24 bytes (a budget of 96 is four of them), 128 bytes in 6 rounds, two of
+  // them staged at once on each side (one direction each here).
+  const std::vector<ExecutionStats> stats = RunBoth(TwoTensors(40, planner::DType::kFloat32).input, 96);
   for (const ExecutionStats& s : stats) {
     CHECK(s.rounds == 6);
     CHECK(s.peak_peer_staging_bytes == 48);

@@ -49,7 +49,7 @@ def wait_port(path, timeout=15):
 
 
 class Cluster:
-    def __init__(self, name, world, staging=64 << 20, sync_timeout_ms=20000):
+    def __init__(self, name, world, staging=128 << 20, sync_timeout_ms=20000):
         self.dir = tempfile.mkdtemp(prefix=f"ss-{name}-", dir="/tmp")
         self.logs = os.path.join(OUT, name)
         os.makedirs(self.logs, exist_ok=True)
@@ -270,7 +270,7 @@ def missing_shard_case(world):
 @case("2 GPUs: an agent killed during a sync fails it within the deadline, naming it; restarted, it syncs again")
 def agent_killed():
     # A tiny staging budget makes the sync long (many rounds) so the kill lands inside it.
-    cluster = Cluster("killed", 2, staging=16 << 10, sync_timeout_ms=10000)
+    cluster = Cluster("killed", 2, staging=32 << 10, sync_timeout_ms=10000)
     try:
         trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=7, scale=64) for r in range(2)]
         rollouts = [cluster.client("rollout", r, tp=1, seed=7, scale=64) for r in range(2)]

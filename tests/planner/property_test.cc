@@ -20,7 +20,8 @@ namespace {
 int64_t RandomBudget(const planner::PlanInput& input, std::mt19937_64& rng) {
   int64_t element = 1;
   for (const planner::TensorLayouts& t : input.tensors) element = std::max(element, planner::ElementBytes(t.target_dtype));
-  const int64_t options[] = {planner::kStagingSlots * element, 3 * element, 64, 1000, int64_t{1} << 40};
+  const int64_t options[] = {planner::kStagingBuffersPerPeer * element, planner::kStagingBuffersPerPeer * element * 3 / 2,
+                             64, 1000, int64_t{1} << 40};
   return options[rng() % 5];
 }
 

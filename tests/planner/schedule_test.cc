@@ -34,10 +34,10 @@ std::vector<Schedule> Schedules(const PlanInput& input, int64_t budget, Plan* pl
   return *schedules;
 }
 
-TEST_CASE("a stream is cut into chunks of at most half the budget, splitting rows when one is larger") {
-  // 3 rows of 5 float32 -> bfloat16: 30 bytes on the link; budget 16 bytes = two slots
-  // of 4 elements.
-  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 16);
+TEST_CASE("a stream is cut into chunks of a quarter of the budget, splitting rows when one is larger") {
+  // 3 rows of 5 float32 -> bfloat16: 30 bytes on the link; budget 32 bytes = four slots
+  // (send and receive, two each) of 4 elements.
+  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 32);
   const PeerStream& send = schedules[0].sends.at(0);
   CHECK(send.peer == 1);
   CHECK(send.bytes == 30);
@@ -57,16 +57,16 @@ TEST_CASE("a budget smaller than one element is refused, naming the tensor") {
   REQUIRE_FALSE(schedules.ok());
   CHECK_THAT(std::string(schedules.status().message()), Contains("tensor 'w'") && Contains("3 bytes"));
   CHECK_FALSE(MakeSchedules(*plan, 0).ok());
-  CHECK_FALSE(MakeSchedules(*plan, 7).ok());  // two slots of 3 bytes: no float32 fits
-  CHECK(MakeSchedules(*plan, 8).ok());
+  CHECK_FALSE(MakeSchedules(*plan, 15).ok());  // four slots of 3 bytes: no float32 fits
+  CHECK(MakeSchedules(*plan, 16).ok());
 }
 
 TEST_CASE("an executor refuses chunks that do not add up or do not fit a slot") {
   Plan plan;
-  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 16, &plan);
-  CHECK(CheckChunks(plan, schedules[0], 16).ok());
-  CHECK(CheckChunks(plan, schedules[1], 16).ok());
-  CHECK_FALSE(CheckChunks(plan, schedules[1], 14).ok());  // a slot of 7 bytes: chunks of 8 do not fit
+  const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 32, &plan);
+  CHECK(CheckChunks(plan, schedules[0], 32).ok());
+  CHECK(CheckChunks(plan, schedules[1], 32).ok());
+  CHECK_FALSE(CheckChunks(plan, schedules[1], 28).ok());  // a slot of 7 bytes: chunks of 8 do not fit
 
   Schedule lying = schedules[1];
   lying.receives[0].chunks[0].bytes += 2;

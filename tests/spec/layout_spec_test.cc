@@ -37,13 +37,13 @@ TEST_CASE("the explicit example spec syncs every element") {
   CHECK(input->tensors.at(0).target.placements.at(1).strides == planner::Index{4, 1});
   auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
   REQUIRE(plan.ok());
-  auto schedules = planner::MakeSchedules(*plan, 8);
+  auto schedules = planner::MakeSchedules(*plan, 32);
   REQUIRE(schedules.ok());
   std::mt19937_64 rng(1);
   testing::HostBuffers buffers = testing::AllocateBuffers(*input);
   const testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
   const testing::HostBuffers before = buffers;
-  REQUIRE(testing::Execute(*plan, *schedules, 8, buffers).ok());
+  REQUIRE(testing::Execute(*plan, *schedules, 32, buffers).ok());
   CHECK(testing::CheckSync(*input, values, before, buffers).empty());
 }
 

@@ -23,7 +23,7 @@ constexpr char kHelp[] = R"(usage: local_sync [FLAGS]
   --tp N              rollout TP size (default 2)
   --replicas N        rollout replicas on ranks 0..tp*replicas-1 (default 2)
   --syncs N           syncs, with new source values before each (default 2)
-  --staging-bytes B   staging per peer per direction (default 8388608)
+  --staging-bytes B   staging per peer, both directions (default 8388608)
 )";
 
 int Fail(const std::string& why) {
