@@ -169,14 +169,17 @@ def one_gpu():
         cluster.stop()
 
 
-def engine_case(slow_link_us, slow_unpack_us):
-    """The engine's double-buffered rounds between ranks sharing one GPU (tests/gpu/engine_check.cc)."""
-    @case(f"1 GPU: double-buffered rounds between ranks on one GPU, random layouts, each transfer held {slow_link_us} us, "
+def engine_case(transport, slow_link_us, slow_unpack_us):
+    """The engine's double-buffered rounds on one GPU (tests/gpu/engine_check.cc): ranks joined
+    by peer copies ("copy"), or every stream sent to itself over the agent's NCCL transport
+    ("nccl-self")."""
+    @case(f"1 GPU: double-buffered rounds over {transport}, random layouts, each transfer held {slow_link_us} us, "
           f"each unpack {slow_unpack_us} us")
     def run():
-        done = subprocess.run([os.path.join(args.bin, "engine_check"), "--seeds", "150", "--slow-link-us",
-                               str(slow_link_us), "--slow-unpack-us", str(slow_unpack_us)],
+        done = subprocess.run([os.path.join(args.bin, "engine_check"), "--seeds", "150", "--transport", transport,
+                               "--slow-link-us", str(slow_link_us), "--slow-unpack-us", str(slow_unpack_us)],
                               capture_output=True, text=True, timeout=600)
+        assert done.stdout.strip(), f"engine_check printed nothing: {done.stderr[-300:]}"
         result = json.loads(done.stdout.strip().splitlines()[-1])
         assert done.returncode == 0 and result["failed"] == 0, f"{result['failed']} layouts wrong: {result['first_error']}"
         assert result["rounds"] > 150, f"only {result['rounds']} rounds: the check did not exercise the rounds"
@@ -320,7 +323,7 @@ def agent_killed():
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
     cases = [one_gpu] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
-    cases += [engine_case(0, 0), engine_case(300, 0), engine_case(0, 300)]
+    cases += [engine_case(t, link, unpack) for t in ("copy", "nccl-self") for link, unpack in ((0, 0), (300, 0), (0, 300))]
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [missing_shard_case(2), agent_killed]
