@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
     SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking, highest));
   }
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&streams.local, cudaStreamNonBlocking, lowest));
-  SlotEvents slots[planner::kStagingSlots];
+  Slots slots{};
   for (SlotEvents& slot : slots) {
     for (cudaEvent_t* event : {&slot.packed, &slot.transferred, &slot.unpacked}) {
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
@@ -67,7 +67,7 @@ CudaDevice::~CudaDevice() {
   for (auto& [key, staging] : staging_) cudaFree(staging.first);
   for (Batch* batch : {&pack_batch_, &unpack_batch_, &local_batch_}) cudaFree(batch->device);
   cudaFree(hash_buffer_);
-  for (SlotEvents& slot : slots_) {
+  for (const SlotEvents& slot : slots_) {
     for (cudaEvent_t event : {slot.packed, slot.transferred, slot.unpacked}) cudaEventDestroy(event);
   }
   cudaEventDestroy(local_start_);

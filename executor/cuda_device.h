@@ -7,6 +7,7 @@
 // allocated once per peer, direction and slot and reused.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -58,17 +59,15 @@ class CudaDevice final : public Device {
   struct SlotEvents {
     cudaEvent_t packed, transferred, unpacked;
   };
-  CudaDevice(int ordinal, Streams streams, SlotEvents (&slots)[planner::kStagingSlots], cudaEvent_t local_start,
-             cudaEvent_t local_end)
-      : ordinal_(ordinal), streams_(streams), local_start_(local_start), local_end_(local_end) {
-    for (int k = 0; k < planner::kStagingSlots; ++k) slots_[k] = slots[k];
-  }
+  using Slots = std::array<SlotEvents, planner::kStagingSlots>;
+  CudaDevice(int ordinal, Streams streams, Slots slots, cudaEvent_t local_start, cudaEvent_t local_end)
+      : ordinal_(ordinal), streams_(streams), slots_(slots), local_start_(local_start), local_end_(local_end) {}
   absl::Status Launch(Batch& batch, cudaStream_t stream);
   absl::Status SynchronizeAll();
 
   const int ordinal_;
   const Streams streams_;
-  SlotEvents slots_[planner::kStagingSlots];
+  const Slots slots_;
   cudaEvent_t local_start_;  // around the last CopyLocal on the local stream
   cudaEvent_t local_end_;
   // One descriptor batch per stream: a launch may overwrite only what its own stream

@@ -17,6 +17,7 @@
 #include "executor/host_shm.h"
 #include "executor/nccl_transport.h"
 #include "grpcpp/grpcpp.h"
+#include "planner/schedule.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -136,8 +137,9 @@ int main(int argc, char** argv) {
   int port = 0;
   grpc::ServerBuilder control_builder;
   control_builder.AddListeningPort(c.listen, credentials->server, &port);
-  control_builder.SetMaxReceiveMessageSize(
-      static_cast<int>(std::min<int64_t>(c.agent.max_staging_bytes + (1 << 20), INT32_MAX)));
+  // The largest message a peer sends is one chunk (a staging slot) and its header.
+  control_builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(shardsync::planner::MaxChunkBytes(c.agent.max_staging_bytes) + (1 << 20), INT32_MAX)));
   control_builder.RegisterService(&control);
   std::unique_ptr<grpc::Server> control_server = control_builder.BuildAndStart();
   if (!control_server || port == 0) {
