@@ -10,7 +10,11 @@
 
 namespace shardsync::executor {
 
-NcclTransport::~NcclTransport() { Drop(); }
+NcclTransport::~NcclTransport() {
+  Drop();
+  if (vote_device_ != nullptr) cudaFree(vote_device_);
+  if (vote_host_ != nullptr) cudaFreeHost(vote_host_);
+}
 
 void NcclTransport::Drop() {
   if (comm_ != nullptr) {
@@ -106,6 +110,26 @@ absl::Status NcclTransport::RunRound(absl::string_view sync_id, int32_t round, a
   // A nonblocking communicator takes no new call until the group is launched: wait for
   // that (not for the stream; Finish waits for the stream once).
   return Await(deadline, /*stream_too=*/false, queued_);
+}
+
+absl::StatusOr<bool> NcclTransport::Agree(absl::string_view sync_id, const PeerSetup& peers, bool ready,
+                                          absl::Time deadline) {
+  if (comm_ == nullptr) return absl::FailedPreconditionError("no NCCL communicator: Setup first");
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  if (vote_device_ == nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&vote_device_, 1));
+  if (vote_host_ == nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMallocHost(&vote_host_, 1));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(vote_device_, ready ? 1 : 0, 1, stream_));
+  const std::string what = absl::StrCat("sync ", sync_id, ": agreeing with ", peers.world_size - 1, " other ranks");
+  if (auto s = NcclStatus(ncclAllReduce(vote_device_, vote_device_, 1, ncclUint8, ncclMin, comm_, stream_),
+                          "ncclAllReduce");
+      !s.ok()) {
+    Drop();
+    return s;
+  }
+  if (auto s = Await(deadline, /*stream_too=*/false, what); !s.ok()) return s;  // launched
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(vote_host_, vote_device_, 1, cudaMemcpyDeviceToHost, stream_));
+  if (auto s = Await(deadline, /*stream_too=*/true, what); !s.ok()) return s;
+  return *vote_host_ == 1;
 }
 
 absl::Status NcclTransport::Finish(absl::Time deadline) {

@@ -23,11 +23,15 @@ class NcclTransport final : public Transport {
 
   absl::string_view name() const override { return "nccl"; }
   bool device_memory() const override { return true; }
+  bool fast_agreement() const override { return true; }
   absl::Status Setup(const PeerSetup& setup, absl::Time deadline) override;
   absl::StatusOr<std::string> NewCommunicatorId() override;
   // Queues the round on the stream and returns: the host does not wait between rounds.
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                         absl::Span<const RecvOp> receives, absl::Time deadline) override;
+  // One byte per rank reduced by minimum on the stream (an all-reduce of ranks' votes).
+  absl::StatusOr<bool> Agree(absl::string_view sync_id, const PeerSetup& peers, bool ready,
+                             absl::Time deadline) override;
   absl::Status Finish(absl::Time deadline) override;
   // Only one sync runs on a rank at a time, and Reset starts the next: a flag is enough.
   void Abort(absl::string_view, absl::string_view) override { aborted_ = true; }
@@ -45,6 +49,8 @@ class NcclTransport final : public Transport {
   int64_t generation_ = -1;
   std::atomic<bool> aborted_{false};
   std::string queued_;  // what the queued rounds were, for an error message
+  uint8_t* vote_device_ = nullptr;  // Agree's byte, made on first use
+  uint8_t* vote_host_ = nullptr;    // pinned, for the answer
 };
 
 }  // namespace shardsync::executor

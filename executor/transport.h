@@ -36,6 +36,9 @@ struct PeerSetup {
   int64_t generation = 0;                     // NCCL: a new value means a new communicator
 };
 
+// The round number of Agree's exchange on a host transport (rounds count from 0).
+inline constexpr int32_t kAgreementRound = -1;
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -55,6 +58,17 @@ class Transport {
   // Abort every wait returns ABORTED.
   virtual absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                                 absl::Span<const RecvOp> receives, absl::Time deadline) = 0;
+  // Before a sync writes anything: tells every rank of `peers.world_size` whether this
+  // one is ready, and answers whether all are. Every rank calls it once per sync, after
+  // Setup, with the same deadline and abort rules as a round. The default (host
+  // transports) exchanges a byte with every other rank in a round of its own,
+  // kAgreementRound; NCCL reduces one integer on the device.
+  virtual absl::StatusOr<bool> Agree(absl::string_view sync_id, const PeerSetup& peers, bool ready,
+                                     absl::Time deadline);
+  // Capability: Agree costs one collective on the device (tens of microseconds), not
+  // a round of messages between every pair of ranks. Agents with it agree in every
+  // sync, and the coordinator skips Prepare for them once they hold the schedule.
+  virtual bool fast_agreement() const { return false; }
   // Waits for every round queued so far, with the same deadline and abort rules.
   virtual absl::Status Finish(absl::Time) { return absl::OkStatus(); }
   // Stops sync `sync_id` wherever it waits; later syncs are not affected.

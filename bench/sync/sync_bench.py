@@ -113,12 +113,13 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             assert line == "ready", f"a client did not register: {line!r}"
         coordinator = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
         first = coordinator.sync(timeout=120)  # warm-up: plans, builds the communicator
-        times, ranks, phases = [], None, []
+        times, ranks, phases, one_calls = [], None, [], []
         for _ in range(syncs):
             start = time.perf_counter()
             response = coordinator.sync(timeout=120)
             times.append(time.perf_counter() - start)
             ranks = response.ranks
+            one_calls.append(response.one_call)  # no Prepare fan-out
             # Where the time went: the coordinator's whole sync, its Prepare and Execute
             # fan-outs, the slowest agent's Execute call and its engine.
             phases.append({"coordinator": response.seconds, "prepare": response.prepare_seconds,
@@ -143,6 +144,7 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             "agent_peak_staging_bytes": [r.peak_staging_bytes for r in ranks], "client_peak_extra_bytes": memory,
             "agent_seconds": [r.seconds for r in ranks], "agent_local_seconds": [r.local_seconds for r in ranks],
             "phases_median": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
+            "one_call": all(one_calls),
             "verify_sync_seconds": verified.seconds, "verify_seconds": [r.verify_seconds for r in verified.ranks],
             "verified_placements": verified.verified_placements,
         }

@@ -106,9 +106,9 @@ std::string Agent::Metrics() const {
   return out;
 }
 
-absl::Status Agent::Check(const daemon::LocalSchedule& local) const {
+absl::Status Agent::Check(const daemon::LocalSchedule& local, std::vector<std::shared_ptr<const BufferEntry>> entries) const {
   // Each buffer looked up once: a schedule has thousands of segments and a few buffers.
-  std::vector<std::shared_ptr<const BufferEntry>> entries(local.buffer_names.size());
+  entries.resize(local.buffer_names.size());
   const auto buffer = [&](int32_t id, v1::Role role, const std::string& tensor) -> absl::StatusOr<int64_t> {
     const std::string& name = local.buffer_names.at(id);
     if (!entries[id]) entries[id] = registry_.Find(name);
@@ -148,94 +148,150 @@ absl::Status Agent::Check(const daemon::LocalSchedule& local) const {
   return absl::OkStatus();
 }
 
-v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
-  v1::PrepareResponse response;
-  const auto refuse = [&](const absl::Status& status) {
-    response.set_ok(false);
-    response.set_refusal(std::string(status.message()));
-    spdlog::warn("refusing sync {}: {}", request.sync_id(), std::string(status.message()));
-    return response;
-  };
-  if (request.staging_bytes() <= 0 || request.staging_bytes() > config_.max_staging_bytes) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("staging budget of ", request.staging_bytes(),
-                                                          " bytes is outside (0, ", config_.max_staging_bytes, "]")));
-  }
-  absl::MutexLock lock(&mu_);
-  if (request.schedule_cached()) {
-    auto it = prepared_.find(request.digest());
-    if (it == prepared_.end()) {
-      response.set_schedule_missing(true);
-      return response;
-    }
-    it->second.sync_id = request.sync_id();
-    it->second.peers.communicator_id = request.communicator_id();
-    it->second.peers.generation = request.communicator_generation();
-    // Buffers, roles and bounds change only with the registry: checked once per version.
-    const int64_t version = registry_.version();
-    if (it->second.checked_version != version) {
-      if (auto status = Check(*it->second.local); !status.ok()) return refuse(status);
-      it->second.checked_version = version;
-    }
-    response.set_ok(true);
-    return response;
-  }
-  const int64_t version = registry_.version();
-  auto local = daemon::DecodeSchedule(request, config_.rank);
-  if (!local.ok()) return refuse(local.status());
-  if (auto status = planner::CheckChunks(local->plan, local->schedule, request.staging_bytes()); !status.ok()) {
-    return refuse(status);
-  }
-  if (auto status = Check(*local); !status.ok()) return refuse(status);
+executor::PeerSetup Agent::PeersOf(const v1::PrepareRequest& request) const {
   executor::PeerSetup peers;
   peers.rank = config_.rank;
   peers.world_size = request.world_size();
   peers.addresses.insert(request.peer_addresses().begin(), request.peer_addresses().end());
   peers.communicator_id = request.communicator_id();
   peers.generation = request.communicator_generation();
+  return peers;
+}
+
+absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* schedule_missing) {
+  *schedule_missing = false;
+  if (request.staging_bytes() <= 0 || request.staging_bytes() > config_.max_staging_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("staging budget of ", request.staging_bytes(),
+                                                   " bytes is outside (0, ", config_.max_staging_bytes, "]"));
+  }
+  if (request.schedule_cached()) {
+    auto it = prepared_.find(request.digest());
+    if (it == prepared_.end()) {
+      *schedule_missing = true;
+      return absl::FailedPreconditionError(absl::StrCat("rank ", config_.rank, " does not hold the schedule of plan ",
+                                                        request.digest()));
+    }
+    Prepared& prepared = it->second;
+    prepared.sync_id = request.sync_id();
+    prepared.deadline = absl::Milliseconds(request.deadline_ms());
+    prepared.peers = PeersOf(request);
+    // Buffers, roles and bounds change only with the registry: checked once per version.
+    const int64_t version = registry_.version();
+    if (prepared.checked_version != version) {
+      if (auto status = Check(*prepared.local); !status.ok()) return status;
+      prepared.checked_version = version;
+    }
+    return absl::OkStatus();
+  }
+  const int64_t version = registry_.version();
+  auto local = daemon::DecodeSchedule(request, config_.rank);
+  if (!local.ok()) return local.status();
+  if (auto status = planner::CheckChunks(local->plan, local->schedule, request.staging_bytes()); !status.ok()) {
+    return status;
+  }
+  if (auto status = Check(*local); !status.ok()) return status;
   Prepared prepared{std::make_shared<const daemon::LocalSchedule>(*std::move(local)), request.sync_id(),
-                    request.staging_bytes(), absl::Milliseconds(request.deadline_ms()), std::move(peers), version};
+                    request.staging_bytes(), absl::Milliseconds(request.deadline_ms()), PeersOf(request), version};
   prepared_.clear();  // one plan per epoch: the previous one is stale
   prepared_[request.digest()] = std::move(prepared);
-  response.set_ok(true);
+  return absl::OkStatus();
+}
+
+v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
+  v1::PrepareResponse response;
+  absl::MutexLock lock(&mu_);
+  bool schedule_missing = false;
+  const absl::Status status = PrepareLocked(request, &schedule_missing);
+  response.set_ok(status.ok());
+  response.set_schedule_missing(schedule_missing);
+  if (!status.ok() && !schedule_missing) {
+    response.set_refusal(std::string(status.message()));
+    spdlog::warn("refusing sync {}: {}", request.sync_id(), std::string(status.message()));
+  }
   return response;
 }
 
 absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& request) {
   const absl::Time entered = absl::Now();
   absl::MutexLock execute_lock(&execute_mu_);
+  // Up to the agreement nothing is written on this rank: the coordinator tells a sync
+  // refused everywhere (FAILED_PRECONDITION from every rank) from one that failed.
+  const auto not_started = [&](absl::string_view why) {
+    spdlog::warn("sync {} stops before writing on rank {}: {}", request.sync_id(), config_.rank, std::string(why));
+    return absl::FailedPreconditionError(absl::StrCat("no byte moved on rank ", config_.rank, ": ", why));
+  };
+  absl::Status ready = absl::OkStatus();  // this rank's vote: every check passed
   Prepared prepared;
   {
     absl::MutexLock lock(&mu_);
+    if (request.has_prepare()) {
+      // Without its communicator or schedule a rank cannot take part in the agreement;
+      // it answers at once and the coordinator aborts the ranks waiting in it.
+      if (request.prepare().communicator_generation() != built_generation_) {
+        return not_started(absl::StrCat("communicator generation ", request.prepare().communicator_generation(),
+                                        " is not built here"));
+      }
+      bool schedule_missing = false;
+      ready = PrepareLocked(request.prepare(), &schedule_missing);
+      if (schedule_missing) return not_started(ready.message());
+    }
     auto it = prepared_.find(request.digest());
     if (it == prepared_.end() || it->second.sync_id != request.sync_id()) {
-      return absl::FailedPreconditionError(absl::StrCat("sync ", request.sync_id(), " was not prepared on rank ", config_.rank));
+      return not_started(absl::StrCat("sync ", request.sync_id(), " was not prepared"));
     }
-    if (aborted_sync_id_ == request.sync_id()) {
-      return absl::AbortedError(absl::StrCat("sync ", request.sync_id(), " was aborted before it started"));
-    }
+    if (aborted_sync_id_ == request.sync_id()) return not_started("the sync was aborted before it started");
     prepared = it->second;
     last_sync_id_ = request.sync_id();
     running_sync_id_ = request.sync_id();
   }
   // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
-  std::vector<std::shared_ptr<const BufferEntry>> held;
-  executor::BufferTable table(prepared.local->buffer_names.size(), nullptr);
-  for (size_t id = 0; id < prepared.local->buffer_names.size(); ++id) {
-    auto entry = registry_.Find(prepared.local->buffer_names[id]);
-    if (!entry) {
-      return absl::FailedPreconditionError(absl::StrCat("buffer '", prepared.local->buffer_names[id],
-                                                        "' went away after Prepare on rank ", config_.rank));
+  std::vector<std::shared_ptr<const BufferEntry>> held(prepared.local->buffer_names.size());
+  executor::BufferTable table(held.size(), nullptr);
+  for (size_t id = 0; id < held.size() && ready.ok(); ++id) {
+    held[id] = registry_.Find(prepared.local->buffer_names[id]);
+    if (!held[id]) {
+      ready = absl::FailedPreconditionError(absl::StrCat("buffer '", prepared.local->buffer_names[id],
+                                                         "' is no longer registered"));
+      break;
     }
-    table[id] = entry->memory->data();
-    held.push_back(std::move(entry));
+    table[id] = held[id]->memory->data();
   }
+  // The registry changed since the check: check the mappings held instead.
+  if (ready.ok() && registry_.version() != prepared.checked_version) ready = Check(*prepared.local, held);
   transport_.Reset();
   const absl::Time deadline = absl::Now() + prepared.deadline;
-  const absl::Status setup = transport_.Setup(prepared.peers, deadline);
+  if (const absl::Status setup = transport_.Setup(prepared.peers, deadline); !setup.ok()) {
+    Finished(false);
+    return not_started(setup.message());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    built_generation_ = prepared.peers.generation;
+  }
+  // One call (request.prepare) needs the agreement; after a Prepare fan-out it closes
+  // the gap between Prepare and Execute where it is cheap.
+  if (prepared.peers.world_size > 1 && (request.has_prepare() || transport_.fast_agreement())) {
+    const absl::StatusOr<bool> all_ready = transport_.Agree(request.sync_id(), prepared.peers, ready.ok(), deadline);
+    if (!all_ready.ok()) {
+      Finished(false);
+      return not_started(absl::StrCat("agreeing with the other ranks: ", all_ready.status().message()));
+    }
+    if (ready.ok() && !*all_ready) {
+      Finished(true);
+      return not_started("another rank was not ready");
+    }
+  }
+  if (!ready.ok()) {
+    Finished(true);
+    return not_started(ready.message());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    writing_sync_id_ = request.sync_id();
+  }
   const absl::StatusOr<executor::ExecutionStats> stats =
-      setup.ok() ? engine_.Run(request.sync_id(), prepared.local->plan, prepared.local->schedule, table,
-                               prepared.staging_bytes, deadline, &progress_)
-                 : absl::StatusOr<executor::ExecutionStats>(setup);
+      engine_.Run(request.sync_id(), prepared.local->plan, prepared.local->schedule, table, prepared.staging_bytes,
+                  deadline, &progress_);
   v1::ExecuteResponse response;
   absl::Status verified = absl::OkStatus();
   if (stats.ok() && request.verify()) {
@@ -256,6 +312,7 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   }
   absl::MutexLock lock(&mu_);
   running_sync_id_.clear();
+  writing_sync_id_.clear();
   target_valid_ = stats.ok();
   ++(stats.ok() ? executed_ : failed_);
   if (stats.ok()) {
@@ -263,11 +320,16 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     moved_.received_bytes += stats->received_bytes;
     moved_.local_bytes += stats->local_bytes;
   }
+  // From here on bytes were written: never answer FAILED_PRECONDITION (see the proto).
+  const auto after_writing = [](const absl::Status& status) {
+    return absl::IsFailedPrecondition(status) ? absl::InternalError(status.message()) : status;
+  };
   if (!stats.ok()) {
+    built_generation_ = -1;  // the communicator may be aborted: the coordinator renews it
     spdlog::error("sync {} failed on rank {}: {}", request.sync_id(), config_.rank, std::string(stats.status().message()));
-    return stats.status();  // the coordinator names the rank
+    return after_writing(stats.status());  // the coordinator names the rank
   }
-  if (!verified.ok()) return verified;
+  if (!verified.ok()) return after_writing(verified);
   v1::RankStats& out = *response.mutable_stats();
   out.set_rank(config_.rank);
   out.set_rounds(stats->rounds);
@@ -284,12 +346,18 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   return response;
 }
 
+void Agent::Finished(bool communicator_intact) {
+  absl::MutexLock lock(&mu_);
+  running_sync_id_.clear();
+  if (!communicator_intact) built_generation_ = -1;
+}
+
 void Agent::Abort(const v1::AbortRequest& request) {
   spdlog::warn("aborting sync {}: {}", request.sync_id(), request.reason());
   transport_.Abort(request.sync_id(), absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason()));
   absl::MutexLock lock(&mu_);
   aborted_sync_id_ = request.sync_id();
-  target_valid_ = false;
+  if (writing_sync_id_ == request.sync_id()) target_valid_ = false;  // stopped part way
 }
 
 absl::Status Agent::Transfer(const v1::TransferRequest& request, absl::Time deadline) {

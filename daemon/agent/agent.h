@@ -44,7 +44,8 @@ class Agent {
 
   // AgentControl service (TCP).
   v1::PrepareResponse Prepare(const v1::PrepareRequest& request);
-  // Runs the prepared sync; with request.verify, adds the checksums of what it read and wrote.
+  // Runs the prepared sync (preparing first with request.prepare) once every rank agreed
+  // it is ready; with request.verify, adds the checksums of what it read and wrote.
   absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request);
   void Abort(const v1::AbortRequest& request);
   absl::Status Transfer(const v1::TransferRequest& request, absl::Time deadline);
@@ -63,8 +64,16 @@ class Agent {
     executor::PeerSetup peers;
     int64_t checked_version = -1;  // the registry version Check last passed against
   };
-  // Every buffer the schedule touches, present, of the right role, and in bounds.
-  absl::Status Check(const daemon::LocalSchedule& local) const;
+  // Every buffer the schedule touches, present, of the right role, and in bounds: the
+  // mappings in `entries` (by buffer id) where given, else the registry's.
+  absl::Status Check(const daemon::LocalSchedule& local,
+                     std::vector<std::shared_ptr<const BufferEntry>> entries = {}) const;
+  // Keeps (or, cached, finds) the schedule and checks it; a refusal says why.
+  absl::Status PrepareLocked(const v1::PrepareRequest& request, bool* schedule_missing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  executor::PeerSetup PeersOf(const v1::PrepareRequest& request) const;
+  // An Execute that stopped before writing; the transport may have dropped its communicator.
+  void Finished(bool communicator_intact);
 
   const AgentConfig config_;
   Registry& registry_;
@@ -82,6 +91,8 @@ class Agent {
   std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string running_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
+  std::string writing_sync_id_ ABSL_GUARDED_BY(mu_);  // past the agreement: writing targets
+  int64_t built_generation_ ABSL_GUARDED_BY(mu_) = -1;  // of the communicator the transport holds
   bool target_valid_ ABSL_GUARDED_BY(mu_) = true;
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;

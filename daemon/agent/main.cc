@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
   link_config.join.set_rank(c.agent.rank);
   link_config.join.set_host(host);
   link_config.join.set_device(c.agent.device);
+  link_config.join.set_fast_agreement(transport->fast_agreement());
   link_config.join.set_incarnation(std::to_string(getpid()) + "-" + std::to_string(absl::ToUnixNanos(absl::Now())));
   shardsync::agent::CoordinatorLink link(link_config, registry);
   shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox);

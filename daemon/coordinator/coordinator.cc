@@ -135,6 +135,7 @@ absl::StatusOr<bool> Coordinator::EnsurePlan() {
                cache.plan.segments.size(), cache.digest, cache.plan_seconds * 1e3);
   cache_ = std::move(cache);
   delivered_.clear();
+  agents_ready_ = false;
   return true;
 }
 
@@ -152,9 +153,29 @@ absl::Status Coordinator::RenewCommunicator() {
   if (!status.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", status.error_message()));
   communicator_id_ = response.communicator_id();
   ++communicator_generation_;
+  agents_ready_ = false;
   absl::MutexLock lock(&mu_);
   communicator_valid_ = true;
   return absl::OkStatus();
+}
+
+v1::PrepareRequest Coordinator::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
+                                                  absl::Duration execute_deadline,
+                                                  const std::map<int32_t, std::string>& addresses) {
+  v1::PrepareRequest request = with_schedule ? cache_.requests[rank] : v1::PrepareRequest();
+  request.set_schedule_cached(!with_schedule);
+  request.set_sync_id(sync_id);
+  request.set_digest(cache_.digest);
+  request.set_staging_bytes(config_.staging_bytes);
+  request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
+  request.set_communicator_id(communicator_id_);
+  request.set_communicator_generation(communicator_generation_);
+  request.set_world_size(config_.world_size);
+  // Every rank, not only those it sends to: Execute's agreement reaches all of them.
+  for (const auto& [peer, address] : addresses) {
+    if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
+  }
+  return request;
 }
 
 absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline) {
@@ -172,22 +193,9 @@ absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration 
   }
   std::vector<std::string> refusals(config_.world_size);
   phase_pool_.Run([&](int32_t rank) {
-    const v1::PrepareRequest& full = cache_.requests[rank];
-    v1::PrepareRequest request;
     const bool cached = delivered_.count(rank) && delivered_.at(rank) == cache_.digest;
     for (bool send_schedule : {!cached, true}) {
-      request = send_schedule ? full : v1::PrepareRequest();
-      request.set_schedule_cached(!send_schedule);
-      request.set_sync_id(sync_id);
-      request.set_digest(cache_.digest);
-      request.set_staging_bytes(config_.staging_bytes);
-      request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
-      request.set_communicator_id(communicator_id_);
-      request.set_communicator_generation(communicator_generation_);
-      request.set_world_size(config_.world_size);
-      for (const planner::PeerStream& stream : cache_.schedules[rank].sends) {
-        (*request.mutable_peer_addresses())[stream.peer] = addresses[stream.peer];
-      }
+      const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
       v1::PrepareResponse response;
@@ -253,13 +261,31 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
         absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
   }
   const absl::Time prepare_start = absl::Now();
-  if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
+  bool one_call;
+  {
+    absl::MutexLock lock(&mu_);
+    // With a host transport the agreement is a message between every pair of agents,
+    // dearer than the Prepare call it saves: only one agent, or agents that agree on
+    // the device, get one call.
+    one_call = agents_ready_ && communicator_valid_;
+    for (const auto& [rank, entry] : agents_) {
+      one_call = one_call && (config_.world_size == 1 || entry.join.fast_agreement());
+    }
+  }
+  if (!one_call) {
+    if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
+  }
+  agents_ready_ = false;  // until this sync succeeds
   const absl::Time execute_start = absl::Now();
 
   std::map<int32_t, v1::AgentControl::Stub*> stubs;
+  std::map<int32_t, std::string> addresses;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [rank, entry] : agents_) stubs[rank] = entry.stub.get();
+    for (const auto& [rank, entry] : agents_) {
+      stubs[rank] = entry.stub.get();
+      addresses[rank] = entry.join.address();
+    }
   }
   std::vector<grpc::Status> results(config_.world_size);
   std::vector<v1::ExecuteResponse> responses(config_.world_size);
@@ -284,6 +310,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     execute.set_sync_id(sync_id);
     execute.set_digest(cache_.digest);
     execute.set_verify(request.verify());
+    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
     grpc::ClientContext context;
     // The agent's own waits end at the timeout; this leaves it room to say so.
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + config_.rpc_deadline));
@@ -292,21 +319,29 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   });
   const absl::Time executed = absl::Now();
   std::vector<std::string> failures;
+  bool written = false;  // some rank finished, or failed after it may have written
   for (int32_t rank = 0; rank < config_.world_size; ++rank) {
     const grpc::Status& r = results[rank];
+    written = written || r.ok();
     if (r.ok()) continue;
     // A dead agent's call often ends with no message: its code says enough.
     const absl::Status status = FromGrpcStatus(r);
+    written = written || !absl::IsFailedPrecondition(status);
     failures.push_back(absl::StrCat("rank ", rank, ": ", absl::StatusCodeToString(status.code()),
                                     r.error_message().empty() ? " (no answer)" : ": " + r.error_message()));
   }
   if (!failures.empty()) {
-    delivered_.clear();
     {
       absl::MutexLock lock(&mu_);
-      targets_valid_ = false;
-      communicator_valid_ = false;  // NCCL aborted it somewhere
+      communicator_valid_ = false;  // NCCL may have aborted it somewhere
+      if (written) targets_valid_ = false;
     }
+    if (!written) {
+      // Every rank stopped before writing (at the agreement, or each on its own).
+      return finish(absl::FailedPreconditionError(
+          absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(failures, "; "))));
+    }
+    delivered_.clear();
     return finish(absl::UnavailableError(absl::StrCat("sync ", sync_id, " failed; targets are invalid until the next sync succeeds: ",
                                                       absl::StrJoin(failures, "; "))));
   }
@@ -326,11 +361,13 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     absl::MutexLock lock(&mu_);
     targets_valid_ = true;
   }
+  agents_ready_ = true;
+  response.set_one_call(one_call);
   response.set_sync_id(sync_id);
   response.set_layout_epoch(cache_.epoch);
   response.set_digest(cache_.digest);
   response.set_plan_seconds(*planned ? cache_.plan_seconds : 0);
-  response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
+  if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
   response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
   for (v1::ExecuteResponse& r : responses) *response.add_ranks() = r.stats();
   response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));

@@ -1,7 +1,8 @@
 // shardsync-coordinator: accepts agents, plans once per layout epoch, and runs each
-// sync as Prepare everywhere, then Execute only if every agent said ok. One sync at a
-// time; a Sync that arrives while another runs waits for it (queued, in arrival order
-// of the mutex).
+// sync as Prepare everywhere, then Execute only if every agent said ok; once the
+// agents hold the epoch's schedule and communicator (a sync succeeded since), as one
+// Execute per agent that prepares itself. One sync at a time; a Sync that arrives
+// while another runs waits for it (queued, in arrival order of the mutex).
 #pragma once
 
 #include <map>
@@ -60,6 +61,9 @@ class Coordinator {
   // Plans the current epoch unless cached; true when it planned now. Requires sync_mu_.
   absl::StatusOr<bool> EnsurePlan();
   absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline);
+  // Rank `rank`'s Prepare: everything but the schedule unless `with_schedule`.
+  v1::PrepareRequest PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
+                                       absl::Duration execute_deadline, const std::map<int32_t, std::string>& addresses);
   // A fresh communicator id from rank 0 when the last one may be broken.
   absl::Status RenewCommunicator();
 
@@ -91,6 +95,9 @@ class Coordinator {
   int64_t communicator_generation_ ABSL_GUARDED_BY(sync_mu_) = 0;
   bool communicator_valid_ ABSL_GUARDED_BY(mu_) = false;  // Join invalidates it
   int64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  // Every agent holds cache_'s schedule and has built communicator_generation_ (the
+  // last sync succeeded and nothing was planned or renewed since): one call per agent.
+  bool agents_ready_ ABSL_GUARDED_BY(sync_mu_) = false;
 };
 
 }  // namespace shardsync::coordinator

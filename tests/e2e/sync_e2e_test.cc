@@ -87,10 +87,33 @@ TEST_CASE("ZeRO-1/2/3 over 4 ranks into TP2x2, uneven TP4, TP1 on half and on al
       auto second = SyncOnce(cluster, absl::Seconds(20));
       REQUIRE(second.ok());
       CHECK(second->plan_seconds() == 0);  // the cached plan of this epoch
+      // Host transport: agreeing among 4 agents would cost more than Prepare saves.
+      CHECK_FALSE(second->one_call());
       errors = deployment.CheckTargets(stage * 100 + 2);
       CHECK(errors.empty());
       CHECK(deployment.RolloutAddress(layout.first_target_rank) == address);  // the arena never moves
     }
+  }
+}
+
+TEST_CASE("one agent: the first sync prepares, every later one is a single Execute call, all exact") {
+  ClusterOptions options;
+  options.agents = 1;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "one-agent", ModelJson(3, R"([{"ranks": [0]}])", "[0]"), 21);
+  RequireReady(deployment);
+  auto first = SyncOnce(cluster, absl::Seconds(20));
+  REQUIRE(first.ok());
+  CHECK_FALSE(first->one_call());
+  CHECK(deployment.CheckTargets(21).empty());
+  for (uint64_t seed = 22; seed < 25; ++seed) {
+    deployment.Refill(seed);
+    CHECK(deployment.CheckTargets(seed).size() > 0);  // the targets hold the last values
+    auto next = SyncOnce(cluster, absl::Seconds(20));
+    REQUIRE(next.ok());
+    CHECK(next->one_call());
+    CHECK(next->prepare_seconds() == 0);
+    CHECK(deployment.CheckTargets(seed).empty());
   }
 }
 
