@@ -154,7 +154,8 @@ def one_gpu():
         assert ask(rollout, "check 1") == "ok"
         assert ask(rollout, "replay 1") == "ok", "the graph did not see the first sync's weights"
         assert ask(trainer, "refill 2") == "refilled"
-        sync(cluster)
+        second = sync(cluster)
+        assert second.one_call, "the second sync made a Prepare call: the agent holds the schedule"
         assert ask(rollout, "check 2") == "ok"
         assert ask(rollout, "replay 2") == "ok", "the graph did not see the second sync's weights"
         assert ask(rollout, "address") == address
@@ -183,7 +184,11 @@ def engine_case(transport, slow_link_us, slow_unpack_us):
         result = json.loads(done.stdout.strip().splitlines()[-1])
         assert done.returncode == 0 and result["failed"] == 0, f"{result['failed']} layouts wrong: {result['first_error']}"
         assert result["rounds"] > 150, f"only {result['rounds']} rounds: the check did not exercise the rounds"
-        return f"{result['seeds']} layouts, {result['rounds']} rounds, every element right"
+        agreed = ""
+        if transport == "nccl-self":
+            assert result["agreement"] == "ok", f"the NCCL agreement: {result['agreement']}"
+            agreed = f"; 200 agreements each answered as voted, {result['agree_median_us']:.0f} us each"
+        return f"{result['seeds']} layouts, {result['rounds']} rounds, every element right{agreed}"
     return run
 
 
@@ -204,6 +209,8 @@ def layout_case(world, zero, name, rollouts):
             for t in trainers:
                 assert ask(t, "refill %d" % (seed + 100)) == "refilled"
             second = sync(cluster)
+            # NCCL agents agree on the device: from the second sync on, one Execute call each.
+            assert second.one_call, "the second sync made a Prepare call"
             for r in clients:
                 assert ask(r, "check %d" % (seed + 100)) == "ok"
             sent = sum(r.sent_bytes for r in second.ranks)
