@@ -1,6 +1,8 @@
 """The floor of one control-plane hop on this machine: the round trip of a trivial
 unary RPC (the coordinator's Status, with no agent joined) from the Python client,
-2000 times, twice. A sync makes three such hops (client -> coordinator, Prepare and
+back to back (2000 times, twice) and after the processes sat idle for 2 and 10 ms
+(500 times each), as they do while a sync's bytes move or between training steps. A
+sync makes two such hops once the agents hold the schedule (client -> coordinator,
 Execute to each agent), so their sum bounds what `sync()` costs beyond the agents' work.
   python3 bench/sync/rpc_rtt.py BIN     (BIN: the portable binaries, dist/bin)
 """
@@ -28,9 +30,11 @@ def main():
                     break
                 time.sleep(0.01)
             client = shardsync.CoordinatorClient(f"127.0.0.1:{int(open(port_file).read())}", insecure=True)
-            for label in ("status", "status again"):
+            for label, idle, count in (("status", 0, 2000), ("status again", 0, 2000),
+                                       ("status after 2 ms idle", 0.002, 500), ("status after 10 ms idle", 0.01, 500)):
                 times = []
-                for _ in range(2000):
+                for _ in range(count):
+                    time.sleep(idle)
                     start = time.perf_counter()
                     client.status()
                     times.append(time.perf_counter() - start)

@@ -46,22 +46,28 @@ class HeapBackend final : public executor::MemoryBackend {
   }
 };
 
-// Tensor "w" [16, 24]: ZeRO-3 over both ranks as the source, whole on each rank (TP1 x 2)
-// as the target.
-v1::RegisterRequest Trainer(int32_t rank) {
+// One client's registration of one buffer and of tensor "w" in it (layout left to fill).
+v1::RegisterRequest OneBuffer(const std::string& client, v1::Role role, const std::string& buffer, int64_t bytes) {
   v1::RegisterRequest request;
-  request.set_client_id("trainer");
-  request.set_role(v1::SOURCE);
-  v1::RegisteredBuffer* buffer = request.add_buffers();
-  buffer->set_name("flat");
-  buffer->set_bytes(kElements / kWorld * 4);
-  buffer->mutable_handle()->set_shm_name("heap");
+  request.set_client_id(client);
+  request.set_role(role);
+  v1::RegisteredBuffer* registered = request.add_buffers();
+  registered->set_name(buffer);
+  registered->set_bytes(bytes);
+  registered->mutable_handle()->set_shm_name("heap");
   v1::TensorLayout* tensor = request.add_tensors();
   tensor->set_name("w");
   tensor->add_shape(kRows);
   tensor->add_shape(kCols);
   tensor->set_dtype(v1::FLOAT32);
-  v1::FlatPlacement* part = tensor->add_flat_placements();
+  return request;
+}
+
+// Tensor "w" [16, 24]: ZeRO-3 over both ranks as the source, whole on each rank (TP1 x 2)
+// as the target.
+v1::RegisterRequest Trainer(int32_t rank) {
+  v1::RegisterRequest request = OneBuffer("trainer", v1::SOURCE, "flat", kElements / kWorld * 4);
+  v1::FlatPlacement* part = request.mutable_tensors(0)->add_flat_placements();
   part->set_rank(rank);
   part->set_buffer("flat");
   part->set_begin(rank * kElements / kWorld);
@@ -70,19 +76,8 @@ v1::RegisterRequest Trainer(int32_t rank) {
 }
 
 v1::RegisterRequest Rollout(int32_t rank) {
-  v1::RegisterRequest request;
-  request.set_client_id("rollout");
-  request.set_role(v1::TARGET);
-  v1::RegisteredBuffer* buffer = request.add_buffers();
-  buffer->set_name("arena");
-  buffer->set_bytes(kElements * 4);
-  buffer->mutable_handle()->set_shm_name("heap");
-  v1::TensorLayout* tensor = request.add_tensors();
-  tensor->set_name("w");
-  tensor->add_shape(kRows);
-  tensor->add_shape(kCols);
-  tensor->set_dtype(v1::FLOAT32);
-  v1::Placement* whole = tensor->add_placements();
+  v1::RegisterRequest request = OneBuffer("rollout", v1::TARGET, "arena", kElements * 4);
+  v1::Placement* whole = request.mutable_tensors(0)->add_placements();
   whole->set_rank(rank);
   whole->set_buffer("arena");
   for (int64_t extent : {kRows, kCols}) {
