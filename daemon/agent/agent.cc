@@ -221,6 +221,9 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     return absl::FailedPreconditionError(absl::StrCat("no byte moved on rank ", config_.rank, ": ", why));
   };
   absl::Status ready = absl::OkStatus();  // this rank's vote: every check passed
+  // Before the abort check below; Abort marks the sync before it aborts the transport,
+  // so an Abort is either seen there or reaches the transport after this.
+  transport_.Reset();
   Prepared prepared;
   {
     absl::MutexLock lock(&mu_);
@@ -258,7 +261,6 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   }
   // The registry changed since the check: check the mappings held instead.
   if (ready.ok() && registry_.version() != prepared.checked_version) ready = Check(*prepared.local, held);
-  transport_.Reset();
   const absl::Time deadline = absl::Now() + prepared.deadline;
   if (const absl::Status setup = transport_.Setup(prepared.peers, deadline); !setup.ok()) {
     Finished(false);
@@ -354,10 +356,12 @@ void Agent::Finished(bool communicator_intact) {
 
 void Agent::Abort(const v1::AbortRequest& request) {
   spdlog::warn("aborting sync {}: {}", request.sync_id(), request.reason());
+  {
+    absl::MutexLock lock(&mu_);
+    aborted_sync_id_ = request.sync_id();
+    if (writing_sync_id_ == request.sync_id()) target_valid_ = false;  // stopped part way
+  }
   transport_.Abort(request.sync_id(), absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason()));
-  absl::MutexLock lock(&mu_);
-  aborted_sync_id_ = request.sync_id();
-  if (writing_sync_id_ == request.sync_id()) target_valid_ = false;  // stopped part way
 }
 
 absl::Status Agent::Transfer(const v1::TransferRequest& request, absl::Time deadline) {

@@ -239,6 +239,22 @@ TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank b
     CHECK_THAT(std::string(result.status().message()), Contains("communicator generation 2 is not built"));
   }
 
+  SECTION("an Abort that comes before its Execute: the Execute stops at once, writing nothing") {
+    v1::AbortRequest abort;
+    abort.set_sync_id("sync-6");
+    abort.set_reason("rank 1 failed");
+    ranks[0]->agent->Abort(abort);
+    execute[0].set_sync_id("sync-6");
+    *execute[0].mutable_prepare() = PrepareFor({}, "sync-6", digest, false);
+    const absl::Time start = absl::Now();
+    const absl::StatusOr<v1::ExecuteResponse> result = ranks[0]->agent->Execute(execute[0]);
+    CHECK(absl::Now() - start < absl::Seconds(1));
+    REQUIRE_FALSE(result.ok());
+    CHECK(absl::IsFailedPrecondition(result.status()));
+    CHECK_THAT(std::string(result.status().message()), Contains("aborted before it started"));
+    CHECK(ranks[0]->agent->Status().target_valid());  // nothing was written
+  }
+
   SECTION("a schedule the agent does not hold: refused at once") {
     execute[1].set_sync_id("sync-5");
     execute[1].set_digest("another-plan");
