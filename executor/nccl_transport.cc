@@ -64,7 +64,10 @@ absl::Status NcclTransport::Await(absl::Time deadline, bool stream_too, const st
 }
 
 absl::Status NcclTransport::Setup(const PeerSetup& setup, absl::Time deadline) {
-  if (comm_ != nullptr && setup.generation == generation_) return absl::OkStatus();
+  // The id too: a restarted coordinator counts generations from the start again.
+  if (comm_ != nullptr && setup.generation == generation_ && setup.communicator_id == communicator_id_) {
+    return absl::OkStatus();
+  }
   Drop();
   if (setup.communicator_id.size() != sizeof(ncclUniqueId)) {
     return absl::FailedPreconditionError("no NCCL communicator id was handed out for this sync");
@@ -85,6 +88,7 @@ absl::Status NcclTransport::Setup(const PeerSetup& setup, absl::Time deadline) {
     return s;
   }
   generation_ = setup.generation;
+  communicator_id_ = setup.communicator_id;
   return absl::OkStatus();
 }
 

@@ -47,6 +47,7 @@ class NcclTransport final : public Transport {
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;
   int64_t generation_ = -1;
+  std::string communicator_id_;  // of generation_
   std::atomic<bool> aborted_{false};
   std::string queued_;  // what the queued rounds were, for an error message
   uint8_t* vote_device_ = nullptr;  // Agree's byte, made on first use
