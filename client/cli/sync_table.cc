@@ -8,8 +8,9 @@
 namespace shardsync::cli {
 
 void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
-  out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s)\n\n", response.sync_id(),
-                         response.layout_epoch(), response.digest(), response.seconds(), response.plan_seconds());
+  out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s; %s)\n\n", response.sync_id(),
+                         response.layout_epoch(), response.digest(), response.seconds(), response.plan_seconds(),
+                         response.one_call() ? "one call per agent" : "Prepare, then Execute");
   out << absl::StrFormat("%-6s %12s %12s %12s %7s %7s %13s %10s %9s\n", "rank", "sent", "received", "local", "rounds",
                          "chunks", "peak staging", "seconds", "GB/s");
   int64_t sent = 0, received = 0, local = 0;
