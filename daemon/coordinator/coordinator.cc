@@ -1,11 +1,9 @@
 #include "daemon/coordinator/coordinator.h"
 
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/grpc_status.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/layouts.h"
 #include "grpcpp/grpcpp.h"
@@ -14,14 +12,6 @@
 
 namespace shardsync::coordinator {
 namespace {
-
-// Runs fn(rank) for every rank at once and waits for all.
-template <typename Fn>
-void ForEachRank(int32_t world, Fn&& fn) {
-  std::vector<std::thread> threads;
-  for (int32_t r = 0; r < world; ++r) threads.emplace_back([&fn, r] { fn(r); });
-  for (std::thread& t : threads) t.join();
-}
 
 std::string NewInstanceId() { return absl::StrCat(absl::ToUnixNanos(absl::Now())); }
 
@@ -139,90 +129,6 @@ absl::StatusOr<bool> Coordinator::EnsurePlan() {
   return true;
 }
 
-absl::Status Coordinator::RenewCommunicator() {
-  v1::AgentControl::Stub* root;
-  {
-    absl::MutexLock lock(&mu_);
-    if (communicator_valid_) return absl::OkStatus();
-    root = agents_.at(0).stub.get();
-  }
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
-  v1::NewCommunicatorIdResponse response;
-  const grpc::Status status = root->NewCommunicatorId(&context, v1::NewCommunicatorIdRequest(), &response);
-  if (!status.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", status.error_message()));
-  communicator_id_ = response.communicator_id();
-  ++communicator_generation_;
-  agents_ready_ = false;
-  absl::MutexLock lock(&mu_);
-  communicator_valid_ = true;
-  return absl::OkStatus();
-}
-
-v1::PrepareRequest Coordinator::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
-                                                  absl::Duration execute_deadline,
-                                                  const std::map<int32_t, std::string>& addresses) {
-  v1::PrepareRequest request = with_schedule ? cache_.requests[rank] : v1::PrepareRequest();
-  request.set_schedule_cached(!with_schedule);
-  request.set_sync_id(sync_id);
-  request.set_digest(cache_.digest);
-  request.set_staging_bytes(config_.staging_bytes);
-  request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
-  request.set_communicator_id(communicator_id_);
-  request.set_communicator_generation(communicator_generation_);
-  request.set_world_size(config_.world_size);
-  // Every rank, not only those it sends to: Execute's agreement reaches all of them.
-  for (const auto& [peer, address] : addresses) {
-    if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
-  }
-  return request;
-}
-
-absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline) {
-  if (auto status = RenewCommunicator(); !status.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
-  }
-  std::map<int32_t, std::string> addresses;
-  std::map<int32_t, v1::AgentControl::Stub*> stubs;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [rank, entry] : agents_) {
-      addresses[rank] = entry.join.address();
-      stubs[rank] = entry.stub.get();
-    }
-  }
-  std::vector<std::string> refusals(config_.world_size);
-  phase_pool_.Run([&](int32_t rank) {
-    const bool cached = delivered_.count(rank) && delivered_.at(rank) == cache_.digest;
-    for (bool send_schedule : {!cached, true}) {
-      const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
-      v1::PrepareResponse response;
-      const grpc::Status status = stubs[rank]->Prepare(&context, request, &response);
-      if (!status.ok()) {
-        refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", status.error_message());
-        return;
-      }
-      if (response.schedule_missing()) continue;  // resend with the schedule
-      if (!response.ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response.refusal());
-      return;
-    }
-  });
-  std::vector<std::string> refused;
-  for (int32_t rank = 0; rank < config_.world_size; ++rank) {
-    if (!refusals[rank].empty()) {
-      refused.push_back(refusals[rank]);
-      delivered_.erase(rank);
-    } else {
-      delivered_[rank] = cache_.digest;
-    }
-  }
-  if (refused.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ",
-                                                    absl::StrJoin(refused, "; ")));
-}
-
 absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& request) {
   absl::MutexLock sync_lock(&sync_mu_);
   const absl::Time start = absl::Now();
@@ -261,93 +167,18 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
         absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
   }
   const absl::Time prepare_start = absl::Now();
-  bool one_call;
-  {
-    absl::MutexLock lock(&mu_);
-    // With a host transport the agreement is a message between every pair of agents,
-    // dearer than the Prepare call it saves: only one agent, or agents that agree on
-    // the device, get one call.
-    one_call = agents_ready_ && communicator_valid_;
-    for (const auto& [rank, entry] : agents_) {
-      one_call = one_call && (config_.world_size == 1 || entry.join.fast_agreement());
-    }
-  }
+  const bool one_call = OneCallReady();
   if (!one_call) {
     if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
   }
   agents_ready_ = false;  // until this sync succeeds
   const absl::Time execute_start = absl::Now();
-
-  std::map<int32_t, v1::AgentControl::Stub*> stubs;
-  std::map<int32_t, std::string> addresses;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [rank, entry] : agents_) {
-      stubs[rank] = entry.stub.get();
-      addresses[rank] = entry.join.address();
-    }
-  }
-  std::vector<grpc::Status> results(config_.world_size);
-  std::vector<v1::ExecuteResponse> responses(config_.world_size);
-  // The first rank that fails makes every rank abort at once: nobody waits out its
-  // deadline on a peer that is gone.
-  std::once_flag aborting;
-  const auto abort_all = [&](int32_t failed, const std::string& why) {
-    std::call_once(aborting, [&] {
-      ForEachRank(config_.world_size, [&](int32_t rank) {
-        v1::AbortRequest abort;
-        abort.set_sync_id(sync_id);
-        abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
-        v1::AbortResponse ignored;
-        stubs[rank]->Abort(&context, abort, &ignored);
-      });
-    });
-  };
-  phase_pool_.Run([&](int32_t rank) {
-    v1::ExecuteRequest execute;
-    execute.set_sync_id(sync_id);
-    execute.set_digest(cache_.digest);
-    execute.set_verify(request.verify());
-    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
-    grpc::ClientContext context;
-    // The agent's own waits end at the timeout; this leaves it room to say so.
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + config_.rpc_deadline));
-    results[rank] = stubs[rank]->Execute(&context, execute, &responses[rank]);
-    if (!results[rank].ok()) abort_all(rank, results[rank].error_message());
-  });
+  absl::StatusOr<std::vector<v1::ExecuteResponse>> responses = ExecuteAll(sync_id, timeout, request.verify(), one_call);
+  if (!responses.ok()) return finish(responses.status());
   const absl::Time executed = absl::Now();
-  std::vector<std::string> failures;
-  bool written = false;  // some rank finished, or failed after it may have written
-  for (int32_t rank = 0; rank < config_.world_size; ++rank) {
-    const grpc::Status& r = results[rank];
-    written = written || r.ok();
-    if (r.ok()) continue;
-    // A dead agent's call often ends with no message: its code says enough.
-    const absl::Status status = FromGrpcStatus(r);
-    written = written || !absl::IsFailedPrecondition(status);
-    failures.push_back(absl::StrCat("rank ", rank, ": ", absl::StatusCodeToString(status.code()),
-                                    r.error_message().empty() ? " (no answer)" : ": " + r.error_message()));
-  }
-  if (!failures.empty()) {
-    {
-      absl::MutexLock lock(&mu_);
-      communicator_valid_ = false;  // NCCL may have aborted it somewhere
-      if (written) targets_valid_ = false;
-    }
-    if (!written) {
-      // Every rank stopped before writing (at the agreement, or each on its own).
-      return finish(absl::FailedPreconditionError(
-          absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(failures, "; "))));
-    }
-    delivered_.clear();
-    return finish(absl::UnavailableError(absl::StrCat("sync ", sync_id, " failed; targets are invalid until the next sync succeeds: ",
-                                                      absl::StrJoin(failures, "; "))));
-  }
   v1::SyncResponse response;
   if (request.verify()) {
-    absl::StatusOr<int32_t> compared = CompareChecksums(responses);
+    absl::StatusOr<int32_t> compared = CompareChecksums(*responses);
     if (!compared.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -369,7 +200,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   response.set_plan_seconds(*planned ? cache_.plan_seconds : 0);
   if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
   response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
-  for (v1::ExecuteResponse& r : responses) *response.add_ranks() = r.stats();
+  for (v1::ExecuteResponse& r : *responses) *response.add_ranks() = r.stats();
   response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   {
     absl::MutexLock lock(&mu_);

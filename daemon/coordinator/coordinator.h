@@ -66,6 +66,14 @@ class Coordinator {
                                        absl::Duration execute_deadline, const std::map<int32_t, std::string>& addresses);
   // A fresh communicator id from rank 0 when the last one may be broken.
   absl::Status RenewCommunicator();
+  // Every agent holds the schedule and communicator, and agreeing costs them little:
+  // the sync may skip Prepare.
+  bool OneCallReady();
+  // Execute on every rank (each preparing itself with `one_call`); the responses by
+  // rank, or the sync refused (every rank stopped before writing) or failed (targets
+  // invalid). Requires sync_mu_.
+  absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteAll(const std::string& sync_id, absl::Duration timeout,
+                                                              bool verify, bool one_call);
 
   const CoordinatorConfig config_;
   const std::string instance_id_;

@@ -1,0 +1,180 @@
+// The coordinator's fan-outs to the agents: a communicator id, Prepare, Execute.
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+#include "daemon/coordinator/coordinator.h"
+#include "grpcpp/grpcpp.h"
+
+namespace shardsync::coordinator {
+
+absl::Status Coordinator::RenewCommunicator() {
+  v1::AgentControl::Stub* root;
+  {
+    absl::MutexLock lock(&mu_);
+    if (communicator_valid_) return absl::OkStatus();
+    root = agents_.at(0).stub.get();
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+  v1::NewCommunicatorIdResponse response;
+  const grpc::Status status = root->NewCommunicatorId(&context, v1::NewCommunicatorIdRequest(), &response);
+  if (!status.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", status.error_message()));
+  communicator_id_ = response.communicator_id();
+  ++communicator_generation_;
+  agents_ready_ = false;
+  absl::MutexLock lock(&mu_);
+  communicator_valid_ = true;
+  return absl::OkStatus();
+}
+
+v1::PrepareRequest Coordinator::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
+                                                  absl::Duration execute_deadline,
+                                                  const std::map<int32_t, std::string>& addresses) {
+  v1::PrepareRequest request = with_schedule ? cache_.requests[rank] : v1::PrepareRequest();
+  request.set_schedule_cached(!with_schedule);
+  request.set_sync_id(sync_id);
+  request.set_digest(cache_.digest);
+  request.set_staging_bytes(config_.staging_bytes);
+  request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
+  request.set_communicator_id(communicator_id_);
+  request.set_communicator_generation(communicator_generation_);
+  request.set_world_size(config_.world_size);
+  // Every rank, not only those it sends to: Execute's agreement reaches all of them.
+  for (const auto& [peer, address] : addresses) {
+    if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
+  }
+  return request;
+}
+
+absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline) {
+  if (auto status = RenewCommunicator(); !status.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
+  }
+  std::map<int32_t, std::string> addresses;
+  std::map<int32_t, v1::AgentControl::Stub*> stubs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, entry] : agents_) {
+      addresses[rank] = entry.join.address();
+      stubs[rank] = entry.stub.get();
+    }
+  }
+  std::vector<std::string> refusals(config_.world_size);
+  phase_pool_.Run([&](int32_t rank) {
+    const bool cached = delivered_.count(rank) && delivered_.at(rank) == cache_.digest;
+    for (bool send_schedule : {!cached, true}) {
+      const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+      v1::PrepareResponse response;
+      const grpc::Status status = stubs[rank]->Prepare(&context, request, &response);
+      if (!status.ok()) {
+        refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", status.error_message());
+        return;
+      }
+      if (response.schedule_missing()) continue;  // resend with the schedule
+      if (!response.ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response.refusal());
+      return;
+    }
+  });
+  std::vector<std::string> refused;
+  for (int32_t rank = 0; rank < config_.world_size; ++rank) {
+    if (!refusals[rank].empty()) {
+      refused.push_back(refusals[rank]);
+      delivered_.erase(rank);
+    } else {
+      delivered_[rank] = cache_.digest;
+    }
+  }
+  if (refused.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ",
+                                                    absl::StrJoin(refused, "; ")));
+}
+
+bool Coordinator::OneCallReady() {
+  absl::MutexLock lock(&mu_);
+  // With a host transport the agreement is a message between every pair of agents,
+  // dearer than the Prepare call it saves: only one agent, or agents that agree on
+  // the device, get one call.
+  bool ready = agents_ready_ && communicator_valid_;
+  for (const auto& [rank, entry] : agents_) {
+    ready = ready && (config_.world_size == 1 || entry.join.fast_agreement());
+  }
+  return ready;
+}
+
+absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const std::string& sync_id,
+                                                                         absl::Duration timeout, bool verify,
+                                                                         bool one_call) {
+  std::map<int32_t, v1::AgentControl::Stub*> stubs;
+  std::map<int32_t, std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, entry] : agents_) {
+      stubs[rank] = entry.stub.get();
+      addresses[rank] = entry.join.address();
+    }
+  }
+  std::vector<grpc::Status> results(config_.world_size);
+  std::vector<v1::ExecuteResponse> responses(config_.world_size);
+  // The first rank that fails makes every rank abort at once: nobody waits out its
+  // deadline on a peer that is gone.
+  std::once_flag aborting;
+  const auto abort_all = [&](int32_t failed, const std::string& why) {
+    std::call_once(aborting, [&] {
+      ForEachRank(config_.world_size, [&](int32_t rank) {
+        v1::AbortRequest abort;
+        abort.set_sync_id(sync_id);
+        abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+        v1::AbortResponse ignored;
+        stubs[rank]->Abort(&context, abort, &ignored);
+      });
+    });
+  };
+  phase_pool_.Run([&](int32_t rank) {
+    v1::ExecuteRequest execute;
+    execute.set_sync_id(sync_id);
+    execute.set_digest(cache_.digest);
+    execute.set_verify(verify);
+    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
+    grpc::ClientContext context;
+    // The agent's own waits end at the timeout; this leaves it room to say so.
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + config_.rpc_deadline));
+    results[rank] = stubs[rank]->Execute(&context, execute, &responses[rank]);
+    if (!results[rank].ok()) abort_all(rank, results[rank].error_message());
+  });
+  std::vector<std::string> failures;
+  bool written = false;  // some rank finished, or failed after it may have written
+  for (int32_t rank = 0; rank < config_.world_size; ++rank) {
+    const grpc::Status& r = results[rank];
+    written = written || r.ok();
+    if (r.ok()) continue;
+    // A dead agent's call often ends with no message: its code says enough.
+    const absl::Status status = FromGrpcStatus(r);
+    written = written || !absl::IsFailedPrecondition(status);
+    failures.push_back(absl::StrCat("rank ", rank, ": ", absl::StatusCodeToString(status.code()),
+                                    r.error_message().empty() ? " (no answer)" : ": " + r.error_message()));
+  }
+  if (!failures.empty()) {
+    {
+      absl::MutexLock lock(&mu_);
+      communicator_valid_ = false;  // NCCL may have aborted it somewhere
+      if (written) targets_valid_ = false;
+    }
+    if (!written) {
+      // Every rank stopped before writing (at the agreement, or each on its own).
+      return absl::FailedPreconditionError(
+          absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(failures, "; ")));
+    }
+    delivered_.clear();
+    return absl::UnavailableError(absl::StrCat("sync ", sync_id, " failed; targets are invalid until the next sync succeeds: ",
+                                               absl::StrJoin(failures, "; ")));
+  }
+  return responses;
+}
+
+}  // namespace shardsync::coordinator
