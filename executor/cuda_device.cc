@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "executor/cuda_check.h"
 
 namespace shardsync::executor {
@@ -30,6 +32,21 @@ CopyDescriptor Describe(const planner::Segment& s, int64_t begin, int64_t end, c
   if (src_packed) d.convert = 0;
   return d;
 }
+
+// An event another process created with cudaEventInterprocess, opened here.
+class CudaReadyEvent final : public ReadyEvent {
+ public:
+  CudaReadyEvent(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
+  ~CudaReadyEvent() override {
+    cudaSetDevice(ordinal_);
+    cudaEventDestroy(event_);
+  }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  const int ordinal_;
+  const cudaEvent_t event_;
+};
 
 }  // namespace
 
@@ -208,6 +225,31 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_start_, streams_.local));
   if (auto status = Launch(local_batch_, streams_.local); !status.ok()) return status;
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_end_, streams_.local));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const ReadyEvent>> CudaDevice::OpenReadyEvent(const std::string& handle) {
+  if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("a ready event handle is ", sizeof(cudaIpcEventHandle_t),
+                                                   " bytes (cudaIpcEventHandle_t), not ", handle.size()));
+  }
+  cudaIpcEventHandle_t ipc;
+  std::memcpy(&ipc, handle.data(), sizeof(ipc));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  cudaEvent_t event;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&event, ipc));
+  return std::shared_ptr<const ReadyEvent>(new CudaReadyEvent(ordinal_, event));
+}
+
+absl::Status CudaDevice::WaitFor(absl::Span<const std::shared_ptr<const ReadyEvent>> events) {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  for (const std::shared_ptr<const ReadyEvent>& ready : events) {
+    const cudaEvent_t event = static_cast<const CudaReadyEvent&>(*ready).event();
+    // Every stream reads sources: local copies, packs, and direct sends on the network.
+    for (cudaStream_t stream : {streams_.network, streams_.pack, streams_.unpack, streams_.local}) {
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, event, 0));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -42,6 +42,9 @@ class CudaDevice final : public Device {
   absl::Status Synchronize() override;
   absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) override;
   absl::StatusOr<double> LastLocalSeconds() override;
+  // Opens a cudaIpcEventHandle_t; every stream waits for it in WaitFor.
+  absl::StatusOr<std::shared_ptr<const ReadyEvent>> OpenReadyEvent(const std::string& handle) override;
+  absl::Status WaitFor(absl::Span<const std::shared_ptr<const ReadyEvent>> events) override;
 
  private:
   // Descriptors of one launch and their device copy, per stream.

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -26,6 +28,12 @@ namespace shardsync::executor {
 
 // This rank's buffers by the plan's Holder::buffer id; nullptr for ids it does not hold.
 using BufferTable = std::vector<uint8_t*>;
+
+// A client's interprocess event, opened by the device that waits for it.
+class ReadyEvent {
+ public:
+  virtual ~ReadyEvent() = default;
+};
 
 class Device {
  public:
@@ -60,6 +68,10 @@ class Device {
   // How long the last CopyLocal's copies and fills ran (after Synchronize): beside the
   // rounds on a device, so the part of a sync they explain.
   virtual absl::StatusOr<double> LastLocalSeconds() = 0;
+  // A client's ready event from its interprocess handle (CUDA only: the default refuses).
+  virtual absl::StatusOr<std::shared_ptr<const ReadyEvent>> OpenReadyEvent(const std::string& handle);
+  // Everything queued after this waits for each event's last record (read at this call).
+  virtual absl::Status WaitFor(absl::Span<const std::shared_ptr<const ReadyEvent>> events);
 };
 
 // Host memory: every call copies at once.

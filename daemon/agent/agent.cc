@@ -36,7 +36,19 @@ Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, exec
 
 grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
                              grpc::ServerWriter<v1::RegisterEvent>* writer, const Peer& peer) {
-  if (auto status = registry_.Add(request, peer); !status.ok()) {
+  std::shared_ptr<const executor::ReadyEvent> ready_event;
+  absl::Status status = absl::OkStatus();
+  if (!request.ready_event().empty() && request.role() == v1::SOURCE) {
+    absl::StatusOr<std::shared_ptr<const executor::ReadyEvent>> opened = device_.OpenReadyEvent(request.ready_event());
+    if (opened.ok()) {
+      ready_event = *std::move(opened);
+    } else {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("client '", request.client_id(), "': ready event: ", opened.status().message()));
+    }
+  }
+  if (status.ok()) status = registry_.Add(request, peer, std::move(ready_event));
+  if (!status.ok()) {
     spdlog::warn("refused registration of '{}': {}", request.client_id(), std::string(status.message()));
     return ToGrpcStatus(status);
   }
@@ -261,6 +273,9 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   }
   // The registry changed since the check: check the mappings held instead.
   if (ready.ok() && registry_.version() != prepared.checked_version) ready = Check(*prepared.local, held);
+  // Sources written by the device's other processes: read them after the writes.
+  const std::vector<std::shared_ptr<const executor::ReadyEvent>> ready_events = registry_.ReadyEvents();
+  if (ready.ok()) ready = device_.WaitFor(ready_events);
   const absl::Time deadline = absl::Now() + prepared.deadline;
   if (const absl::Status setup = transport_.Setup(prepared.peers, deadline); !setup.ok()) {
     Finished(false);

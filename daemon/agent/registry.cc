@@ -35,10 +35,15 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
 
 }  // namespace
 
-absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer) {
+absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
+                           std::shared_ptr<const executor::ReadyEvent> ready_event) {
   if (request.client_id().empty()) return absl::InvalidArgumentError("a registration needs a client_id");
   if (request.role() != v1::SOURCE && request.role() != v1::TARGET) {
     return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': role must be SOURCE or TARGET"));
+  }
+  if (!request.ready_event().empty() && request.role() != v1::SOURCE) {
+    return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(),
+                                                   "': only a SOURCE gives a ready event (the writes a sync waits for)"));
   }
   for (v1::TensorLayout& t : *request.mutable_tensors()) {
     for (v1::Placement& p : *t.mutable_placements()) p.set_rank(rank_);
@@ -95,6 +100,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer) {
   }
   client.request = std::move(request);
   client.peer = peer;
+  client.ready_event = std::move(ready_event);
   clients_[client.request.client_id()] = std::move(client);
   ++version_;
   return absl::OkStatus();
@@ -157,6 +163,15 @@ std::vector<v1::ClientInfo> Registry::Clients() const {
     out.push_back(info);
   }
   return out;
+}
+
+std::vector<std::shared_ptr<const executor::ReadyEvent>> Registry::ReadyEvents() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<const executor::ReadyEvent>> events;
+  for (const auto& [id, client] : clients_) {
+    if (client.ready_event) events.push_back(client.ready_event);
+  }
+  return events;
 }
 
 }  // namespace shardsync::agent

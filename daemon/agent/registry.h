@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "executor/device.h"
 #include "executor/memory.h"
 #include "proto/shardsync.pb.h"
 
@@ -36,8 +37,10 @@ class Registry {
   // Opens and checks every buffer (handle, size, owned by `peer`'s uid where the memory
   // has an owner) and every placement (inside its buffer, inside its tensor, no
   // overlapping targets); sets this agent's rank on all of them. Refuses a second
-  // registration of a client id or of a buffer name.
-  absl::Status Add(v1::RegisterRequest request, const Peer& peer);
+  // registration of a client id or of a buffer name. `ready_event`: the client's, opened
+  // by the device (request.ready_event), held as long as the registration.
+  absl::Status Add(v1::RegisterRequest request, const Peer& peer,
+                   std::shared_ptr<const executor::ReadyEvent> ready_event = nullptr);
   // Drops a client's registrations and mappings (a running sync keeps its own).
   void Remove(const std::string& client_id);
 
@@ -46,12 +49,15 @@ class Registry {
   int64_t version() const;
   std::shared_ptr<const BufferEntry> Find(const std::string& buffer) const;
   std::vector<v1::ClientInfo> Clients() const;
+  // The ready events of every client that gave one: a sync waits for them all.
+  std::vector<std::shared_ptr<const executor::ReadyEvent>> ReadyEvents() const;
 
  private:
   struct Client {
     v1::RegisterRequest request;  // handles included, kept here only
     std::vector<std::string> buffers;
     Peer peer;
+    std::shared_ptr<const executor::ReadyEvent> ready_event;
   };
 
   const int32_t rank_;

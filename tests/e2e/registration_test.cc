@@ -78,6 +78,14 @@ TEST_CASE("bad registrations are refused with their reason and leave nothing reg
     request.mutable_buffers(0)->mutable_handle()->clear_shm_name();
     CHECK_THAT(refused(request), Contains("no memory backend"));
   }
+  SECTION("a ready event on a CPU agent, or from a target") {
+    v1::RegisterRequest source = Request("trainer", v1::SOURCE, **shm, 64);
+    source.set_ready_event(std::string(64, 'e'));
+    CHECK_THAT(refused(source), Contains("client 'trainer': ready event") && Contains("needs a CUDA agent"));
+    v1::RegisterRequest target = Request("rollout", v1::TARGET, **shm, 64);
+    target.set_ready_event(std::string(64, 'e'));
+    CHECK_THAT(refused(target), Contains("only a SOURCE gives a ready event"));
+  }
   SECTION("a client id or a buffer name registered twice") {
     auto held = agent.Register(Request("trainer", v1::SOURCE, **shm, 64), absl::Seconds(10));
     REQUIRE(held.ok());

@@ -1,6 +1,11 @@
 """A trainer or rollout process for the GPU tests: torch CUDA tensors registered with
 the agent of its device through CUDA IPC. Lines on stdin drive it:
   refill SEED   trainer: new source values (synchronized before answering)
+  refill_late SEED RECORD
+                trainer (--ready-event): new source values, each tensor's queued behind a
+                25 ms kernel, then the ready event recorded if RECORD is 1; answers
+                without waiting
+  finish        trainer: waits for its device work
   check SEED    rollout: every arena element against the values of SEED -> "ok" / "mismatch N"
   graph         rollout: capture a CUDA graph that sums every arena view into one tensor
   replay SEED   rollout: replay the graph; its sums against SEED's -> "ok" / "mismatch"
@@ -16,7 +21,7 @@ import torch
 
 import model
 import shardsync
-from shardsync.torch_support import TorchWeightArena, cuda_buffer
+from shardsync.torch_support import TorchWeightArena, cuda_buffer, event_handle, ready_event
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--socket", required=True)
@@ -30,6 +35,7 @@ parser.add_argument("--tp-rank", type=int, default=0)
 parser.add_argument("--seed", type=int, default=1)
 parser.add_argument("--scale", type=int, default=1)
 parser.add_argument("--drop", default="")
+parser.add_argument("--ready-event", type=int, default=0)  # trainer: register an IPC event
 args = parser.parse_args()
 torch.cuda.set_device(args.device)
 device = torch.device("cuda", args.device)
@@ -56,6 +62,17 @@ class Trainer:
             if end > begin:
                 self.flat[at:at + end - begin].copy_(model.values(seed, i, shape).flatten()[begin:end])
         torch.cuda.synchronize()  # the writes are complete before any sync reads them
+
+    def refill_late(self, seed):
+        """The new values copied in on the device, each part behind a ~25 ms kernel; returns
+        at once (the values are made on the GPU first: a copy from host memory would wait)."""
+        values = [(at, model.values(seed, i, shape).flatten()[begin:end].to(device))
+                  for i, name, shape, begin, end, at in self.parts if end > begin]
+        torch.cuda.synchronize()
+        for at, part in values:
+            torch.cuda._sleep(50_000_000)
+            self.flat[at:at + part.numel()].copy_(part, non_blocking=True)
+        self.pending = values  # alive until the copies ran
 
     def layouts(self):
         return [shardsync.tensor_layout(name, shape, "bfloat16", flat_placements=[(begin, end, "flat", at)])
@@ -118,12 +135,14 @@ class Rollout:
 
 side = Trainer() if args.role == "trainer" else Rollout()
 agent = shardsync.AgentClient(args.socket)
+event = ready_event() if args.ready_event else None
 
 
 def register():
     try:
         return agent.register(f"{args.role}-{args.rank}", "source" if args.role == "trainer" else "target",
-                              side.buffers(), side.layouts(), timeout=30)
+                              side.buffers(), side.layouts(), timeout=30,
+                              ready_event=event_handle(event) if event else None)
     except shardsync.ShardsyncError as error:
         print("refused", error.message, flush=True)
         sys.exit(3)
@@ -138,6 +157,14 @@ for line in sys.stdin:
     if command[0] == "refill":
         side.refill(int(command[1]))
         print("refilled", flush=True)
+    elif command[0] == "refill_late":
+        side.refill_late(int(command[1]))
+        if command[2] == "1":
+            event.record()
+        print("queued", flush=True)
+    elif command[0] == "finish":
+        torch.cuda.synchronize()
+        print("finished", flush=True)
     elif command[0] == "check":
         torch.cuda.synchronize()
         mismatched = side.check(int(command[1]))

@@ -170,6 +170,38 @@ def one_gpu():
         cluster.stop()
 
 
+@case("1 GPU: a trainer that records a ready event instead of synchronizing: the sync waits for its writes")
+def ready_event_case():
+    cluster = Cluster("ready-event", 1)
+    try:
+        trainer = cluster.client("trainer", 0, zero=3, dp=1, seed=1, ready_event=1)
+        rollout = cluster.client("rollout", 0, tp=1, seed=1)
+        ready(trainer)
+        ready(rollout)
+        sync(cluster)
+        assert ask(rollout, "check 1") == "ok"
+        # The control: writes spread over ~0.45 s of GPU time and the event not recorded,
+        # so the sync waits for the last record (done) and reads before they all land.
+        assert ask(trainer, "refill_late 2 0") == "queued"
+        started = time.perf_counter()
+        sync(cluster)
+        early_took = time.perf_counter() - started
+        early = ask(rollout, "check 2")
+        assert early.startswith("mismatch"), (f"the control read the new values ({early}, its sync took "
+                                              f"{early_took * 1e3:.0f} ms): the test could not tell")
+        assert ask(trainer, "finish") == "finished"
+        # Recorded after the writes: the sync waits for them on the GPU.
+        assert ask(trainer, "refill_late 3 1") == "queued"
+        started = time.perf_counter()
+        waited = sync(cluster)
+        took = time.perf_counter() - started
+        assert ask(rollout, "check 3") == "ok"
+        return (f"without a record the sync read early ({early}, in {early_took * 1e3:.0f} ms); with it every element is the new value; "
+                f"that sync took {took * 1e3:.0f} ms behind the trainer's ~0.45 s of writes (agent {waited.ranks[0].seconds * 1e3:.0f} ms)")
+    finally:
+        cluster.stop()
+
+
 def engine_case(transport, slow_link_us, slow_unpack_us):
     """The engine's double-buffered rounds on one GPU (tests/gpu/engine_check.cc): ranks joined
     by peer copies ("copy"), or every stream sent to itself over the agent's NCCL transport
@@ -329,7 +361,7 @@ def agent_killed():
 
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
-    cases = [one_gpu] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
+    cases = [one_gpu, ready_event_case] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
     cases += [engine_case(t, link, unpack) for t in ("copy", "nccl-self") for link, unpack in ((0, 0), (300, 0), (0, 300))]
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]

@@ -60,14 +60,18 @@ class AgentClient:
         self._channel = grpc.insecure_channel("unix:" + socket_path)
         self._stub = shardsync_pb2_grpc.AgentStub(self._channel)
 
-    def register(self, client_id, role, buffers, tensors, timeout=10.0):
+    def register(self, client_id, role, buffers, tensors, timeout=10.0, ready_event=None):
         """Registers `buffers` ({name: SharedBuffer or (handle, bytes)}) and `tensors`
         (TensorLayout messages) as SOURCE or TARGET ("source"/"target"). Returns once
-        the agent opened and checked everything; raises ShardsyncError if it refused."""
+        the agent opened and checked everything; raises ShardsyncError if it refused.
+        `ready_event` (a source on a GPU agent): the bytes of an interprocess CUDA event's
+        handle (torch_support.event_handle) the client records after its writes; every
+        sync waits for its last record on the GPU instead of the client synchronizing."""
         request = shardsync_pb2.RegisterRequest(
             client_id=client_id,
             role=shardsync_pb2.SOURCE if role == "source" else shardsync_pb2.TARGET,
             tensors=tensors,
+            ready_event=ready_event or b"",
         )
         for name, buffer in buffers.items():
             handle, nbytes = buffer.handle() if hasattr(buffer, "handle") else buffer

@@ -1,8 +1,9 @@
 """PyTorch CUDA tensors as shardsync buffers (GPU mode). Importing this needs torch.
 
-Ordering: the trainer's writes must be complete before a sync reads them
-(``torch.cuda.synchronize()`` before asking for the sync), and the rollout reads its
-arena only after ``sync()`` returns. The arena's memory never moves, so CUDA graphs
+Ordering: the trainer's writes must be complete before a sync reads them:
+``torch.cuda.synchronize()`` before asking for the sync, or, without stopping the GPU,
+a ``ready_event()`` given at registration and recorded after the writes (a sync waits
+for its last record on the GPU). The rollout reads its arena only after ``sync()`` returns. The arena's memory never moves, so CUDA graphs
 captured on it read the new weights after every sync.
 """
 
@@ -35,6 +36,18 @@ def _raw_ipc_handle(handle):
             "this tensor lives in an expandable segment, which has no CUDA IPC handle; "
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False in the trainer and rollout")
     raise ShardsyncError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown torch IPC handle format ({len(handle)} bytes)")
+
+
+def ready_event():
+    """An interprocess CUDA event on the current device for a trainer's registration:
+    ``register(..., ready_event=event_handle(event))``, then ``event.record()`` after each
+    optimizer step's writes, before asking for the sync."""
+    return torch.cuda.Event(interprocess=True)
+
+
+def event_handle(event):
+    """The cudaIpcEventHandle_t bytes of an interprocess torch CUDA event."""
+    return bytes(event.ipc_handle())
 
 
 TORCH_DTYPES = {
