@@ -3,7 +3,8 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
 
   1 GPU : ZeRO-3 partitions into a TP1 arena on the same GPU; every element equal; a
           CUDA graph captured on the arena before the sync reads the new weights after
-          it; the arena keeps its address.
+          it; the arena keeps its address. A trainer's ready event: the sync waits for
+          writes still in flight (and reads early without the record: the control).
   2 GPUs: ZeRO-1, 2 and 3 over 2 ranks into TP2 and into TP1 x 2; every element equal
           after two syncs with changed sources; under ZeRO-1/2 no byte crosses GPUs; a
           missing shard makes the sync refused and no target changes; an agent killed
