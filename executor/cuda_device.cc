@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "executor/cuda_check.h"
@@ -83,7 +84,8 @@ CudaDevice::~CudaDevice() {
   }
   for (auto& [key, staging] : staging_) cudaFree(staging.first);
   for (Batch* batch : {&pack_batch_, &unpack_batch_, &local_batch_}) cudaFree(batch->device);
-  cudaFree(hash_buffer_);
+  cudaFree(hash_pieces_);
+  cudaFree(hash_sums_);
   for (const SlotEvents& slot : slots_) {
     for (cudaEvent_t event : {slot.packed, slot.transferred, slot.unpacked}) cudaEventDestroy(event);
   }
@@ -263,26 +265,53 @@ absl::StatusOr<double> CudaDevice::LastLocalSeconds() {
 
 absl::Status CudaDevice::Synchronize() { return SynchronizeAll(); }
 
-absl::Status CudaDevice::HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) {
-  if (auto status = SynchronizeAll(); !status.ok()) return status;
-  const size_t piece_bytes = pieces.size() * sizeof(HashPiece);
-  const size_t bytes = piece_bytes + pieces.size() * sizeof(uint64_t);
-  if (bytes > hash_capacity_) {
-    if (hash_buffer_ != nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(hash_buffer_));
-    hash_buffer_ = nullptr;
-    hash_capacity_ = 2 * bytes;
-    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&hash_buffer_, hash_capacity_));
+absl::Status CudaDevice::QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) {
+  if (pieces.empty()) return absl::OkStatus();
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  const cudaStream_t stream = streams_.pack;
+  if (hash_queued_ + pieces.size() > hash_sums_capacity_ || pieces.size() > hash_pieces_capacity_) {
+    if (auto status = DrainHashes(); !status.ok()) return status;  // the stream is idle after it
+    if (pieces.size() > hash_pieces_capacity_) {
+      cudaFree(hash_pieces_);
+      hash_pieces_ = nullptr;
+      hash_pieces_capacity_ = pieces.size();
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&hash_pieces_, hash_pieces_capacity_ * sizeof(HashPiece)));
+    }
+    if (pieces.size() > hash_sums_capacity_) {
+      cudaFree(hash_sums_);
+      hash_sums_ = nullptr;
+      hash_sums_capacity_ = std::max<size_t>(pieces.size(), 1 << 16);
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&hash_sums_, hash_sums_capacity_ * sizeof(uint64_t)));
+    }
   }
-  cudaStream_t stream = streams_.pack;
+  // In stream order: the previous batch's hashes have read hash_pieces_ before this copy.
   SHARDSYNC_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(hash_buffer_, pieces.data(), piece_bytes, cudaMemcpyHostToDevice, stream));
-  uint64_t* device_sums = reinterpret_cast<uint64_t*>(hash_buffer_ + piece_bytes);
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(LaunchHashes(data, reinterpret_cast<const HashPiece*>(hash_buffer_),
-                                              static_cast<int32_t>(pieces.size()), device_sums, stream));
+      cudaMemcpyAsync(hash_pieces_, pieces.data(), pieces.size() * sizeof(HashPiece), cudaMemcpyHostToDevice, stream));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(sums, device_sums, pieces.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      LaunchHashes(data, hash_pieces_, static_cast<int32_t>(pieces.size()), hash_sums_ + hash_queued_, stream));
+  hash_queued_ += pieces.size();
   return absl::OkStatus();
+}
+
+absl::Status CudaDevice::DrainHashes() {
+  const size_t first = hash_collected_.size();
+  hash_collected_.resize(first + hash_queued_);
+  if (hash_queued_ > 0) {
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(hash_collected_.data() + first, hash_sums_,
+                                                   hash_queued_ * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                                   streams_.pack));
+  }
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.pack));
+  hash_queued_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> CudaDevice::CollectHashes() {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  if (auto status = DrainHashes(); !status.ok()) return status;
+  std::vector<uint64_t> sums;
+  sums.swap(hash_collected_);
+  return sums;
 }
 
 }  // namespace shardsync::executor

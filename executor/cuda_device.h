@@ -40,7 +40,8 @@ class CudaDevice final : public Device {
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
                          const BufferTable& buffers) override;
   absl::Status Synchronize() override;
-  absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) override;
+  absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
+  absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;
   absl::StatusOr<double> LastLocalSeconds() override;
   // Opens a cudaIpcEventHandle_t; every stream waits for it in WaitFor.
   absl::StatusOr<std::shared_ptr<const ReadyEvent>> OpenReadyEvent(const std::string& handle) override;
@@ -78,8 +79,16 @@ class CudaDevice final : public Device {
   Batch pack_batch_;
   Batch unpack_batch_;
   Batch local_batch_;
-  uint8_t* hash_buffer_ = nullptr;  // HashPieces: the pieces, then their sums
-  size_t hash_capacity_ = 0;
+  // Copies the sums queued on the device to hash_collected_.
+  absl::Status DrainHashes();
+  // QueueHashes: the last batch's pieces, and the sums of every piece queued (on the
+  // pack stream, so a batch's hashes run after its packs and before the next ones).
+  HashPiece* hash_pieces_ = nullptr;
+  size_t hash_pieces_capacity_ = 0;
+  uint64_t* hash_sums_ = nullptr;
+  size_t hash_sums_capacity_ = 0;
+  size_t hash_queued_ = 0;
+  std::vector<uint64_t> hash_collected_;
   std::map<std::tuple<int32_t, bool, int>, std::pair<uint8_t*, int64_t>> staging_;
 };
 

@@ -62,9 +62,12 @@ class Device {
                                  absl::Span<const int32_t> fills, const BufferTable& buffers) = 0;
   // Waits for everything queued so far.
   virtual absl::Status Synchronize() = 0;
-  // Waits for everything queued, then hashes `pieces` of `data` (staging) where the data
-  // lives: sums[i] = the sum of WordHash over piece i (executor/word_hash.h).
-  virtual absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) = 0;
+  // Queues the hashing of `pieces` of `data` (staging of slot 0) where the data lives,
+  // after the packs queued so far and before the next ones: the sum of WordHash over
+  // each piece (executor/word_hash.h). CollectHashes waits and returns the sums of every
+  // piece queued since its last call, in order: the host never waits between batches.
+  virtual absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) = 0;
+  virtual absl::StatusOr<std::vector<uint64_t>> CollectHashes() = 0;
   // How long the last CopyLocal's copies and fills ran (after Synchronize): beside the
   // rounds on a device, so the part of a sync they explain.
   virtual absl::StatusOr<double> LastLocalSeconds() = 0;
@@ -89,12 +92,14 @@ class HostDevice final : public Device {
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
-  absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) override;
+  absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
+  absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;
   absl::StatusOr<double> LastLocalSeconds() override { return local_seconds_; }
 
  private:
   std::map<std::tuple<int32_t, bool, int>, std::vector<uint8_t>> staging_;
   double local_seconds_ = 0;
+  std::vector<uint64_t> hash_sums_;  // queued, not collected yet
 };
 
 }  // namespace shardsync::executor

@@ -50,18 +50,23 @@ absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   return absl::OkStatus();
 }
 
-absl::Status HostDevice::HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) {
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const HashPiece& p = pieces[i];
+absl::Status HostDevice::QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) {
+  for (const HashPiece& p : pieces) {
     uint64_t sum = 0;
     for (int64_t at = 0; at < p.bytes; at += 8) {
       uint64_t word = 0;  // the last one zero-padded
       std::memcpy(&word, data + p.offset + at, static_cast<size_t>(std::min<int64_t>(8, p.bytes - at)));
       sum += WordHash(static_cast<uint64_t>(p.first_word + at / 8), word);
     }
-    sums[i] = sum;
+    hash_sums_.push_back(sum);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> HostDevice::CollectHashes() {
+  std::vector<uint64_t> sums;
+  sums.swap(hash_sums_);
+  return sums;
 }
 
 }  // namespace shardsync::executor

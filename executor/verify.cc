@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace shardsync::executor {
 namespace {
 
@@ -83,8 +85,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
   std::vector<Part> batch;
   int64_t used = 0;
   std::vector<HashPiece> pieces;
-  std::vector<int32_t> piece_region;
-  std::vector<uint64_t> sums;
+  std::vector<int32_t> piece_region;  // of every piece queued, in order
   const auto flush = [&]() -> absl::Status {
     // One Pack for each run of parts that lie back to back.
     for (size_t first = 0; first < batch.size();) {
@@ -96,16 +97,14 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
       first = last;
     }
     pieces.clear();
-    piece_region.clear();
     for (const Part& part : batch) {
       for (int64_t at = 0; at < part.bytes; at += kPieceBytes) {
         pieces.push_back({part.offset + at, std::min(kPieceBytes, part.bytes - at), (part.region_byte + at) / 8});
         piece_region.push_back(part.elements.segment);
       }
     }
-    sums.resize(pieces.size());
-    if (auto status = device.HashPieces(*scratch, pieces, sums.data()); !status.ok()) return status;
-    for (size_t k = 0; k < pieces.size(); ++k) region_sums[piece_region[k]] += sums[k];
+    // Queued behind this batch's packs and before the next batch's: no wait here.
+    if (auto status = device.QueueHashes(*scratch, pieces); !status.ok()) return status;
     batch.clear();
     used = 0;
     return absl::OkStatus();
@@ -131,6 +130,12 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     }
   }
   if (auto status = flush(); !status.ok()) return status;
+  const absl::StatusOr<std::vector<uint64_t>> sums = device.CollectHashes();
+  if (!sums.ok()) return sums.status();
+  if (sums->size() != piece_region.size()) {
+    return absl::InternalError(absl::StrCat("the device hashed ", sums->size(), " pieces of ", piece_region.size()));
+  }
+  for (size_t k = 0; k < sums->size(); ++k) region_sums[piece_region[k]] += (*sums)[k];
   // The scratch is extra device memory only while verifying: give it back.
   if (auto status = device.ReleaseStaging(/*peer=*/-1, /*send=*/true); !status.ok()) return status;
 

@@ -98,9 +98,10 @@ class HeldDevice final : public Device {
     return inner_.CopyLocal(plan, segments, fills, buffers);
   }
   absl::Status Synchronize() override { return inner_.Synchronize(); }
-  absl::Status HashPieces(const uint8_t* data, absl::Span<const HashPiece> pieces, uint64_t* sums) override {
-    return inner_.HashPieces(data, pieces, sums);
+  absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override {
+    return inner_.QueueHashes(data, pieces);
   }
+  absl::StatusOr<std::vector<uint64_t>> CollectHashes() override { return inner_.CollectHashes(); }
   absl::StatusOr<double> LastLocalSeconds() override { return inner_.LastLocalSeconds(); }
 
  private:
