@@ -6,6 +6,8 @@
 #include <iostream>
 #include <string>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "client/cli/plan_command.h"
 #include "client/cli/rpc_commands.h"
 #include "common/flags.h"
@@ -77,6 +79,9 @@ Flags:
   --verify              sync: afterwards every agent checksums each target placement
                         and the source bytes it came from; any difference fails the
                         sync (exit 4) naming tensor and rank
+  --target-ranks R,R    sync, explain: only the targets on these ranks (a rank whose
+                        inference engine restarted, or that status calls invalid);
+                        every other target keeps its bytes
   --layout              explain: bytes per link
 TCP security, as the coordinator has it (one of them required):
 
@@ -142,10 +147,21 @@ int Rpc(const std::string& command, shardsync::Flags& flags) {
   config.watch = flags.TakeSwitch("watch");
   config.verify = flags.TakeSwitch("verify");
   config.layout = flags.TakeSwitch("layout");
+  const std::string target_ranks = flags.Take("target-ranks", "");
+  for (absl::string_view rank : absl::StrSplit(target_ranks, ',', absl::SkipEmpty())) {
+    int32_t parsed = -1;
+    if (!absl::SimpleAtoi(rank, &parsed) || parsed < 0) {
+      return Usage("--target-ranks takes ranks separated by commas, like 1,3", help.c_str());
+    }
+    config.target_ranks.push_back(parsed);
+  }
   if (!flags.error().empty()) return Usage(flags.error(), help.c_str());
   if (!flags.Leftover().empty()) return Usage(flags.Leftover(), help.c_str());
   if (((config.watch || config.verify) && command != "sync") || (config.layout && command != "explain")) {
     return Usage("--watch and --verify go with sync, --layout with explain", help.c_str());
+  }
+  if (!config.target_ranks.empty() && command != "sync" && command != "explain") {
+    return Usage("--target-ranks goes with sync and explain", help.c_str());
   }
   if (config.timeout_ms <= 0 || config.link_gbps <= 0 || config.memory_gbps <= 0) {
     return Usage("--timeout-ms and the speeds must be positive", help.c_str());

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/cli/format.h"
 #include "client/cli/sync_table.h"
@@ -34,6 +35,14 @@ void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
   out << json << "\n";
 }
 
+// "valid", or which ranks are not and how to write them again.
+std::string TargetsValidity(const v1::CoordinatorStatus& status) {
+  if (status.targets_valid()) return "valid";
+  const std::string ranks = absl::StrJoin(status.invalid_target_ranks(), ",");
+  return absl::StrCat("INVALID on rank ", absl::StrJoin(status.invalid_target_ranks(), ", rank "),
+                      " until a sync writes them (shardsyncctl sync, or sync --target-ranks ", ranks, ")");
+}
+
 }  // namespace
 
 // Prints each rank's progress every 100 ms until `done` is set.
@@ -59,7 +68,7 @@ int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& e
   std::atomic<bool> done{false};
   std::thread watcher;
   if (c.watch) watcher = std::thread([&] { Watch(c, done, out); });
-  auto response = coordinator.Sync(absl::Milliseconds(c.timeout_ms), c.verify);
+  auto response = coordinator.Sync(absl::Milliseconds(c.timeout_ms), c.verify, c.target_ranks);
   done = true;
   if (watcher.joinable()) watcher.join();
   if (!response.ok()) return Fail("sync", response.status(), err);
@@ -84,7 +93,7 @@ int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
   out << absl::StrFormat("last sync %s: %s%s; targets %s\n\n", status->last_sync_id().empty() ? "-" : status->last_sync_id(),
                          status->last_sync_id().empty() ? "none yet" : (status->last_sync_ok() ? "ok" : "failed"),
                          status->last_sync_error().empty() ? "" : " (" + status->last_sync_error() + ")",
-                         status->targets_valid() ? "valid" : "INVALID until the next sync succeeds");
+                         TargetsValidity(*status));
   out << absl::StrFormat("%-6s %-22s %-16s %-8s %-10s %s\n", "rank", "address", "host", "device", "state", "clients");
   for (const v1::AgentInfo& a : status->agents()) {
     out << absl::StrFormat("%-6d %-22s %-16s %-8s %-10s %d\n", a.rank(), a.address(), a.host(), a.device(),
@@ -95,7 +104,7 @@ int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
 
 int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient coordinator(c.coordinator, c.credentials);
-  auto explain = coordinator.Explain(c.link_gbps, c.memory_gbps, absl::Milliseconds(c.timeout_ms));
+  auto explain = coordinator.Explain(c.link_gbps, c.memory_gbps, absl::Milliseconds(c.timeout_ms), c.target_ranks);
   if (!explain.ok()) return Fail("explain", explain.status(), err);
   if (c.json) {
     PrintJson(*explain, out);

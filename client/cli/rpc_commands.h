@@ -5,6 +5,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "common/tls.h"
 
@@ -20,6 +21,7 @@ struct RpcCommandConfig {
   bool watch = false;   // sync: live progress per rank while it runs
   bool verify = false;  // sync: compare target checksums with their sources
   bool layout = false;  // explain: bytes per link too
+  std::vector<int32_t> target_ranks;  // sync, explain: only these ranks' targets (empty: all)
 };
 
 int RunSyncCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);

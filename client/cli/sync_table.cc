@@ -2,15 +2,21 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/cli/format.h"
 
 namespace shardsync::cli {
 
 void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
-  out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s; %s)\n\n", response.sync_id(),
+  out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s; %s)\n", response.sync_id(),
                          response.layout_epoch(), response.digest(), response.seconds(), response.plan_seconds(),
                          response.one_call() ? "one call per agent" : "Prepare, then Execute");
+  const int written = response.target_ranks_size();
+  out << (written <= 16 ? absl::StrCat("targets written on rank ", absl::StrJoin(response.target_ranks(), ", rank "))
+                        : absl::StrCat("targets written on ", written, " ranks"))
+      << "\n\n";
   out << absl::StrFormat("%-6s %12s %12s %12s %7s %7s %13s %10s %9s\n", "rank", "sent", "received", "local", "rounds",
                          "chunks", "peak staging", "seconds", "GB/s");
   int64_t sent = 0, received = 0, local = 0;

@@ -87,20 +87,24 @@ absl::StatusOr<v1::AgentStatus> AgentClient::Status(absl::Duration timeout) {
 CoordinatorClient::CoordinatorClient(const std::string& address, const Credentials& credentials)
     : stub_(v1::Coordinator::NewStub(Channel(address, credentials))) {}
 
-absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout, bool verify) {
+absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout, bool verify,
+                                                         const std::vector<int32_t>& target_ranks) {
   v1::SyncRequest request;
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   request.set_verify(verify);
+  request.mutable_target_ranks()->Add(target_ranks.begin(), target_ranks.end());
   // The coordinator needs a little longer than the sync's own deadline to report it.
   return Unary<v1::SyncRequest, v1::SyncResponse>([&](auto* c, const auto& q, auto* a) { return stub_->Sync(c, q, a); },
                                                   request, timeout + absl::Seconds(10));
 }
 
 absl::StatusOr<v1::ExplainResponse> CoordinatorClient::Explain(double link_gbps, double memory_gbps,
-                                                               absl::Duration timeout) {
+                                                               absl::Duration timeout,
+                                                               const std::vector<int32_t>& target_ranks) {
   v1::ExplainRequest request;
   request.set_link_gbps(link_gbps);
   request.set_memory_gbps(memory_gbps);
+  request.mutable_target_ranks()->Add(target_ranks.begin(), target_ranks.end());
   return Unary<v1::ExplainRequest, v1::ExplainResponse>(
       [&](auto* c, const auto& q, auto* a) { return stub_->Explain(c, q, a); }, request, timeout);
 }

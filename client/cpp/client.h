@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -52,8 +53,11 @@ class CoordinatorClient {
   CoordinatorClient(const std::string& address, const Credentials& credentials);
   // Waits for the whole sync; `timeout` bounds the wait and is passed on as the sync's.
   // With `verify`, every target placement's checksum is compared with its sources'.
-  absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout, bool verify = false);
-  absl::StatusOr<v1::ExplainResponse> Explain(double link_gbps, double memory_gbps, absl::Duration timeout);
+  // With `target_ranks`, only the targets on those ranks are written (partial targets).
+  absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout, bool verify = false,
+                                        const std::vector<int32_t>& target_ranks = {});
+  absl::StatusOr<v1::ExplainResponse> Explain(double link_gbps, double memory_gbps, absl::Duration timeout,
+                                              const std::vector<int32_t>& target_ranks = {});
   absl::StatusOr<v1::CoordinatorStatus> Status(absl::Duration timeout);
 
  private:

@@ -114,7 +114,7 @@ std::string Agent::Metrics() const {
                moved_.received_bytes);
   AppendMetric(&out, "shardsync_agent_local_bytes_total", "counter", "Bytes this rank copied locally.",
                moved_.local_bytes);
-  AppendMetric(&out, "shardsync_agent_target_valid", "gauge", "1 unless the last sync failed part way.", target_valid_);
+  AppendMetric(&out, "shardsync_agent_target_valid", "gauge", "1 unless a sync failed part way through this rank's targets.", target_valid_);
   return out;
 }
 
@@ -302,7 +302,10 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     Finished(true);
     return not_started(ready.message());
   }
-  {
+  // A partial sync may only read on this rank: its targets keep their bytes and validity.
+  const planner::Schedule& schedule = prepared.local->schedule;
+  const bool writes_targets = !schedule.local_segments.empty() || !schedule.fills.empty() || !schedule.receives.empty();
+  if (writes_targets) {
     absl::MutexLock lock(&mu_);
     writing_sync_id_ = request.sync_id();
   }
@@ -330,7 +333,7 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   absl::MutexLock lock(&mu_);
   running_sync_id_.clear();
   writing_sync_id_.clear();
-  target_valid_ = stats.ok();
+  if (writes_targets) target_valid_ = stats.ok();
   ++(stats.ok() ? executed_ : failed_);
   if (stats.ok()) {
     moved_.sent_bytes += stats->sent_bytes;

@@ -1,5 +1,7 @@
 #include "daemon/coordinator/coordinator.h"
 
+#include <algorithm>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -82,18 +84,47 @@ v1::PublishResponse Coordinator::Publish(const v1::PublishRequest& request) {
   return response;
 }
 
-absl::StatusOr<bool> Coordinator::EnsurePlan() {
+absl::StatusOr<std::vector<int32_t>> Coordinator::SelectTargetRanks(
+    const google::protobuf::RepeatedField<int32_t>& requested) {
+  std::set<int32_t> unique(requested.begin(), requested.end());
+  if (unique.empty()) return std::vector<int32_t>();
+  std::vector<int32_t> holding;
+  {
+    absl::MutexLock lock(&mu_);
+    holding = TargetRanks(published_);
+  }
+  for (int32_t rank : unique) {
+    if (rank < 0 || rank >= config_.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("target rank ", rank, " is outside a world of ", config_.world_size));
+    }
+    if (!std::binary_search(holding.begin(), holding.end(), rank)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target rank ", rank, " holds no target to write (targets are registered on ",
+          holding.empty() ? "no rank" : "rank " + absl::StrJoin(holding, ", rank "), ")"));
+    }
+  }
+  return std::vector<int32_t>(unique.begin(), unique.end());
+}
+
+absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_ranks) {
   std::map<int32_t, v1::PublishRequest> published;
   int64_t epoch;
   {
     absl::MutexLock lock(&mu_);
-    if (cache_.epoch == epoch_) return false;
-    published = published_;
     epoch = epoch_;
+    if (!plans_.empty() && plans_.begin()->second.epoch != epoch) {  // a new epoch
+      plans_.clear();
+      plan_ = nullptr;
+    }
+    if (auto cached = plans_.find(target_ranks); cached != plans_.end()) {
+      plan_ = &cached->second;
+      return false;
+    }
+    published = published_;
   }
   const absl::Time start = absl::Now();
   spec::BufferIds ids;
-  auto input = CollectPlanInput(published, ids);
+  auto input = CollectPlanInput(published, ids, target_ranks);
   if (!input.ok()) return input.status();
   if (input->tensors.empty()) return absl::FailedPreconditionError("no target tensor is registered: nothing to sync");
   for (const planner::Buffer& b : input->buffers) {
@@ -114,6 +145,7 @@ absl::StatusOr<bool> Coordinator::EnsurePlan() {
   if (!schedules.ok()) return schedules.status();
   CachedPlan cache;
   cache.epoch = epoch;
+  cache.target_ranks = target_ranks.empty() ? TargetRanks(published) : target_ranks;
   cache.digest = planner::PlanDigest(*plan, config_.staging_bytes);
   for (const planner::Schedule& schedule : *schedules) {
     cache.requests.push_back(daemon::EncodeSchedule(*plan, schedule, ids.names()));
@@ -121,11 +153,14 @@ absl::StatusOr<bool> Coordinator::EnsurePlan() {
   cache.plan = *std::move(plan);
   cache.schedules = *std::move(schedules);
   cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  spdlog::info("planned epoch {}: {} tensors, {} segments, digest {} in {:.2f} ms", epoch, input->tensors.size(),
-               cache.plan.segments.size(), cache.digest, cache.plan_seconds * 1e3);
-  cache_ = std::move(cache);
+  spdlog::info("planned epoch {}{}: {} tensors, {} segments, digest {} in {:.2f} ms", epoch,
+               target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
+               input->tensors.size(), cache.plan.segments.size(), cache.digest, cache.plan_seconds * 1e3);
+  // Keep the full plan and this one: a refill is rare, and a plan can be large.
+  for (auto it = plans_.begin(); it != plans_.end();) it = it->first.empty() ? std::next(it) : plans_.erase(it);
+  plan_ = &(plans_[target_ranks] = std::move(cache));
   delivered_.clear();
-  agents_ready_ = false;
+  ready_digest_.clear();
   return true;
 }
 
@@ -161,7 +196,12 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     return finish(absl::FailedPreconditionError(
         absl::StrCat("rank ", absl::StrJoin(missing, ", rank "), " has not joined (world of ", config_.world_size, ")")));
   }
-  const absl::StatusOr<bool> planned = EnsurePlan();
+  const absl::StatusOr<std::vector<int32_t>> target_ranks = SelectTargetRanks(request.target_ranks());
+  if (!target_ranks.ok()) {
+    return finish(absl::InvalidArgumentError(
+        absl::StrCat("sync ", sync_id, " refused, no byte moved: ", target_ranks.status().message())));
+  }
+  const absl::StatusOr<bool> planned = EnsurePlan(*target_ranks);
   if (!planned.ok()) {
     return finish(absl::FailedPreconditionError(
         absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
@@ -171,7 +211,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   if (!one_call) {
     if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
   }
-  agents_ready_ = false;  // until this sync succeeds
+  ready_digest_.clear();  // until this sync succeeds
   const absl::Time execute_start = absl::Now();
   absl::StatusOr<std::vector<v1::ExecuteResponse>> responses = ExecuteAll(sync_id, timeout, request.verify(), one_call);
   if (!responses.ok()) return finish(responses.status());
@@ -182,7 +222,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     if (!compared.ok()) {
       {
         absl::MutexLock lock(&mu_);
-        targets_valid_ = false;
+        invalid_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
       }
       return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", compared.status().message())));
     }
@@ -190,14 +230,15 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   }
   {
     absl::MutexLock lock(&mu_);
-    targets_valid_ = true;
+    for (int32_t rank : plan_->target_ranks) invalid_target_ranks_.erase(rank);
   }
-  agents_ready_ = true;
+  ready_digest_ = plan_->digest;
   response.set_one_call(one_call);
   response.set_sync_id(sync_id);
-  response.set_layout_epoch(cache_.epoch);
-  response.set_digest(cache_.digest);
-  response.set_plan_seconds(*planned ? cache_.plan_seconds : 0);
+  response.set_layout_epoch(plan_->epoch);
+  response.set_digest(plan_->digest);
+  response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
+  response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
   if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
   response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
   for (v1::ExecuteResponse& r : *responses) *response.add_ranks() = r.stats();
@@ -216,14 +257,17 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
 
 absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainRequest& request) {
   absl::MutexLock sync_lock(&sync_mu_);
-  if (auto planned = EnsurePlan(); !planned.ok()) return planned.status();
-  const planner::PlanStats stats = planner::ComputeStats(cache_.plan, cache_.schedules);
+  const absl::StatusOr<std::vector<int32_t>> target_ranks = SelectTargetRanks(request.target_ranks());
+  if (!target_ranks.ok()) return target_ranks.status();
+  if (auto planned = EnsurePlan(*target_ranks); !planned.ok()) return planned.status();
+  const CachedPlan& cached = *plan_;
+  const planner::PlanStats stats = planner::ComputeStats(cached.plan, cached.schedules);
   const planner::Bandwidths bandwidths{(request.link_gbps() > 0 ? request.link_gbps() : 360) * 1e9,
                                        (request.memory_gbps() > 0 ? request.memory_gbps() : 4200) * 1e9};
   v1::ExplainResponse response;
-  response.set_layout_epoch(cache_.epoch);
-  response.set_digest(cache_.digest);
-  response.set_tensors(static_cast<int32_t>(cache_.plan.tensor_names.size()));
+  response.set_layout_epoch(cached.epoch);
+  response.set_digest(cached.digest);
+  response.set_tensors(static_cast<int32_t>(cached.plan.tensor_names.size()));
   response.set_segments(stats.segments);
   response.set_chunks(stats.chunks);
   response.set_rounds(stats.rounds);
@@ -286,7 +330,8 @@ v1::CoordinatorStatus Coordinator::Status() const {
   status.set_last_sync_id(last_sync_id_);
   status.set_last_sync_ok(last_sync_ok_);
   status.set_last_sync_error(last_sync_error_);
-  status.set_targets_valid(targets_valid_);
+  status.set_targets_valid(invalid_target_ranks_.empty());
+  status.mutable_invalid_target_ranks()->Add(invalid_target_ranks_.begin(), invalid_target_ranks_.end());
   return status;
 }
 
@@ -305,7 +350,11 @@ std::string Coordinator::Metrics() const {
   durations_.Append(&out, "shardsync_sync_duration_seconds", "Wall time of successful syncs.");
   AppendMetric(&out, "shardsync_last_sync_version", "gauge", "Number of the last successful sync (0: none).",
                counters_.succeeded);
-  AppendMetric(&out, "shardsync_targets_valid", "gauge", "1 unless the last sync failed part way.", targets_valid_);
+  AppendMetric(&out, "shardsync_targets_valid", "gauge",
+               "1 unless a sync failed part way and some rank's targets were not written since.",
+               invalid_target_ranks_.empty());
+  AppendMetric(&out, "shardsync_invalid_target_ranks", "gauge", "Ranks whose targets are invalid.",
+               static_cast<double>(invalid_target_ranks_.size()));
   AppendMetric(&out, "shardsync_layout_epoch", "gauge", "Layout epoch (changes with every publication).", epoch_);
   AppendMetric(&out, "shardsync_agents", "gauge", "Agents joined.", static_cast<double>(agents_.size()));
   int64_t buffers = 0, bytes = 0;

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,9 +49,10 @@ class Coordinator {
     std::unique_ptr<v1::AgentControl::Stub> stub;
     absl::Time last_seen;
   };
-  // The plan of one layout epoch, encoded per rank.
+  // The plan of one layout epoch and target selection, encoded per rank.
   struct CachedPlan {
     int64_t epoch = -1;
+    std::vector<int32_t> target_ranks;  // whose targets it writes, ascending
     planner::Plan plan;
     std::vector<planner::Schedule> schedules;
     std::vector<v1::PrepareRequest> requests;  // by rank, schedule only
@@ -58,8 +60,12 @@ class Coordinator {
     double plan_seconds = 0;
   };
 
-  // Plans the current epoch unless cached; true when it planned now. Requires sync_mu_.
-  absl::StatusOr<bool> EnsurePlan();
+  // Points plan_ at the plan of the current epoch that writes the targets of
+  // `target_ranks` (empty: every target), planning it unless cached; true when it
+  // planned now. Requires sync_mu_.
+  absl::StatusOr<bool> EnsurePlan(const std::vector<int32_t>& target_ranks);
+  // A partial sync's ranks, ascending and unique; refused unless each holds a target.
+  absl::StatusOr<std::vector<int32_t>> SelectTargetRanks(const google::protobuf::RepeatedField<int32_t>& requested);
   absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline);
   // Rank `rank`'s Prepare: everything but the schedule unless `with_schedule`.
   v1::PrepareRequest PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
@@ -86,7 +92,8 @@ class Coordinator {
   std::string running_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string last_sync_error_ ABSL_GUARDED_BY(mu_);
   bool last_sync_ok_ ABSL_GUARDED_BY(mu_) = false;
-  bool targets_valid_ ABSL_GUARDED_BY(mu_) = true;
+  // Ranks a failed sync may have written part of: invalid until a sync writes them.
+  std::set<int32_t> invalid_target_ranks_ ABSL_GUARDED_BY(mu_);
   struct Counters {
     int64_t started = 0, succeeded = 0, failed = 0;
     int64_t sent = 0, received = 0, local = 0;  // bytes, successful syncs
@@ -95,7 +102,10 @@ class Coordinator {
   Histogram durations_ ABSL_GUARDED_BY(mu_){{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
 
   absl::Mutex sync_mu_;  // one sync (or explain) at a time; held before mu_
-  CachedPlan cache_ ABSL_GUARDED_BY(sync_mu_);
+  // The current epoch's plans by target selection (empty: every target): the full
+  // plan and the last partial one.
+  std::map<std::vector<int32_t>, CachedPlan> plans_ ABSL_GUARDED_BY(sync_mu_);
+  const CachedPlan* plan_ ABSL_GUARDED_BY(sync_mu_) = nullptr;  // the running sync's or explain's
   std::map<int32_t, std::string> delivered_ ABSL_GUARDED_BY(sync_mu_);  // rank -> digest it holds
   // The communicator every agent builds for NCCL: a new id and generation after any
   // failed sync or rejoin (empty ids for host transports).
@@ -103,9 +113,10 @@ class Coordinator {
   int64_t communicator_generation_ ABSL_GUARDED_BY(sync_mu_) = 0;
   bool communicator_valid_ ABSL_GUARDED_BY(mu_) = false;  // Join invalidates it
   int64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
-  // Every agent holds cache_'s schedule and has built communicator_generation_ (the
-  // last sync succeeded and nothing was planned or renewed since): one call per agent.
-  bool agents_ready_ ABSL_GUARDED_BY(sync_mu_) = false;
+  // The plan whose schedule every agent holds, with communicator_generation_ built
+  // (the last sync ran it and succeeded, nothing planned or renewed since): a sync of
+  // that plan is one call per agent. Empty: none.
+  std::string ready_digest_ ABSL_GUARDED_BY(sync_mu_);
 };
 
 }  // namespace shardsync::coordinator

@@ -1,5 +1,7 @@
 #include "daemon/coordinator/layouts.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/box.h"
@@ -35,14 +37,19 @@ absl::Status Merge(std::map<std::string, Gathered>& into, const v1::TensorLayout
 }  // namespace
 
 absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::PublishRequest>& published,
-                                                    spec::BufferIds& ids) {
+                                                    spec::BufferIds& ids, const std::vector<int32_t>& target_ranks) {
   planner::PlanInput input;
   std::map<std::string, Gathered> sources, targets;
+  const auto writes_targets_of = [&](int32_t rank) {
+    return target_ranks.empty() || std::find(target_ranks.begin(), target_ranks.end(), rank) != target_ranks.end();
+  };
   for (const auto& [rank, publication] : published) {
     for (const v1::PublishedLayout& layout : publication.layouts()) {
       for (const v1::BufferInfo& b : layout.buffers()) {
         input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes()});
       }
+      // A target is held where it was published: a partial sync leaves out the others.
+      if (layout.role() == v1::TARGET && !writes_targets_of(rank)) continue;
       for (const v1::TensorLayout& t : layout.tensors()) {
         auto status = Merge(layout.role() == v1::SOURCE ? sources : targets, t, rank, ids);
         if (!status.ok()) return status;
@@ -56,6 +63,19 @@ absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::
   if (!matched.ok()) return matched.status();
   input.tensors = *std::move(matched);
   return input;
+}
+
+std::vector<int32_t> TargetRanks(const std::map<int32_t, v1::PublishRequest>& published) {
+  std::vector<int32_t> ranks;
+  for (const auto& [rank, publication] : published) {
+    for (const v1::PublishedLayout& layout : publication.layouts()) {
+      if (layout.role() == v1::TARGET && layout.tensors_size() > 0) {
+        ranks.push_back(rank);
+        break;
+      }
+    }
+  }
+  return ranks;
 }
 
 std::string MissingSourceHint(const std::map<int32_t, v1::PublishRequest>& published, const std::string& tensor) {

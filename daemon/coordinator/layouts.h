@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "planner/plan.h"
@@ -12,8 +13,13 @@
 
 namespace shardsync::coordinator {
 
+// With `target_ranks` (a partial sync), only the targets those ranks published; every
+// target when empty.
 absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::PublishRequest>& published,
-                                                    spec::BufferIds& ids);
+                                                    spec::BufferIds& ids, const std::vector<int32_t>& target_ranks = {});
+
+// The ranks that published a target tensor, ascending.
+std::vector<int32_t> TargetRanks(const std::map<int32_t, v1::PublishRequest>& published);
 
 // For a tensor some target element of which has no source: which publishing ranks
 // hold sources of it and which hold none, as " (sources of 'w' published by rank 0,

@@ -23,7 +23,7 @@ absl::Status Coordinator::RenewCommunicator() {
   if (!status.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", status.error_message()));
   communicator_id_ = response.communicator_id();
   ++communicator_generation_;
-  agents_ready_ = false;
+  ready_digest_.clear();
   absl::MutexLock lock(&mu_);
   communicator_valid_ = true;
   return absl::OkStatus();
@@ -32,10 +32,10 @@ absl::Status Coordinator::RenewCommunicator() {
 v1::PrepareRequest Coordinator::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
                                                   absl::Duration execute_deadline,
                                                   const std::map<int32_t, std::string>& addresses) {
-  v1::PrepareRequest request = with_schedule ? cache_.requests[rank] : v1::PrepareRequest();
+  v1::PrepareRequest request = with_schedule ? plan_->requests[rank] : v1::PrepareRequest();
   request.set_schedule_cached(!with_schedule);
   request.set_sync_id(sync_id);
-  request.set_digest(cache_.digest);
+  request.set_digest(plan_->digest);
   request.set_staging_bytes(config_.staging_bytes);
   request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
   request.set_communicator_id(communicator_id_);
@@ -63,7 +63,7 @@ absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration 
   }
   std::vector<std::string> refusals(config_.world_size);
   phase_pool_.Run([&](int32_t rank) {
-    const bool cached = delivered_.count(rank) && delivered_.at(rank) == cache_.digest;
+    const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->digest;
     for (bool send_schedule : {!cached, true}) {
       const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
       grpc::ClientContext context;
@@ -85,7 +85,7 @@ absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration 
       refused.push_back(refusals[rank]);
       delivered_.erase(rank);
     } else {
-      delivered_[rank] = cache_.digest;
+      delivered_[rank] = plan_->digest;
     }
   }
   if (refused.empty()) return absl::OkStatus();
@@ -98,7 +98,7 @@ bool Coordinator::OneCallReady() {
   // With a host transport the agreement is a message between every pair of agents,
   // dearer than the Prepare call it saves: only one agent, or agents that agree on
   // the device, get one call.
-  bool ready = agents_ready_ && communicator_valid_;
+  bool ready = !ready_digest_.empty() && ready_digest_ == plan_->digest && communicator_valid_;
   for (const auto& [rank, entry] : agents_) {
     ready = ready && (config_.world_size == 1 || entry.join.fast_agreement());
   }
@@ -138,7 +138,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const s
   phase_pool_.Run([&](int32_t rank) {
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
-    execute.set_digest(cache_.digest);
+    execute.set_digest(plan_->digest);
     execute.set_verify(verify);
     if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
     grpc::ClientContext context;
@@ -163,7 +163,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const s
     {
       absl::MutexLock lock(&mu_);
       communicator_valid_ = false;  // NCCL may have aborted it somewhere
-      if (written) targets_valid_ = false;
+      if (written) invalid_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
     }
     if (!written) {
       // Every rank stopped before writing (at the agreement, or each on its own).

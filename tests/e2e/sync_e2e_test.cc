@@ -117,6 +117,54 @@ TEST_CASE("one agent: the first sync prepares, every later one is a single Execu
   }
 }
 
+std::vector<int32_t> Ranks(const google::protobuf::RepeatedField<int32_t>& ranks) { return {ranks.begin(), ranks.end()}; }
+
+TEST_CASE("a restarted rollout rank is refilled alone: its targets are written, every other target keeps its bytes") {
+  Cluster cluster(ClusterOptions{});
+  // ZeRO-3 over 4 ranks into TP2 on ranks 2-3: ranks 0 and 1 hold sources only.
+  Deployment deployment(cluster, "partial", ModelJson(3, kLayouts[4].replicas), 31);
+  RequireReady(deployment);
+  auto first = SyncOnce(cluster, absl::Seconds(20));
+  REQUIRE(first.ok());
+  CHECK(Ranks(first->target_ranks()) == std::vector<int32_t>{2, 3});
+  REQUIRE(deployment.CheckTargets(31).empty());
+
+  // The trainer steps on; rank 3's inference engine restarts with new, poisoned memory.
+  deployment.Refill(32);
+  REQUIRE_THAT(deployment.RestartRollout(3), StartsWith("ready"));
+  CHECK_FALSE(deployment.CheckTargets(31, {3}).empty());
+  client::CoordinatorClient coordinator = cluster.coordinator_client();
+  auto refill = coordinator.Sync(absl::Seconds(20), /*verify=*/true, {3});
+  if (!refill.ok()) cluster.DumpLogs();
+  REQUIRE(refill.ok());
+  CHECK(Ranks(refill->target_ranks()) == std::vector<int32_t>{3});
+  CHECK(deployment.CheckTargets(32, {3}).empty());  // the trainer's values now
+  CHECK(deployment.CheckTargets(31, {2}).empty());  // untouched: the last full sync's
+  CHECK(refill->verified_placements() == 7);        // (tensor, rank 3) for the 7 tensors
+  for (const v1::RankStats& r : refill->ranks()) {
+    INFO("rank " << r.rank());
+    CHECK((r.rank() == 3) == (r.received_bytes() + r.local_bytes() > 0));  // only rank 3 writes
+  }
+
+  // A rank outside the world, or one holding no target: refused before a byte moves.
+  const Contents before = deployment.ReadTargets();
+  auto outside = coordinator.Sync(absl::Seconds(20), false, {4});
+  REQUIRE_FALSE(outside.ok());
+  CHECK(absl::IsInvalidArgument(outside.status()));
+  CHECK_THAT(std::string(outside.status().message()), Contains("no byte moved") && Contains("outside a world of 4"));
+  auto no_target = coordinator.Sync(absl::Seconds(20), false, {0, 3});
+  REQUIRE_FALSE(no_target.ok());
+  CHECK_THAT(std::string(no_target.status().message()),
+             Contains("target rank 0 holds no target") && Contains("registered on rank 2, rank 3"));
+  CHECK(deployment.ReadTargets() == before);
+
+  // A full sync writes every target again, from the plan it kept.
+  auto full = SyncOnce(cluster, absl::Seconds(20));
+  REQUIRE(full.ok());
+  CHECK(Ranks(full->target_ranks()) == std::vector<int32_t>{2, 3});
+  CHECK(deployment.CheckTargets(32).empty());
+}
+
 TEST_CASE("a rank that lacks one of its shards: the sync is refused, naming it, and no target byte changes") {
   Cluster cluster(ClusterOptions{});
   Deployment deployment(cluster, "missing", ModelJson(3, kLayouts[0].replicas), 7, /*extra_rank=*/2,
@@ -308,6 +356,7 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   auto invalid = coordinator.Status(absl::Seconds(5));
   REQUIRE(invalid.ok());
   CHECK_FALSE(invalid->targets_valid());
+  CHECK(Ranks(invalid->invalid_target_ranks()) == std::vector<int32_t>{0, 1, 2, 3});
 
   cluster.agent(1).Wait(absl::Seconds(5));
   cluster.StartAgent(1);
@@ -316,6 +365,19 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
     CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
   }
   REQUIRE(deployment.WaitPublished());
+  // Writing rank 1's targets alone leaves the others invalid, and says so.
+  auto partial = coordinator.Sync(absl::Seconds(60), false, {1});
+  INFO(partial.status().message());
+  REQUIRE(partial.ok());
+  CHECK(deployment.CheckTargets(26, {1}).empty());
+  auto still_invalid = coordinator.Status(absl::Seconds(5));
+  REQUIRE(still_invalid.ok());
+  CHECK_FALSE(still_invalid->targets_valid());
+  CHECK(Ranks(still_invalid->invalid_target_ranks()) == std::vector<int32_t>{0, 2, 3});
+  client::AgentClient agent0(cluster.socket(0));  // it only read for rank 1: still invalid
+  auto agent0_status = agent0.Status(absl::Seconds(5));
+  REQUIRE(agent0_status.ok());
+  CHECK_FALSE(agent0_status->target_valid());
   auto again = SyncOnce(cluster, absl::Seconds(60));
   INFO(again.status().message());
   REQUIRE(again.ok());
@@ -323,6 +385,10 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   auto valid = coordinator.Status(absl::Seconds(5));
   REQUIRE(valid.ok());
   CHECK(valid->targets_valid());
+  CHECK(valid->invalid_target_ranks().empty());
+  agent0_status = agent0.Status(absl::Seconds(5));
+  REQUIRE(agent0_status.ok());
+  CHECK(agent0_status->target_valid());
 }
 
 // Resident memory (KiB) and open file descriptors of a process, from /proc.
@@ -415,6 +481,15 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
     auto [json_code, json] = Ctl(cluster, {"sync", "--json"});
     CHECK(json_code == 0);
     CHECK_THAT(json, Contains("\"sync_id\"") && Contains("\"ranks\""));
+    auto [partial_code, partial] = Ctl(cluster, {"sync", "--target-ranks", "1,3"});
+    CHECK(partial_code == 0);
+    CHECK_THAT(partial, Contains("targets written on rank 1, rank 3\n"));
+    auto [explained_code, explained] = Ctl(cluster, {"explain", "--target-ranks", "2"});
+    CHECK(explained_code == 0);
+    CHECK_THAT(explained, Contains("plan of epoch"));
+    CHECK(Ctl(cluster, {"sync", "--target-ranks", "9"}).first == 3);  // outside the world: refused
+    CHECK(Ctl(cluster, {"sync", "--target-ranks", "one"}).first == 2);
+    CHECK(Ctl(cluster, {"status", "--target-ranks", "1"}).first == 2);
   }
   // Nothing registered now: refused (3). A bad flag: usage (2).
   auto [refused_code, refused] = Ctl(cluster, {"sync"});

@@ -138,8 +138,10 @@ class PythonClientTest(unittest.TestCase):
         self.registrations.append(agent.register(f"rollout-{rank}", "target", arena.buffers(), layouts))
         return arena
 
-    def check(self, arenas, values):
+    def check(self, arenas, values, ranks=None):
         for rank, arena in enumerate(arenas):
+            if ranks is not None and rank not in ranks:
+                continue
             for name, shape, dtype in MODEL:
                 lo, hi = shard_box(name, shape, rank)
                 expected = box_bytes(values[name], shape, lo, hi, shardsync.DTYPE_BYTES[dtype])
@@ -167,6 +169,15 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(response.plan_seconds, 0.0)  # the cached plan
         self.check(arenas, values)
         self.assertEqual(ctypes.addressof(ctypes.c_char.from_buffer(arenas[0].memory.buf)), address)
+
+        # Partial targets: only rank 1's arena takes the next values; rank 0 keeps its own.
+        old_values, values = values, {name: rng.randbytes(len(v)) for name, v in values.items()}
+        for rank, flat in enumerate(flats):
+            self.fill_partitions(flat, rank, values)
+        response = coordinator.sync(timeout=20, target_ranks=[1])
+        self.assertEqual(list(response.target_ranks), [1])
+        self.check(arenas, values, ranks=[1])
+        self.check(arenas, old_values, ranks=[0])
 
         status = coordinator.status()
         self.assertEqual(len(status.agents), WORLD)

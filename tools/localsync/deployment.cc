@@ -1,6 +1,7 @@
 #include "tools/localsync/deployment.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,8 +16,8 @@ namespace shardsync::localsync {
 
 Deployment::Deployment(Cluster& cluster, const std::string& name, const std::string& spec_json, uint64_t seed,
                        int extra_rank, const std::string& extra_flags)
-    : cluster_(cluster), poison_(seed) {
-  const std::string path = cluster.dir() + "/" + name + ".json";
+    : cluster_(cluster), poison_(seed), spec_path_(cluster.dir() + "/" + name + ".json") {
+  const std::string& path = spec_path_;
   std::ofstream(path) << spec_json;
   auto spec = spec::ParseLayoutSpecJson(spec_json);
   if (!spec.ok()) throw std::runtime_error(std::string(spec.status().message()));
@@ -75,6 +76,10 @@ bool Deployment::WaitPublished() {
   for (auto* clients : {&trainers_, &rollouts_}) {
     for (auto& [rank, client] : *clients) ++expected[rank];
   }
+  return WaitCoordinatorShows(expected);
+}
+
+bool Deployment::WaitCoordinatorShows(const std::map<int, int>& expected) {
   client::CoordinatorClient coordinator = cluster_.coordinator_client();
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
@@ -95,6 +100,25 @@ bool Deployment::WaitPublished() {
 void Deployment::Refill(uint64_t seed) {
   for (auto& [rank, client] : trainers_) client.process->WriteLine(absl::StrCat("refill ", seed));
   for (auto& [rank, client] : trainers_) client.process->ReadLine(absl::Seconds(20));
+}
+
+std::string Deployment::RestartRollout(int rank) {
+  Cluster::Client& rollout = rollouts_.at(rank);
+  rollout.process->Signal(SIGKILL);
+  rollout.process->Wait(absl::Seconds(5));
+  // First the coordinator sees the old registration gone, so the ready state below is
+  // the new one's, not the old one's still published.
+  std::map<int, int> expected;
+  for (auto* clients : {&trainers_, &rollouts_}) {
+    for (auto& [r, client] : *clients) ++expected[r];
+  }
+  --expected[rank];
+  if (!WaitCoordinatorShows(expected)) return "the coordinator never saw the old rollout leave";
+  rollout = cluster_.StartClient(spec_path_, rank, false, poison_);
+  const std::string line = rollout.process->ReadLine(absl::Seconds(20));
+  ++expected[rank];
+  if (line.rfind("ready", 0) == 0 && !WaitCoordinatorShows(expected)) return "the coordinator never saw it publish";
+  return line;
 }
 
 std::string Deployment::RolloutAddress(int rank) {
@@ -137,9 +161,10 @@ Contents Deployment::ReadTargets() const {
   return contents;
 }
 
-std::vector<std::string> Deployment::CheckTargets(uint64_t seed) const {
+std::vector<std::string> Deployment::CheckTargets(uint64_t seed, const std::set<int>& ranks) const {
   std::vector<std::string> errors;
   for (const planner::Buffer& b : TargetBuffers()) {
+    if (!ranks.empty() && !ranks.count(b.holder.rank)) continue;
     const std::vector<uint8_t> expected = ExpectedTarget(input_, seed, poison_, b.holder);
     const bool read = WithBuffer(rollouts_, b, "arena", [&](const uint8_t* data, int64_t bytes) {
       for (int64_t i = 0; i < bytes; ++i) {

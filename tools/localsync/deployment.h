@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,15 @@ class Deployment {
   bool WaitPublished();
   // Rewrites every trainer's sources with the values of `seed`.
   void Refill(uint64_t seed);
+  // The rollout of `rank` killed and started again, as an inference engine that
+  // restarted: new memory, poisoned, registered anew. Returns its first line once the
+  // coordinator shows it published ("ready ..." or why not).
+  std::string RestartRollout(int rank);
   // Every target buffer's bytes as they are now.
   Contents ReadTargets() const;
-  // Mismatches between the targets and a sync of `seed` (first few), empty when exact.
-  std::vector<std::string> CheckTargets(uint64_t seed) const;
+  // Mismatches between the targets and a sync of `seed` (first few), empty when exact;
+  // only the targets on `ranks` when given.
+  std::vector<std::string> CheckTargets(uint64_t seed, const std::set<int>& ranks = {}) const;
   // Source buffers whose bytes are not exactly those written for `seed` (empty when none
   // changed: nobody wrote into a source).
   std::vector<std::string> CheckSources(uint64_t seed) const;
@@ -48,11 +54,14 @@ class Deployment {
 
  private:
   std::vector<planner::Buffer> TargetBuffers() const;  // the rollouts' arenas
+  // Waits until the coordinator shows `clients` published per rank; false at the deadline.
+  bool WaitCoordinatorShows(const std::map<int, int>& clients);
 
   Cluster& cluster_;
   spec::BufferIds ids_;
   planner::PlanInput input_;
   uint64_t poison_;
+  std::string spec_path_;
   std::map<int, Cluster::Client> trainers_;
   std::map<int, Cluster::Client> rollouts_;
 };

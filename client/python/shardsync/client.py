@@ -121,10 +121,13 @@ class CoordinatorClient:
         self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
         self._last = None
 
-    def sync(self, timeout=60.0, verify=False):
+    def sync(self, timeout=60.0, verify=False, target_ranks=()):
         """Runs one sync on every agent and returns its SyncResponse (stats per rank).
-        With verify, every target placement's checksum is compared with its sources'."""
-        request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000), verify=verify)
+        With verify, every target placement's checksum is compared with its sources'.
+        With target_ranks, only the targets on those ranks are written (a rank whose
+        inference engine restarted); every other target keeps its bytes."""
+        request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000), verify=verify,
+                                            target_ranks=list(target_ranks))
         self._last = _call(self._stub.Sync, request, timeout + 10)
         return self._last
 
