@@ -146,6 +146,7 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
   CachedPlan cache;
   cache.epoch = epoch;
   cache.target_ranks = target_ranks.empty() ? TargetRanks(published) : target_ranks;
+  cache.partial = !target_ranks.empty();
   cache.digest = planner::PlanDigest(*plan, config_.staging_bytes);
   for (const planner::Schedule& schedule : *schedules) {
     cache.requests.push_back(daemon::EncodeSchedule(*plan, schedule, ids.names()));
@@ -230,6 +231,8 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   }
   {
     absl::MutexLock lock(&mu_);
+    // Every target there is now was written (a rank that left holds none to be invalid).
+    if (!plan_->partial) invalid_target_ranks_.clear();
     for (int32_t rank : plan_->target_ranks) invalid_target_ranks_.erase(rank);
   }
   ready_digest_ = plan_->digest;

@@ -53,6 +53,7 @@ class Coordinator {
   struct CachedPlan {
     int64_t epoch = -1;
     std::vector<int32_t> target_ranks;  // whose targets it writes, ascending
+    bool partial = false;               // only those asked for, not every target
     planner::Plan plan;
     std::vector<planner::Schedule> schedules;
     std::vector<v1::PrepareRequest> requests;  // by rank, schedule only
