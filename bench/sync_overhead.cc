@@ -2,7 +2,7 @@
 // trainer and rollout registering a tensor with nothing to move (zero elements), then
 // many syncs timed from the client. Prints one JSON line: median and p99 milliseconds.
 //   bazel build -c opt //bench:sync_overhead && cd bazel-bin/bench/sync_overhead.runfiles/shardsync &&
-//   ../../sync_overhead [--agents 8] [--syncs 200]
+//   ../../sync_overhead [--agents 8] [--syncs 200] [--agent0-serves-coordinator]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -20,8 +20,9 @@ int main(int argc, char** argv) {
   localsync::ClusterOptions options;
   options.agents = flags.TakeNumber("agents", 8);
   const int syncs = flags.TakeNumber("syncs", 200);
+  options.agent0_serves_coordinator = flags.TakeSwitch("agent0-serves-coordinator");
   if (!flags.error().empty() || !flags.Leftover().empty() || options.agents < 1 || syncs < 1) {
-    std::fprintf(stderr, "usage: sync_overhead [--agents N] [--syncs N]\n");
+    std::fprintf(stderr, "usage: sync_overhead [--agents N] [--syncs N] [--agent0-serves-coordinator]\n");
     return 2;
   }
   std::vector<std::string> ranks;
@@ -52,7 +53,9 @@ int main(int argc, char** argv) {
     if (i > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));  // the first plans
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("{\"agents\": %d, \"syncs\": %d, \"median_ms\": %.3f, \"p99_ms\": %.3f, \"min_ms\": %.3f}\n",
-              options.agents, syncs, ms[ms.size() / 2], ms[ms.size() * 99 / 100], ms.front());
+  std::printf("{\"agents\": %d, \"agent0_serves_coordinator\": %s, \"syncs\": %d, \"median_ms\": %.3f, "
+              "\"p99_ms\": %.3f, \"min_ms\": %.3f}\n",
+              options.agents, options.agent0_serves_coordinator ? "true" : "false", syncs, ms[ms.size() / 2],
+              ms[ms.size() * 99 / 100], ms.front());
   return 0;
 }

@@ -48,17 +48,26 @@ CASES = {
 
 
 class Cluster:
-    def __init__(self, bin_dir, out, staging, world):
+    """The daemons of one case: a coordinator process and an agent per GPU, or with
+    `serving == "agent0"` agent 0 serving as the coordinator (--serve-coordinator)."""
+
+    def __init__(self, bin_dir, out, staging, world, serving="process"):
         self.dir = tempfile.mkdtemp(prefix="ss-bench-", dir="/tmp")
         self.out, self.procs = out, []
-        self.spawn([f"{bin_dir}/shardsync-coordinator", "--world", str(world), "--listen", "127.0.0.1:0", "--port-file",
-                    f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", "120000", "--insecure"], "coordinator")
-        self.coordinator = f"127.0.0.1:{self.port(f'{self.dir}/c.port')}"
+        coordinator_flags = ["--world", str(world), "--staging-bytes", str(staging), "--sync-timeout-ms", "120000"]
+        if serving == "process":
+            self.spawn([f"{bin_dir}/shardsync-coordinator", "--listen", "127.0.0.1:0", "--port-file",
+                        f"{self.dir}/c.port", "--insecure"] + coordinator_flags, "coordinator")
+            self.coordinator = f"127.0.0.1:{self.port(f'{self.dir}/c.port')}"
         for r in range(world):
-            self.spawn([f"{bin_dir}/shardsync-agent", "--rank", str(r), "--coordinator", self.coordinator, "--socket",
-                        f"{self.dir}/a{r}.sock", "--device", str(r), "--port-file", f"{self.dir}/a{r}.port",
-                        "--max-staging-bytes", str(1 << 30), "--insecure"], f"agent{r}")
-            self.port(f"{self.dir}/a{r}.port")
+            serves = serving == "agent0" and r == 0
+            where = ["--serve-coordinator"] + coordinator_flags if serves else ["--coordinator", self.coordinator]
+            self.spawn([f"{bin_dir}/shardsync-agent", "--rank", str(r), "--socket", f"{self.dir}/a{r}.sock", "--device",
+                        str(r), "--port-file", f"{self.dir}/a{r}.port", "--max-staging-bytes", str(1 << 30),
+                        "--insecure"] + where, f"agent{r}")
+            port = self.port(f"{self.dir}/a{r}.port")
+            if serves:
+                self.coordinator = f"127.0.0.1:{port}"
 
     def spawn(self, argv, name, **kw):
         log = open(os.path.join(self.out, f"{name}.log"), "a")
@@ -91,12 +100,12 @@ def ask(p, line):
     return p.stdout.readline().strip()
 
 
-def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps):
+def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving):
     model, zero, tp, fused, targets = CASES[world][name]
     targets = targets or list(range(world))
-    logs = os.path.join(out, name.replace(" ", "_"))
+    logs = os.path.join(out, name.replace(" ", "_"), serving)
     os.makedirs(logs, exist_ok=True)
-    cluster = Cluster(bin_dir, logs, staging, world)
+    cluster = Cluster(bin_dir, logs, staging, world, serving)
     try:
         clients, rollouts = [], []
         for role, ranks in (("trainer", range(world)), ("rollout", targets)):
@@ -160,7 +169,13 @@ def main():
     parser.add_argument("--cases", default="", help="comma-separated; default: every case of --world")
     parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--staging-bytes", type=int, default=128 << 20)
+    parser.add_argument("--serving", default="process",
+                        help="where the coordinator runs, comma-separated to measure each in turn: process (its "
+                             "own daemon) or agent0 (agent 0 serves it); the first gives the row's figures")
     args = parser.parse_args()
+    servings = args.serving.split(",")
+    if any(s not in ("process", "agent0") for s in servings):
+        parser.error("--serving takes process and agent0")
     os.makedirs(args.out, exist_ok=True)
     world = args.world
     cases = [c for c in args.cases.split(",") if c] or list(CASES[world])
@@ -178,7 +193,9 @@ def main():
     print(f"measured: {measured_link}, on-GPU copy {memory:.0f} GB/s (read + write)", flush=True)
     rows = []
     for name in cases:
-        result = shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, link, memory)
+        by_serving = {serving: shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, link,
+                                              memory, serving) for serving in servings}
+        result = by_serving[servings[0]]
         gather = max(base[r][name]["gather"] for r in ranks)
         bucketed = max(base[r][name]["bucketed_gather"] for r in ranks)
         p2p = max(base[r][name]["bucketed_p2p"] for r in ranks)
@@ -193,7 +210,14 @@ def main():
                "bucketed_p2p_peak_bytes": max(base[r][name]["bucketed_p2p_peak_bytes"] for r in ranks),
                "baseline_checks": sorted({base[r][name][k] for r in ranks
                                           for k in ("bucketed_gather_check", "bucketed_p2p_check")})}
+        row["serving"] = servings[0]
+        row["by_serving"] = {serving: {k: r[k] for k in ("seconds", "all_seconds", "phases_median", "one_call", "checks")}
+                             for serving, r in by_serving.items()}
         rows.append(row)
+        for serving, r in by_serving.items():
+            print(f"{name}, coordinator in {serving}: shardsync {r['seconds'] * 1e3:.2f} ms "
+                  f"(x{r['seconds'] / row['floor_seconds']:.2f}); checks {r['checks']}; medians (ms): " +
+                  ", ".join(f"{k} {v * 1e3:.2f}" for k, v in r["phases_median"].items()), flush=True)
         print(f"{name}: shardsync {row['seconds'] * 1e3:.2f} ms (floor {row['floor_seconds'] * 1e3:.2f} ms, "
               f"x{row['seconds'] / row['floor_seconds']:.2f}; all bytes through memory {memory_bound * 1e3:.2f} ms); gather {gather * 1e3:.2f} ms; bucketed gather "
               f"{bucketed * 1e3:.2f} ms; bucketed p2p {p2p * 1e3:.2f} ms (baselines {row['baseline_checks']}); agents {max(row['agent_seconds']) * 1e3:.2f} ms of which local copies "

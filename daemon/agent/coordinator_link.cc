@@ -6,9 +6,7 @@
 namespace shardsync::agent {
 
 CoordinatorLink::CoordinatorLink(LinkConfig config, Registry& registry)
-    : config_(std::move(config)),
-      registry_(registry),
-      stub_(v1::Coordinator::NewStub(MakeChannel(config_.coordinator, config_.credentials))) {}
+    : config_(std::move(config)), registry_(registry) {}
 
 CoordinatorLink::~CoordinatorLink() {
   {
@@ -20,6 +18,8 @@ CoordinatorLink::~CoordinatorLink() {
 
 void CoordinatorLink::Start(const std::string& address) {
   config_.join.set_address(address);
+  const std::string& coordinator = config_.coordinator.empty() ? address : config_.coordinator;
+  stub_ = v1::Coordinator::NewStub(MakeChannel(coordinator, config_.credentials));
   thread_ = std::thread([this] { Loop(); });
 }
 

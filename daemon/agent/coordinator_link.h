@@ -17,7 +17,7 @@
 namespace shardsync::agent {
 
 struct LinkConfig {
-  std::string coordinator;  // host:port
+  std::string coordinator;  // host:port; empty: this agent's own (it serves the coordinator)
   v1::JoinRequest join;     // rank, host, address, device
   absl::Duration rpc_deadline = absl::Seconds(5);
   absl::Duration heartbeat = absl::Seconds(1);
@@ -30,6 +30,7 @@ class CoordinatorLink {
   ~CoordinatorLink();
 
   // Starts joining with `address` (host:port of this agent's AgentControl service).
+  // Call once.
   void Start(const std::string& address);
   // The registry changed: publish soon.
   void Nudge();
@@ -43,7 +44,7 @@ class CoordinatorLink {
 
   LinkConfig config_;  // join.address is set by Start
   Registry& registry_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;  // made by Start
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,4 +1,5 @@
-// shardsync-agent: flags parsed here only, into AgentConfig and LinkConfig.
+// shardsync-agent: flags parsed here only, into AgentConfig and LinkConfig (and, with
+// --serve-coordinator, the CoordinatorConfig of the coordinator it hosts).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,7 +10,10 @@
 #include "common/flags.h"
 #include "common/metrics_http.h"
 #include "common/tls.h"
+#include "absl/strings/str_cat.h"
 #include "daemon/agent/agent.h"
+#include "daemon/agent/local_agent_link.h"
+#include "daemon/coordinator/services.h"
 #include "daemon/agent/services.h"
 #include "daemon/agent/grpc_transport.h"
 #include "executor/cuda_device.h"
@@ -30,7 +34,13 @@ unix socket; the coordinator prepares and executes syncs over TCP; peer agents s
 chunks to each other.
 
   --rank N               global rank of this agent (one per device), required
-  --coordinator ADDR     the coordinator's host:port, required
+  --coordinator ADDR     the coordinator's host:port, required unless --serve-coordinator
+  --serve-coordinator    this agent also is the coordinator, on its --listen port: the
+                         others join it there; its own part of every sync is a direct
+                         call, not an RPC (one daemon for a single GPU). With it:
+  --world N                number of agents, required
+  --staging-bytes B        staging budget per peer, both directions (default 134217728)
+  --sync-timeout-ms N      default deadline of a sync's Execute (default 60000)
   --socket PATH          unix socket for local clients, required (replaced if stale)
   --listen ADDR          TCP address for the coordinator and peers (default 127.0.0.1:0;
                          port 0 lets the OS choose)
@@ -50,6 +60,8 @@ chunks to each other.
 
 struct Config {
   shardsync::agent::AgentConfig agent;
+  bool serve_coordinator = false;
+  shardsync::coordinator::CoordinatorConfig coordinator_config;
   std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, log_level = "info";
   std::string metrics_listen, metrics_port_file, socket_group;
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -66,6 +78,10 @@ int main(int argc, char** argv) {
   const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
   c.agent.rank = flags.TakeNumber("rank", -1);
   c.coordinator = flags.Take("coordinator", "");
+  c.serve_coordinator = flags.TakeSwitch("serve-coordinator");
+  const int32_t world = flags.TakeNumber("world", 0);  // 0: not given
+  const int64_t staging_bytes = flags.TakeNumber<int64_t>("staging-bytes", 0);
+  const int64_t sync_timeout_ms = flags.TakeNumber<int64_t>("sync-timeout-ms", 0);
   c.socket = flags.Take("socket", "");
   c.listen = flags.Take("listen", c.listen);
   c.advertise = flags.Take("advertise", "");
@@ -80,8 +96,20 @@ int main(int argc, char** argv) {
   c.metrics_port_file = flags.Take("metrics-port-file", "");
   if (!flags.error().empty()) return Usage(flags.error());
   if (!flags.Leftover().empty()) return Usage(flags.Leftover());
-  if (c.agent.rank < 0 || c.coordinator.empty() || c.socket.empty()) {
-    return Usage("--rank, --coordinator and --socket are required");
+  if (c.agent.rank < 0 || c.coordinator.empty() == !c.serve_coordinator || c.socket.empty()) {
+    return Usage("--rank, --socket and one of --coordinator and --serve-coordinator are required");
+  }
+  if (!c.serve_coordinator && (world != 0 || staging_bytes != 0 || sync_timeout_ms != 0)) {
+    return Usage("--world, --staging-bytes and --sync-timeout-ms go with --serve-coordinator");
+  }
+  if (c.serve_coordinator) {
+    if (world <= c.agent.rank || staging_bytes < 0 || sync_timeout_ms < 0) {
+      return Usage("--serve-coordinator needs --world above --rank; budgets and timeouts are positive");
+    }
+    c.coordinator_config.world_size = world;
+    if (staging_bytes > 0) c.coordinator_config.staging_bytes = staging_bytes;
+    if (sync_timeout_ms > 0) c.coordinator_config.sync_timeout = absl::Milliseconds(sync_timeout_ms);
+    c.coordinator_config.rpc_deadline = c.agent.rpc_deadline;
   }
   int ordinal = -1;
   if (c.agent.device != "cpu") {
@@ -120,7 +148,7 @@ int main(int argc, char** argv) {
   }
   shardsync::agent::Registry registry(c.agent.rank, {memory.get()});
   shardsync::agent::LinkConfig link_config;
-  link_config.coordinator = c.coordinator;
+  link_config.coordinator = c.coordinator;  // empty with --serve-coordinator: this agent
   link_config.rpc_deadline = c.agent.rpc_deadline;
   link_config.credentials = *credentials;
   char host[256] = {};
@@ -133,15 +161,26 @@ int main(int argc, char** argv) {
   shardsync::agent::CoordinatorLink link(link_config, registry);
   shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox);
   shardsync::agent::ControlService control(agent);
+  std::unique_ptr<shardsync::coordinator::Coordinator> coordinator;
+  std::unique_ptr<shardsync::coordinator::CoordinatorService> coordinator_service;
+  if (c.serve_coordinator) {
+    c.coordinator_config.credentials = *credentials;
+    coordinator = std::make_unique<shardsync::coordinator::Coordinator>(c.coordinator_config);
+    coordinator->SetLocalAgent(link_config.join.incarnation(), std::make_shared<shardsync::agent::LocalAgentLink>(agent));
+    coordinator_service = std::make_unique<shardsync::coordinator::CoordinatorService>(*coordinator);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
   grpc::ServerBuilder control_builder;
   control_builder.AddListeningPort(c.listen, credentials->server, &port);
   // The largest message a peer sends is one chunk (a staging slot) and its header.
-  control_builder.SetMaxReceiveMessageSize(static_cast<int>(
-      std::min<int64_t>(shardsync::planner::MaxChunkBytes(c.agent.max_staging_bytes) + (1 << 20), INT32_MAX)));
+  // As a coordinator, also the layouts of a large model (64 MiB).
+  const int64_t largest_message = std::max<int64_t>(
+      shardsync::planner::MaxChunkBytes(c.agent.max_staging_bytes) + (1 << 20), c.serve_coordinator ? 64 << 20 : 0);
+  control_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(largest_message, INT32_MAX)));
   control_builder.RegisterService(&control);
+  if (coordinator_service) control_builder.RegisterService(coordinator_service.get());
   std::unique_ptr<grpc::Server> control_server = control_builder.BuildAndStart();
   if (!control_server || port == 0) {
     spdlog::error("cannot listen on {}", c.listen);
@@ -171,13 +210,15 @@ int main(int argc, char** argv) {
     spdlog::error("cannot write the port file {}", c.port_file);
     return 1;
   }
-  auto metrics =
-      shardsync::StartMetricsIfAsked(c.metrics_listen, c.metrics_port_file, [&agent] { return agent.Metrics(); });
+  auto metrics = shardsync::StartMetricsIfAsked(c.metrics_listen, c.metrics_port_file, [&] {
+    return coordinator ? coordinator->Metrics() + agent.Metrics() : agent.Metrics();
+  });
   if (!metrics.ok()) {
     spdlog::error("{}", std::string(metrics.status().message()));
     return 1;
   }
-  spdlog::info("serving clients on {} and the coordinator and peers on {}", c.socket, address);
+  spdlog::info("serving clients on {} and the coordinator and peers on {}{}", c.socket, address,
+               coordinator ? absl::StrCat("; the coordinator of a world of ", c.coordinator_config.world_size, " too") : "");
 
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
   agent.Shutdown();

@@ -8,7 +8,6 @@
 #include "absl/strings/str_join.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/layouts.h"
-#include "grpcpp/grpcpp.h"
 #include "planner/stats.h"
 #include "spdlog/spdlog.h"
 
@@ -47,24 +46,42 @@ absl::StatusOr<int32_t> CompareChecksums(const std::vector<v1::ExecuteResponse>&
 Coordinator::Coordinator(CoordinatorConfig config)
     : config_(config), instance_id_(NewInstanceId()), phase_pool_(config.world_size) {}
 
+void Coordinator::SetLocalAgent(const std::string& incarnation, std::shared_ptr<AgentLink> link) {
+  absl::MutexLock lock(&mu_);
+  local_incarnation_ = incarnation;
+  local_link_ = std::move(link);
+}
+
+std::map<int32_t, std::shared_ptr<AgentLink>> Coordinator::Links() const {
+  absl::MutexLock lock(&mu_);
+  std::map<int32_t, std::shared_ptr<AgentLink>> links;
+  for (const auto& [rank, entry] : agents_) links[rank] = entry.link;
+  return links;
+}
+
+std::map<int32_t, std::string> Coordinator::Addresses() const {
+  absl::MutexLock lock(&mu_);
+  std::map<int32_t, std::string> addresses;
+  for (const auto& [rank, entry] : agents_) addresses[rank] = entry.join.address();
+  return addresses;
+}
+
 v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
   absl::MutexLock lock(&mu_);
   AgentEntry& entry = agents_[request.rank()];
-  if (entry.stub && entry.join.incarnation() != request.incarnation()) {
+  if (entry.link && entry.join.incarnation() != request.incarnation()) {
     // A new agent process: whatever the old one published died with it.
     spdlog::info("rank {} restarted; its old layouts are dropped", request.rank());
     if (published_.erase(request.rank()) > 0) ++epoch_;
     communicator_valid_ = false;
   }
-  if (!entry.stub || entry.join.address() != request.address()) {
-    if (entry.stub) spdlog::info("rank {} rejoined at {}", request.rank(), request.address());
+  if (!entry.link || entry.join.address() != request.address() || entry.join.incarnation() != request.incarnation()) {
+    if (entry.link) spdlog::info("rank {} rejoined at {}", request.rank(), request.address());
     communicator_valid_ = false;  // a returning agent needs a new communicator
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(-1);
-    entry.stub = v1::AgentControl::NewStub(
-        MakeChannel(request.address(), config_.credentials, args));
-    spdlog::info("rank {} joined from {} ({})", request.rank(), request.address(), request.device());
+    const bool local = local_link_ && request.incarnation() == local_incarnation_;
+    entry.link = local ? local_link_ : GrpcAgentLink(request.address(), config_.credentials);
+    spdlog::info("rank {} joined from {} ({}{})", request.rank(), request.address(), request.device(),
+                 local ? ", in this process" : "");
   }
   entry.join = request;
   entry.last_seen = absl::Now();
@@ -297,22 +314,20 @@ absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainReques
 v1::CoordinatorStatus Coordinator::Status() const {
   v1::CoordinatorStatus status;
   // While a sync runs, ask every agent how far it is (briefly: a status must not hang).
-  std::map<int32_t, v1::AgentControl::Stub*> stubs;
+  std::map<int32_t, std::shared_ptr<AgentLink>> links;
   {
     absl::MutexLock lock(&mu_);
-    if (!running_sync_id_.empty()) {
-      status.set_running_sync_id(running_sync_id_);
-      for (const auto& [rank, entry] : agents_) stubs[rank] = entry.stub.get();
-    }
+    if (!running_sync_id_.empty()) status.set_running_sync_id(running_sync_id_);
   }
-  if (!stubs.empty()) {
-    std::vector<v1::RankProgress> progress(stubs.size());
+  if (!status.running_sync_id().empty()) links = Links();
+  if (!links.empty()) {
+    std::vector<v1::RankProgress> progress(links.size());
     std::vector<int32_t> ranks;
-    for (const auto& [rank, stub] : stubs) ranks.push_back(rank);
+    for (const auto& [rank, link] : links) ranks.push_back(rank);
     ForEachRank(static_cast<int32_t>(ranks.size()), [&](int32_t i) {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
-      if (!stubs[ranks[i]]->Progress(&context, v1::ProgressRequest(), &progress[i]).ok()) progress[i].set_rank(ranks[i]);
+      auto answer = links[ranks[i]]->Progress(absl::Now() + absl::Milliseconds(500));
+      if (answer.ok()) progress[i] = *std::move(answer);
+      progress[i].set_rank(ranks[i]);
     });
     for (v1::RankProgress& p : progress) *status.add_progress() = std::move(p);
   }

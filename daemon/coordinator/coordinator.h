@@ -16,10 +16,11 @@
 #include "absl/time/time.h"
 #include "common/metrics_http.h"
 #include "common/tls.h"
+#include "daemon/coordinator/agent_link.h"
 #include "daemon/coordinator/rank_pool.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "proto/shardsync.grpc.pb.h"
+#include "proto/shardsync.pb.h"
 
 namespace shardsync::coordinator {
 
@@ -35,6 +36,10 @@ class Coordinator {
  public:
   explicit Coordinator(CoordinatorConfig config);
 
+  // An agent in this process: the one that joins with `incarnation` is called through
+  // `link` (direct calls), not over gRPC.
+  void SetLocalAgent(const std::string& incarnation, std::shared_ptr<AgentLink> link);
+
   v1::JoinResponse Join(const v1::JoinRequest& request);
   v1::PublishResponse Publish(const v1::PublishRequest& request);
   absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
@@ -46,9 +51,12 @@ class Coordinator {
  private:
   struct AgentEntry {
     v1::JoinRequest join;
-    std::unique_ptr<v1::AgentControl::Stub> stub;
+    std::shared_ptr<AgentLink> link;  // shared: a sync keeps it while a rejoin replaces it
     absl::Time last_seen;
   };
+  // Every joined agent's link and address, by rank.
+  std::map<int32_t, std::shared_ptr<AgentLink>> Links() const;
+  std::map<int32_t, std::string> Addresses() const;
   // The plan of one layout epoch and target selection, encoded per rank.
   struct CachedPlan {
     int64_t epoch = -1;
@@ -87,6 +95,8 @@ class Coordinator {
   RankPool phase_pool_;  // Prepare and Execute fan out on it; used under sync_mu_
   mutable absl::Mutex mu_;
   std::map<int32_t, AgentEntry> agents_ ABSL_GUARDED_BY(mu_);
+  std::string local_incarnation_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<AgentLink> local_link_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, v1::PublishRequest> published_ ABSL_GUARDED_BY(mu_);
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_sync_id_ ABSL_GUARDED_BY(mu_);

@@ -3,25 +3,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/grpc_status.h"
 #include "daemon/coordinator/coordinator.h"
-#include "grpcpp/grpcpp.h"
 
 namespace shardsync::coordinator {
 
 absl::Status Coordinator::RenewCommunicator() {
-  v1::AgentControl::Stub* root;
+  std::shared_ptr<AgentLink> root;
   {
     absl::MutexLock lock(&mu_);
     if (communicator_valid_) return absl::OkStatus();
-    root = agents_.at(0).stub.get();
+    root = agents_.at(0).link;
   }
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
-  v1::NewCommunicatorIdResponse response;
-  const grpc::Status status = root->NewCommunicatorId(&context, v1::NewCommunicatorIdRequest(), &response);
-  if (!status.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", status.error_message()));
-  communicator_id_ = response.communicator_id();
+  const absl::StatusOr<std::string> id = root->NewCommunicatorId(absl::Now() + config_.rpc_deadline);
+  if (!id.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", id.status().message()));
+  communicator_id_ = *id;
   ++communicator_generation_;
   ready_digest_.clear();
   absl::MutexLock lock(&mu_);
@@ -52,30 +47,21 @@ absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration 
   if (auto status = RenewCommunicator(); !status.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
   }
-  std::map<int32_t, std::string> addresses;
-  std::map<int32_t, v1::AgentControl::Stub*> stubs;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [rank, entry] : agents_) {
-      addresses[rank] = entry.join.address();
-      stubs[rank] = entry.stub.get();
-    }
-  }
+  const std::map<int32_t, std::string> addresses = Addresses();
+  std::map<int32_t, std::shared_ptr<AgentLink>> links = Links();
   std::vector<std::string> refusals(config_.world_size);
   phase_pool_.Run([&](int32_t rank) {
     const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->digest;
     for (bool send_schedule : {!cached, true}) {
       const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
-      v1::PrepareResponse response;
-      const grpc::Status status = stubs[rank]->Prepare(&context, request, &response);
-      if (!status.ok()) {
-        refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", status.error_message());
+      const absl::StatusOr<v1::PrepareResponse> response =
+          links[rank]->Prepare(request, absl::Now() + config_.rpc_deadline);
+      if (!response.ok()) {
+        refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", response.status().message());
         return;
       }
-      if (response.schedule_missing()) continue;  // resend with the schedule
-      if (!response.ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response.refusal());
+      if (response->schedule_missing()) continue;  // resend with the schedule
+      if (!response->ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response->refusal());
       return;
     }
   });
@@ -108,16 +94,9 @@ bool Coordinator::OneCallReady() {
 absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const std::string& sync_id,
                                                                          absl::Duration timeout, bool verify,
                                                                          bool one_call) {
-  std::map<int32_t, v1::AgentControl::Stub*> stubs;
-  std::map<int32_t, std::string> addresses;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [rank, entry] : agents_) {
-      stubs[rank] = entry.stub.get();
-      addresses[rank] = entry.join.address();
-    }
-  }
-  std::vector<grpc::Status> results(config_.world_size);
+  std::map<int32_t, std::shared_ptr<AgentLink>> links = Links();
+  const std::map<int32_t, std::string> addresses = Addresses();
+  std::vector<absl::Status> results(config_.world_size);
   std::vector<v1::ExecuteResponse> responses(config_.world_size);
   // The first rank that fails makes every rank abort at once: nobody waits out its
   // deadline on a peer that is gone.
@@ -128,10 +107,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const s
         v1::AbortRequest abort;
         abort.set_sync_id(sync_id);
         abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
-        v1::AbortResponse ignored;
-        stubs[rank]->Abort(&context, abort, &ignored);
+        links[rank]->Abort(abort, absl::Now() + config_.rpc_deadline).IgnoreError();  // the sync fails anyway
       });
     });
   };
@@ -141,23 +117,23 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const s
     execute.set_digest(plan_->digest);
     execute.set_verify(verify);
     if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
-    grpc::ClientContext context;
     // The agent's own waits end at the timeout; this leaves it room to say so.
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + config_.rpc_deadline));
-    results[rank] = stubs[rank]->Execute(&context, execute, &responses[rank]);
-    if (!results[rank].ok()) abort_all(rank, results[rank].error_message());
+    absl::StatusOr<v1::ExecuteResponse> answer =
+        links[rank]->Execute(execute, absl::Now() + timeout + config_.rpc_deadline);
+    results[rank] = answer.status();
+    if (answer.ok()) responses[rank] = *std::move(answer);
+    if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));
   });
   std::vector<std::string> failures;
   bool written = false;  // some rank finished, or failed after it may have written
   for (int32_t rank = 0; rank < config_.world_size; ++rank) {
-    const grpc::Status& r = results[rank];
-    written = written || r.ok();
-    if (r.ok()) continue;
+    const absl::Status& status = results[rank];
+    written = written || status.ok();
+    if (status.ok()) continue;
     // A dead agent's call often ends with no message: its code says enough.
-    const absl::Status status = FromGrpcStatus(r);
     written = written || !absl::IsFailedPrecondition(status);
     failures.push_back(absl::StrCat("rank ", rank, ": ", absl::StatusCodeToString(status.code()),
-                                    r.error_message().empty() ? " (no answer)" : ": " + r.error_message()));
+                                    status.message().empty() ? " (no answer)" : absl::StrCat(": ", status.message())));
   }
   if (!failures.empty()) {
     {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "common/grpc_status.h"
+#include "proto/shardsync.grpc.pb.h"
 #include "daemon/coordinator/coordinator.h"
 
 namespace shardsync::coordinator {

@@ -119,6 +119,42 @@ TEST_CASE("one agent: the first sync prepares, every later one is a single Execu
 
 std::vector<int32_t> Ranks(const google::protobuf::RepeatedField<int32_t>& ranks) { return {ranks.begin(), ranks.end()}; }
 
+TEST_CASE("agent 0 serving the coordinator in its own process: every sync exact, with 4 agents and with 1 alone") {
+  for (int agents : {4, 1}) {
+    INFO(agents << " agents");
+    ClusterOptions options;
+    options.agents = agents;
+    options.agent0_serves_coordinator = true;
+    Cluster cluster(options);  // no coordinator process: agent 0 is it
+    const bool alone = agents == 1;
+    Deployment deployment(cluster, "served", ModelJson(3, alone ? R"([{"ranks": [0]}])" : kLayouts[0].replicas,
+                                                       alone ? "[0]" : "[0, 1, 2, 3]"), 51);
+    RequireReady(deployment);
+    auto first = SyncOnce(cluster, absl::Seconds(20));
+    if (!first.ok()) cluster.DumpLogs();
+    REQUIRE(first.ok());
+    CHECK(deployment.CheckTargets(51).empty());
+    for (uint64_t seed = 52; seed < 55; ++seed) {
+      deployment.Refill(seed);
+      auto next = SyncOnce(cluster, absl::Seconds(20));
+      REQUIRE(next.ok());
+      CHECK(next->one_call() == alone);  // CPU agents keep Prepare unless alone
+      CHECK(deployment.CheckTargets(seed).empty());
+    }
+    std::ifstream log(cluster.dir() + "/agent0.log");
+    const std::string agent0((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    // Its own part is a direct call; the others' over gRPC.
+    const size_t joined0 = agent0.find("rank 0 joined from");
+    REQUIRE(joined0 != std::string::npos);
+    CHECK_THAT(agent0.substr(joined0, agent0.find('\n', joined0) - joined0), Contains("in this process"));
+    for (int rank = 1; rank < agents; ++rank) {
+      const size_t joined = agent0.find(absl::StrCat("rank ", rank, " joined from"));
+      REQUIRE(joined != std::string::npos);
+      CHECK_THAT(agent0.substr(joined, agent0.find('\n', joined) - joined), !Contains("in this process"));
+    }
+  }
+}
+
 TEST_CASE("a restarted rollout rank is refilled alone: its targets are written, every other target keeps its bytes") {
   Cluster cluster(ClusterOptions{});
   // ZeRO-3 over 4 ranks into TP2 on ranks 2-3: ranks 0 and 1 hold sources only.

@@ -10,6 +10,8 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
           missing shard makes the sync refused and no target changes; an agent killed
           during a sync fails it within its deadline naming the rank, and a restarted
           agent syncs again.
+  Agent 0 serving as the coordinator (--serve-coordinator, no coordinator process): the
+  same checks, on 1 GPU and on 2.
 """
 
 import argparse
@@ -50,18 +52,26 @@ def wait_port(path, timeout=15):
 
 
 class Cluster:
-    def __init__(self, name, world, staging=128 << 20, sync_timeout_ms=20000):
+    """A coordinator process and an agent per GPU; with serving="agent0", no coordinator
+    process: agent 0 serves as the coordinator (--serve-coordinator)."""
+
+    def __init__(self, name, world, staging=128 << 20, sync_timeout_ms=20000, serving="process"):
         self.dir = tempfile.mkdtemp(prefix=f"ss-{name}-", dir="/tmp")
         self.logs = os.path.join(OUT, name)
         os.makedirs(self.logs, exist_ok=True)
         self.world, self.agents, self.clients = world, {}, []
-        self.coordinator_process = self.spawn(
-            [f"{args.bin}/shardsync-coordinator", "--world", str(world), "--listen", "127.0.0.1:0", "--port-file",
-             f"{self.dir}/c.port", "--staging-bytes", str(staging), "--sync-timeout-ms", str(sync_timeout_ms),
-             "--rpc-deadline-ms", "5000", "--insecure"], "coordinator")
-        self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
+        self.coordinator_flags = ["--world", str(world), "--staging-bytes", str(staging), "--sync-timeout-ms",
+                                  str(sync_timeout_ms)]
+        self.coordinator_process = None
+        if serving == "process":
+            self.coordinator_process = self.spawn(
+                [f"{args.bin}/shardsync-coordinator", "--listen", "127.0.0.1:0", "--port-file", f"{self.dir}/c.port",
+                 "--rpc-deadline-ms", "5000", "--insecure"] + self.coordinator_flags, "coordinator")
+            self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
         for rank in range(world):
-            self.start_agent(rank)
+            port = self.start_agent(rank, serves=serving == "agent0" and rank == 0)
+            if serving == "agent0" and rank == 0:
+                self.coordinator = f"127.0.0.1:{port}"
 
     def spawn(self, argv, name, **kwargs):
         log = open(os.path.join(self.logs, f"{name}.log"), "a")
@@ -70,16 +80,16 @@ class Cluster:
     def socket(self, rank):
         return f"{self.dir}/a{rank}.sock"
 
-    def start_agent(self, rank):
+    def start_agent(self, rank, serves=False):
         port_file = f"{self.dir}/a{rank}.port"
         if os.path.exists(port_file):
             os.unlink(port_file)
+        where = ["--serve-coordinator"] + self.coordinator_flags if serves else ["--coordinator", self.coordinator]
         self.agents[rank] = self.spawn(
-            [f"{args.bin}/shardsync-agent", "--rank", str(rank), "--coordinator", self.coordinator, "--socket",
-             self.socket(rank), "--device", str(rank), "--port-file", port_file, "--rpc-deadline-ms", "5000",
-             "--insecure"],
+            [f"{args.bin}/shardsync-agent", "--rank", str(rank), "--socket", self.socket(rank), "--device", str(rank),
+             "--port-file", port_file, "--rpc-deadline-ms", "5000", "--insecure"] + where,
             f"agent{rank}")
-        wait_port(port_file)
+        return wait_port(port_file)
 
     def client(self, role, rank, **flags):
         argv = [sys.executable, os.path.join(HERE, "gpu_client.py"), "--socket", self.socket(rank), "--device",
@@ -100,10 +110,11 @@ class Cluster:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        for p in list(self.agents.values()) + [self.coordinator_process]:
+        daemons = list(self.agents.values()) + ([self.coordinator_process] if self.coordinator_process else [])
+        for p in daemons:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in list(self.agents.values()) + [self.coordinator_process]:
+        for p in daemons:
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -225,11 +236,13 @@ def engine_case(transport, slow_link_us, slow_unpack_us):
     return run
 
 
-def layout_case(world, zero, name, rollouts):
-    """ZeRO-`zero` over `world` GPUs into the rollout `rollouts`: (rank, tp, tp_rank) each."""
-    @case(f"{world} GPUs: ZeRO-{zero} over {world} ranks into {name}, two syncs, then one with --verify")
+def layout_case(world, zero, name, rollouts, serving="process"):
+    """ZeRO-`zero` over `world` GPUs into the rollout `rollouts`: (rank, tp, tp_rank) each;
+    the coordinator in its own process, or served by agent 0 (`serving="agent0"`)."""
+    served = ", agent 0 serving the coordinator" if serving == "agent0" else ""
+    @case(f"{world} GPUs: ZeRO-{zero} over {world} ranks into {name}{served}, two syncs, then one with --verify")
     def run():
-        cluster = Cluster(f"zero{zero}-{name}", world)
+        cluster = Cluster(f"zero{zero}-{name}-{serving}", world, serving=serving)
         try:
             seed = 10 * world + zero
             trainers = [cluster.client("trainer", r, zero=zero, dp=world, seed=seed) for r in range(world)]
@@ -363,9 +376,11 @@ def agent_killed():
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
     cases = [one_gpu, ready_event_case] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
+    cases += [layout_case(1, 3, "TP1", [(0, 1, 0)], serving="agent0")]
     cases += [engine_case(t, link, unpack) for t in ("copy", "nccl-self") for link, unpack in ((0, 0), (300, 0), (0, 300))]
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
+        cases += [layout_case(2, 3, "TP2", TWO_GPU_LAYOUTS["TP2"], serving="agent0")]
         cases += [missing_shard_case(2), agent_killed]
     if GPUS >= 4:
         cases += [layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]

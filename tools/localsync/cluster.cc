@@ -150,7 +150,7 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)), dir_(Te
   absl::StatusOr<Credentials> credentials = LoadCredentials(tls);
   if (!credentials.ok()) throw std::runtime_error(std::string(credentials.status().message()));
   credentials_ = *credentials;
-  StartCoordinator("127.0.0.1:0");
+  if (!options_.agent0_serves_coordinator) StartCoordinator("127.0.0.1:0");
   for (int r = 0; r < options_.agents; ++r) StartAgent(r);
   // Agents join on their own thread: wait until the coordinator has all of them.
   client::CoordinatorClient coordinator = coordinator_client();
@@ -204,9 +204,9 @@ void Cluster::RestartCoordinator() {
 
 Cluster::~Cluster() {
   for (auto& [rank, agent] : agents_) agent->Signal(SIGTERM);
-  coordinator_->Signal(SIGTERM);
+  if (coordinator_) coordinator_->Signal(SIGTERM);
   for (auto& [rank, agent] : agents_) agent->Wait(absl::Seconds(5));
-  coordinator_->Wait(absl::Seconds(5));
+  if (coordinator_) coordinator_->Wait(absl::Seconds(5));
   // A client that was killed leaves its shared memory behind.
   const std::string prefix = ShmPrefix().substr(1);
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
@@ -249,10 +249,17 @@ std::string Cluster::socket(int rank) const { return absl::StrCat(dir_, "/agent"
 void Cluster::StartAgent(int rank) {
   const std::string port_file = absl::StrCat(dir_, "/agent", rank, ".port");
   unlink(port_file.c_str());
-  std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank", std::to_string(rank), "--coordinator",
-                                   coordinator_address_, "--socket", socket(rank), "--listen", "127.0.0.1:0",
-                                   "--port-file", port_file, "--rpc-deadline-ms",
-                                   std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"};
+  const bool serves_coordinator = options_.agent0_serves_coordinator && rank == 0;
+  std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank", std::to_string(rank), "--socket",
+                                   socket(rank), "--listen", "127.0.0.1:0", "--port-file", port_file,
+                                   "--rpc-deadline-ms", std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"};
+  if (serves_coordinator) {
+    argv.insert(argv.end(), {"--serve-coordinator", "--world", std::to_string(options_.agents), "--staging-bytes",
+                             std::to_string(options_.staging_bytes), "--sync-timeout-ms",
+                             std::to_string(options_.sync_timeout_ms)});
+  } else {
+    argv.insert(argv.end(), {"--coordinator", coordinator_address_});
+  }
   if (options_.metrics) {
     argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
                              absl::StrCat(dir_, "/agent", rank, ".metrics")});
@@ -263,9 +270,11 @@ void Cluster::StartAgent(int rank) {
     argv.push_back(std::to_string(options_.agent_max_staging_bytes.at(rank)));
   }
   agents_[rank] = std::make_unique<Process>(argv, absl::StrCat(dir_, "/agent", rank, ".log"));
-  if (WaitForPortFile(port_file, absl::Seconds(20)) < 0) {
+  const int port = WaitForPortFile(port_file, absl::Seconds(20));
+  if (port < 0) {
     throw std::runtime_error(absl::StrCat("agent ", rank, " did not start:\n", ReadFile(absl::StrCat(dir_, "/agent", rank, ".log"))));
   }
+  if (serves_coordinator) coordinator_address_ = absl::StrCat("127.0.0.1:", port);
 }
 
 Cluster::Client Cluster::StartClient(const std::string& spec, int rank, bool sources, uint64_t seed,

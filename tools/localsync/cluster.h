@@ -50,9 +50,11 @@ struct ClusterOptions {
   std::map<int, int64_t> agent_max_staging_bytes;  // per rank, default the agent's
   bool metrics = false;  // every daemon serves /metrics on an OS-chosen port
   TlsConfig tls;          // CA, certificate and key of every daemon; none: --insecure
+  bool agent0_serves_coordinator = false;  // no coordinator process: agent 0 is it
 };
 
-// A coordinator and one agent per rank, all on localhost.
+// A coordinator and one agent per rank, all on localhost (or agent 0 serving as the
+// coordinator: ClusterOptions::agent0_serves_coordinator).
 class Cluster {
  public:
   explicit Cluster(ClusterOptions options);
@@ -64,7 +66,8 @@ class Cluster {
   std::vector<std::string> security_flags() const;
   client::CoordinatorClient coordinator_client() const;
   void StartAgent(int rank);
-  // Kills the coordinator (SIGKILL) and starts a new one on the same port.
+  // Kills the coordinator (SIGKILL) and starts a new one on the same port. This and
+  // coordinator_process() need a coordinator process (not agent0_serves_coordinator).
   void RestartCoordinator();
   // With ClusterOptions::metrics: the metrics port of the coordinator (-1) or a rank.
   int MetricsPort(int rank) const;

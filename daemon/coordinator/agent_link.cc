@@ -1,0 +1,55 @@
+#include "daemon/coordinator/agent_link.h"
+
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace shardsync::coordinator {
+namespace {
+
+class GrpcLink : public AgentLink {
+ public:
+  explicit GrpcLink(std::shared_ptr<grpc::Channel> channel) : stub_(v1::AgentControl::NewStub(std::move(channel))) {}
+
+  absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) override {
+    return Call<v1::PrepareResponse>(&v1::AgentControl::Stub::Prepare, request, deadline);
+  }
+  absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request, absl::Time deadline) override {
+    return Call<v1::ExecuteResponse>(&v1::AgentControl::Stub::Execute, request, deadline);
+  }
+  absl::Status Abort(const v1::AbortRequest& request, absl::Time deadline) override {
+    return Call<v1::AbortResponse>(&v1::AgentControl::Stub::Abort, request, deadline).status();
+  }
+  absl::StatusOr<std::string> NewCommunicatorId(absl::Time deadline) override {
+    auto response = Call<v1::NewCommunicatorIdResponse>(&v1::AgentControl::Stub::NewCommunicatorId,
+                                                        v1::NewCommunicatorIdRequest(), deadline);
+    if (!response.ok()) return response.status();
+    return response->communicator_id();
+  }
+  absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) override {
+    return Call<v1::RankProgress>(&v1::AgentControl::Stub::Progress, v1::ProgressRequest(), deadline);
+  }
+
+ private:
+  template <typename Response, typename Request, typename Method>
+  absl::StatusOr<Response> Call(Method method, const Request& request, absl::Time deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    Response response;
+    const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response;
+  }
+
+  std::unique_ptr<v1::AgentControl::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<AgentLink> GrpcAgentLink(const std::string& address, const Credentials& credentials) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  args.SetMaxReceiveMessageSize(-1);
+  return std::make_unique<GrpcLink>(MakeChannel(address, credentials, args));
+}
+
+}  // namespace shardsync::coordinator

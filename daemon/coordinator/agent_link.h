@@ -1,0 +1,32 @@
+// How the coordinator reaches one agent: over gRPC, or by direct calls when the agent
+// serves the coordinator in its own process (shardsync-agent --serve-coordinator), which
+// takes a network hop and two thread wake-ups off every sync of that rank.
+// absl::Status throughout; the gRPC link converts at its edge.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/tls.h"
+#include "proto/shardsync.grpc.pb.h"
+
+namespace shardsync::coordinator {
+
+class AgentLink {
+ public:
+  virtual ~AgentLink() = default;
+  // `deadline` bounds the call; a direct call has no transport to bound (the agent
+  // keeps its own deadlines).
+  virtual absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) = 0;
+  virtual absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request, absl::Time deadline) = 0;
+  virtual absl::Status Abort(const v1::AbortRequest& request, absl::Time deadline) = 0;
+  virtual absl::StatusOr<std::string> NewCommunicatorId(absl::Time deadline) = 0;
+  virtual absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) = 0;
+};
+
+// An agent at `address` (its AgentControl service).
+std::unique_ptr<AgentLink> GrpcAgentLink(const std::string& address, const Credentials& credentials);
+
+}  // namespace shardsync::coordinator
