@@ -1,6 +1,7 @@
-"""A trainer or rollout process of the sync benchmark (torch, one GPU). Commands on
-stdin: "check SEED" -> "ok" / "mismatch N"; "memory" -> bytes allocated now and the
-peak; "exit"."""
+"""A trainer or rollout process of the sync benchmark and of the main job on GPUs (torch,
+one GPU). Commands on stdin: "check SEED" -> "ok" / "mismatch N" (rollout); "refill SEED"
+-> "refilled" (trainer: the values of SEED, written and synchronized); "memory" -> bytes
+allocated now and the peak; "exit"."""
 
 import argparse
 import math
@@ -42,10 +43,14 @@ if args.role == "trainer":
         parts.append((i, name, shape, begin, end, at))
         at += end - begin
     flat = torch.empty(at, dtype=torch.bfloat16, device=device)
-    for i, name, shape, begin, end, offset in parts:
-        if end > begin:
-            flat[offset:offset + end - begin].copy_(values(args.seed, i, shape).flatten()[begin:end])
-    torch.cuda.synchronize()
+
+    def fill(seed):
+        for i, name, shape, begin, end, offset in parts:
+            if end > begin:
+                flat[offset:offset + end - begin].copy_(values(seed, i, shape).flatten()[begin:end])
+        torch.cuda.synchronize()  # written before the sync reads them
+
+    fill(args.seed)
     layouts = [shardsync.tensor_layout(name, shape, "bfloat16", flat_placements=[(begin, end, "flat", offset)])
                for i, name, shape, begin, end, offset in parts if end > begin]
     buffers = {"flat": cuda_buffer(flat)}
@@ -100,6 +105,9 @@ for line in sys.stdin:
         torch.cuda.synchronize()
         n = check(int(command[1]))
         print("ok" if n == 0 else f"mismatch {n}", flush=True)
+    elif command and command[0] == "refill" and args.role == "trainer":
+        fill(int(command[1]))
+        print("refilled", flush=True)
     elif command and command[0] == "memory":
         print("memory", torch.cuda.max_memory_allocated() - base_memory, flush=True)
     elif command and command[0] == "exit":

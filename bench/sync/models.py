@@ -6,6 +6,7 @@ import math
 import shardsync
 
 CONFIGS = {  # hidden, intermediate, layers, heads, kv heads, head dim, vocab, tied
+    "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True),  # the main job on GPUs
     "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, 151936, True),
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, False),
     "qwen3-tiny": (64, 192, 2, 4, 2, 16, 1000, False),  # the baselines' CPU check only

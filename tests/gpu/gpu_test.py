@@ -5,6 +5,7 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
           CUDA graph captured on the arena before the sync reads the new weights after
           it; the arena keeps its address. A trainer's ready event: the sync waits for
           writes still in flight (and reads early without the record: the control).
+          The main job (tools/localsync/gpu_sync.py, scripts/quickstart's GPU path).
   2 GPUs: ZeRO-1, 2 and 3 over 2 ranks into TP2 and into TP1 x 2; every element equal
           after two syncs with changed sources; under ZeRO-1/2 no byte crosses GPUs; a
           missing shard makes the sync refused and no target changes; an agent killed
@@ -214,6 +215,19 @@ def ready_event_case():
         cluster.stop()
 
 
+@case("the main job on GPUs (scripts/quickstart where a GPU is): Qwen3-0.6B shapes, two syncs, every element verified")
+def main_job():
+    repo = os.path.dirname(os.path.dirname(HERE))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(repo, "bench", "sync"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, os.path.join(repo, "tools", "localsync", "gpu_sync.py"), "--bin", args.bin],
+                          capture_output=True, text=True, timeout=600, env=env)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert done.returncode == 0 and last.startswith("{"), f"exit {done.returncode}: {last or done.stderr[-300:]}"
+    result = json.loads(last)
+    assert result["status"] == "ok" and result["mismatched"] == 0 and result["syncs"] == 2, result
+    return f"{result['gpus']} GPU(s), {result['tensors']} tensors, {result['bytes']} bytes per sync, last sync {result['seconds'] * 1e3:.2f} ms"
+
+
 def engine_case(transport, slow_link_us, slow_unpack_us):
     """The engine's double-buffered rounds on one GPU (tests/gpu/engine_check.cc): ranks joined
     by peer copies ("copy"), or every stream sent to itself over the agent's NCCL transport
@@ -375,7 +389,7 @@ def agent_killed():
 
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
-    cases = [one_gpu, ready_event_case] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
+    cases = [one_gpu, ready_event_case, main_job] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
     cases += [layout_case(1, 3, "TP1", [(0, 1, 0)], serving="agent0")]
     cases += [engine_case(t, link, unpack) for t in ("copy", "nccl-self") for link, unpack in ((0, 0), (300, 0), (0, 300))]
     if GPUS >= 2:
