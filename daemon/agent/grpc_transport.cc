@@ -36,6 +36,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
   size_t done = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (aborted_sync_ == sync_id) return absl::AbortedError(aborted_reason_);
     running_sync_ = std::string(sync_id);
     for (const executor::SendOp& send : sends) {
       auto address = addresses_.find(send.peer);
@@ -43,6 +44,10 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
       auto call = std::make_unique<Call>();
       call->peer = send.peer;
       call->context.set_deadline(absl::ToChronoTime(deadline));
+      // A peer that restarted on its port may find this channel still backing off from
+      // the refused connections while it was down: wait for it (the deadline and an
+      // abort still end the wait) rather than fail at once.
+      call->context.set_wait_for_ready(true);
       call->request.set_sync_id(std::string(sync_id));
       call->request.set_from_rank(rank_);
       call->request.set_round(round);
@@ -81,6 +86,8 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
 void GrpcTransport::Abort(absl::string_view sync_id, absl::string_view reason) {
   mailbox_.Abort(sync_id, reason);
   absl::MutexLock lock(&mu_);
+  aborted_sync_ = std::string(sync_id);
+  aborted_reason_ = std::string(reason);
   if (running_sync_ != sync_id) return;  // a late abort must not cancel a later sync's calls
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
 }

@@ -155,6 +155,29 @@ TEST_CASE("agent 0 serving the coordinator in its own process: every sync exact,
   }
 }
 
+TEST_CASE("agent 0 serving the coordinator killed and restarted on its port: the others rejoin, the next sync is exact") {
+  ClusterOptions options;
+  options.agent0_serves_coordinator = true;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "served-restart", ModelJson(3, kLayouts[0].replicas), 61);
+  RequireReady(deployment);
+  REQUIRE(SyncOnce(cluster, absl::Seconds(20)).ok());
+  deployment.Refill(62);
+  cluster.agent(0).Signal(SIGKILL);
+  cluster.agent(0).Wait(absl::Seconds(5));
+  cluster.StartAgent(0);  // the same port: the others' --coordinator
+  for (Process* client : {&deployment.trainer(0), &deployment.rollout(0)}) {
+    client->WriteLine("reregister");
+    CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
+  }
+  // Ranks 1-3 were never told: they find the new coordinator and publish again.
+  REQUIRE(deployment.WaitPublished());
+  auto sync = SyncOnce(cluster, absl::Seconds(20));
+  if (!sync.ok()) cluster.DumpLogs();
+  REQUIRE(sync.ok());
+  CHECK(deployment.CheckTargets(62).empty());
+}
+
 TEST_CASE("a restarted rollout rank is refilled alone: its targets are written, every other target keeps its bytes") {
   Cluster cluster(ClusterOptions{});
   // ZeRO-3 over 4 ranks into TP2 on ranks 2-3: ranks 0 and 1 hold sources only.

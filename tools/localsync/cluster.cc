@@ -250,8 +250,9 @@ void Cluster::StartAgent(int rank) {
   const std::string port_file = absl::StrCat(dir_, "/agent", rank, ".port");
   unlink(port_file.c_str());
   const bool serves_coordinator = options_.agent0_serves_coordinator && rank == 0;
+  const int port_before = agent_ports_.count(rank) ? agent_ports_.at(rank) : 0;
   std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank", std::to_string(rank), "--socket",
-                                   socket(rank), "--listen", "127.0.0.1:0", "--port-file", port_file,
+                                   socket(rank), "--listen", absl::StrCat("127.0.0.1:", port_before), "--port-file", port_file,
                                    "--rpc-deadline-ms", std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"};
   if (serves_coordinator) {
     argv.insert(argv.end(), {"--serve-coordinator", "--world", std::to_string(options_.agents), "--staging-bytes",
@@ -274,6 +275,7 @@ void Cluster::StartAgent(int rank) {
   if (port < 0) {
     throw std::runtime_error(absl::StrCat("agent ", rank, " did not start:\n", ReadFile(absl::StrCat(dir_, "/agent", rank, ".log"))));
   }
+  agent_ports_[rank] = port;
   if (serves_coordinator) coordinator_address_ = absl::StrCat("127.0.0.1:", port);
 }
 

@@ -65,6 +65,8 @@ class Cluster {
   // The TCP security flags every daemon of this cluster runs with; shardsyncctl needs them too.
   std::vector<std::string> security_flags() const;
   client::CoordinatorClient coordinator_client() const;
+  // Starts (or, after it died, restarts) the agent of `rank`; a restart listens on the
+  // port it had, as a daemon with a fixed --listen does.
   void StartAgent(int rank);
   // Kills the coordinator (SIGKILL) and starts a new one on the same port. This and
   // coordinator_process() need a coordinator process (not agent0_serves_coordinator).
@@ -94,6 +96,7 @@ class Cluster {
   std::string coordinator_address_;
   std::unique_ptr<Process> coordinator_;
   std::map<int, std::unique_ptr<Process>> agents_;
+  std::map<int, int> agent_ports_;
   int clients_started_ = 0;
 };
 
