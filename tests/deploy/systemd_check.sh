@@ -12,15 +12,18 @@ fail=0
 cp deploy/systemd/*.service "$work/"
 sed -i "s|/usr/local/bin/shardsync-agent|$here/daemon/agent/shardsync-agent|" "$work/shardsync-agent@.service"
 sed -i "s|/usr/local/bin/shardsync-coordinator|$here/daemon/coordinator/shardsync-coordinator|" "$work/shardsync-coordinator.service"
+sed -i "s|/usr/local/bin/shardsync-agent|$here/daemon/agent/shardsync-agent|" "$work/shardsync-single-gpu.service"
 cp "$work/shardsync-agent@.service" "$work/shardsync-agent@0.service"
-out=$(systemd-analyze verify "$work/shardsync-coordinator.service" "$work/shardsync-agent@0.service" 2>&1)
+out=$(systemd-analyze verify "$work/shardsync-coordinator.service" "$work/shardsync-agent@0.service" \
+      "$work/shardsync-single-gpu.service" 2>&1)
 if [ $? -ne 0 ] || [ -n "$out" ]; then
   echo "FAIL: systemd-analyze verify complained:"; echo "$out"; fail=1
 else
-  echo "ok: systemd-analyze verify accepts both units"
+  echo "ok: systemd-analyze verify accepts the three units"
 fi
 
-for pair in "shardsync-coordinator.service:coordinator.env" "shardsync-agent@.service:agent-0.env"; do
+for pair in "shardsync-coordinator.service:coordinator.env" "shardsync-agent@.service:agent-0.env" \
+            "shardsync-single-gpu.service:single-gpu.env"; do
   unit=${pair%%:*}; env=${pair##*:}
   for var in $(grep -o '\${[A-Z_]*}' "deploy/systemd/$unit" | tr -d '${}' | sort -u); do
     if ! grep -q "^$var=" "deploy/systemd/$env"; then echo "FAIL: $unit uses \${$var}, $env does not set it"; fail=1; fi
