@@ -18,8 +18,8 @@ CoordinatorLink::~CoordinatorLink() {
 
 void CoordinatorLink::Start(const std::string& address) {
   config_.join.set_address(address);
-  const std::string& coordinator = config_.coordinator.empty() ? address : config_.coordinator;
-  stub_ = v1::Coordinator::NewStub(MakeChannel(coordinator, config_.credentials));
+  if (config_.coordinator.empty()) config_.coordinator = address;  // this agent serves it
+  stub_ = v1::Coordinator::NewStub(MakeChannel(config_.coordinator, config_.credentials));
   thread_ = std::thread([this] { Loop(); });
 }
 
