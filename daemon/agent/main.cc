@@ -35,8 +35,9 @@ chunks to each other.
 
   --rank N               global rank of this agent (one per device), required
   --coordinator ADDR     the coordinator's host:port, required unless --serve-coordinator
-  --serve-coordinator    this agent also is the coordinator, on its --listen port: the
-                         others join it there; its own part of every sync is a direct
+  --serve-coordinator    this agent also is the coordinator, on its --listen port (the
+                         others join it there) and on --socket (local clients sync
+                         there: unix:PATH); its own part of every sync is a direct
                          call, not an RPC (one daemon for a single GPU). With it:
   --world N                number of agents, required
   --staging-bytes B        staging budget per peer, both directions (default 134217728)
@@ -162,12 +163,14 @@ int main(int argc, char** argv) {
   shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox);
   shardsync::agent::ControlService control(agent);
   std::unique_ptr<shardsync::coordinator::Coordinator> coordinator;
-  std::unique_ptr<shardsync::coordinator::CoordinatorService> coordinator_service;
+  std::unique_ptr<shardsync::coordinator::CoordinatorService> coordinator_service, local_coordinator_service;
   if (c.serve_coordinator) {
     c.coordinator_config.credentials = *credentials;
     coordinator = std::make_unique<shardsync::coordinator::Coordinator>(c.coordinator_config);
     coordinator->SetLocalAgent(link_config.join.incarnation(), std::make_shared<shardsync::agent::LocalAgentLink>(agent));
     coordinator_service = std::make_unique<shardsync::coordinator::CoordinatorService>(*coordinator);
+    // Also on the unix socket: the trainer beside it syncs without TCP or TLS.
+    local_coordinator_service = std::make_unique<shardsync::coordinator::CoordinatorService>(*coordinator);
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -197,6 +200,7 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder local_builder;
   local_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(c.max_message_bytes, INT32_MAX)));
   local_builder.RegisterService(&local);
+  if (local_coordinator_service) local_builder.RegisterService(local_coordinator_service.get());
   std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
   if (!local_server) {
     spdlog::error("cannot serve the unix socket {}", c.socket);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
+#include "common/tls.h"
 #include "tests/e2e/small_model.h"
 #include "tools/localsync/deployment.h"
 
@@ -41,6 +42,15 @@ TEST_CASE("agent 0 serving the coordinator in its own process: every sync exact,
       CHECK(next->one_call() == alone);  // CPU agents keep Prepare unless alone
       CHECK(deployment.CheckTargets(seed).empty());
     }
+    // The trainer beside agent 0 may sync over its unix socket: no TCP, no TLS.
+    TlsConfig plaintext;
+    plaintext.insecure = true;
+    client::CoordinatorClient beside("unix:" + cluster.socket(0), *LoadCredentials(plaintext));
+    deployment.Refill(55);
+    auto over_socket = beside.Sync(absl::Seconds(20));
+    INFO(over_socket.status().message());
+    REQUIRE(over_socket.ok());
+    CHECK(deployment.CheckTargets(55).empty());
     std::ifstream log(cluster.dir() + "/agent0.log");
     const std::string agent0((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
     // Its own part is a direct call; the others' over gRPC.
