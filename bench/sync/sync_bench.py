@@ -49,7 +49,8 @@ CASES = {
 
 class Cluster:
     """The daemons of one case: a coordinator process and an agent per GPU, or with
-    `serving == "agent0"` agent 0 serving as the coordinator (--serve-coordinator)."""
+    `serving` "agent0" agent 0 serving as the coordinator (--serve-coordinator), the
+    client calling it over TCP, or with "agent0-unix" over agent 0's unix socket."""
 
     def __init__(self, bin_dir, out, staging, world, serving="process"):
         self.dir = tempfile.mkdtemp(prefix="ss-bench-", dir="/tmp")
@@ -60,14 +61,14 @@ class Cluster:
                         f"{self.dir}/c.port", "--insecure"] + coordinator_flags, "coordinator")
             self.coordinator = f"127.0.0.1:{self.port(f'{self.dir}/c.port')}"
         for r in range(world):
-            serves = serving == "agent0" and r == 0
+            serves = serving.startswith("agent0") and r == 0
             where = ["--serve-coordinator"] + coordinator_flags if serves else ["--coordinator", self.coordinator]
             self.spawn([f"{bin_dir}/shardsync-agent", "--rank", str(r), "--socket", f"{self.dir}/a{r}.sock", "--device",
                         str(r), "--port-file", f"{self.dir}/a{r}.port", "--max-staging-bytes", str(1 << 30),
                         "--insecure"] + where, f"agent{r}")
             port = self.port(f"{self.dir}/a{r}.port")
             if serves:
-                self.coordinator = f"127.0.0.1:{port}"
+                self.coordinator = f"unix:{self.dir}/a0.sock" if serving == "agent0-unix" else f"127.0.0.1:{port}"
 
     def spawn(self, argv, name, **kw):
         log = open(os.path.join(self.out, f"{name}.log"), "a")
@@ -171,11 +172,12 @@ def main():
     parser.add_argument("--staging-bytes", type=int, default=128 << 20)
     parser.add_argument("--serving", default="process",
                         help="where the coordinator runs, comma-separated to measure each in turn: process (its "
-                             "own daemon) or agent0 (agent 0 serves it); the first gives the row's figures")
+                             "own daemon), agent0 (agent 0 serves it; the client calls over TCP) or agent0-unix "
+                             "(over agent 0's unix socket); the first gives the row's figures")
     args = parser.parse_args()
     servings = args.serving.split(",")
-    if any(s not in ("process", "agent0") for s in servings):
-        parser.error("--serving takes process and agent0")
+    if any(s not in ("process", "agent0", "agent0-unix") for s in servings):
+        parser.error("--serving takes process, agent0 and agent0-unix")
     os.makedirs(args.out, exist_ok=True)
     world = args.world
     cases = [c for c in args.cases.split(",") if c] or list(CASES[world])
