@@ -34,16 +34,27 @@ def wait_port(path, timeout=20):
 
 
 class Cluster:
-    def __init__(self):
+    """A coordinator and WORLD agents; with agent0_serves, no coordinator process: agent 0
+    is the coordinator too, and clients sync over its unix socket (as a trainer beside it)."""
+
+    def __init__(self, agent0_serves=False):
         self.dir = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
         self.processes = []
-        self.start([COORDINATOR, "--world", str(WORLD), "--listen", "127.0.0.1:0", "--port-file",
-                    f"{self.dir}/c.port", "--staging-bytes", "64", "--insecure"], "coordinator")
-        self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
+        joins = None  # where the agents join
+        if not agent0_serves:
+            self.start([COORDINATOR, "--world", str(WORLD), "--listen", "127.0.0.1:0", "--port-file",
+                        f"{self.dir}/c.port", "--staging-bytes", "64", "--insecure"], "coordinator")
+            joins = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
         for rank in range(WORLD):
-            self.start([AGENT, "--rank", str(rank), "--coordinator", self.coordinator, "--socket",
-                        self.socket(rank), "--port-file", f"{self.dir}/a{rank}.port", "--insecure"], f"agent{rank}")
-            wait_port(f"{self.dir}/a{rank}.port")
+            serves = agent0_serves and rank == 0
+            where = ["--serve-coordinator", "--world", str(WORLD), "--staging-bytes", "64"] if serves else \
+                ["--coordinator", joins]
+            self.start([AGENT, "--rank", str(rank), "--socket", self.socket(rank), "--port-file",
+                        f"{self.dir}/a{rank}.port", "--insecure"] + where, f"agent{rank}")
+            port = wait_port(f"{self.dir}/a{rank}.port")
+            if serves:
+                joins = f"127.0.0.1:{port}"
+        self.coordinator = f"unix:{self.socket(0)}" if agent0_serves else joins  # where clients sync
 
     def socket(self, rank):
         return f"{self.dir}/a{rank}.sock"
@@ -182,6 +193,24 @@ class PythonClientTest(unittest.TestCase):
         status = coordinator.status()
         self.assertEqual(len(status.agents), WORLD)
         self.assertTrue(status.last_sync_ok)
+
+    def test_agent_0_serving_the_coordinator_syncs_over_its_unix_socket_exactly(self):
+        self.cluster.stop()
+        self.cluster = Cluster(agent0_serves=True)
+        rng = random.Random(7)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        flats = [self.register_trainer(rank, values) for rank in range(WORLD)]
+        arenas = [self.register_rollout(rank) for rank in range(WORLD)]
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
+        self.assertTrue(self.cluster.coordinator.startswith("unix:"))
+        coordinator.sync(timeout=20)
+        self.check(arenas, values)
+        values = {name: rng.randbytes(len(v)) for name, v in values.items()}
+        for rank, flat in enumerate(flats):
+            self.fill_partitions(flat, rank, values)
+        coordinator.sync(timeout=20)
+        self.check(arenas, values)
+        self.assertEqual(len(coordinator.status().agents), WORLD)
 
     def test_a_closed_registration_is_dropped_and_a_sync_that_needed_it_is_refused(self):
         rng = random.Random(6)
