@@ -106,7 +106,9 @@ class CoordinatorClient:
 
     Give `tls=(ca_file, cert_file, key_file)` (PEM) for a coordinator run with
     --tls-*, or `insecure=True` for one run with --insecure; exactly one of them.
-    `server_name`: as --tls-server-name, the name the coordinator's certificate carries."""
+    `server_name`: as --tls-server-name, the name the coordinator's certificate carries.
+    `address`: host:port, or "unix:PATH" for the unix socket of an agent that serves the
+    coordinator (shardsync-agent --serve-coordinator), with insecure=True: no TLS there."""
 
     def __init__(self, address, *, tls=None, insecure=False, server_name=None):
         if (tls is None) == (not insecure):
