@@ -12,21 +12,30 @@ import matplotlib.pyplot as plt  # noqa: E402
 results = json.load(open(sys.argv[1]))
 rows = results["rows"]
 names = [r["case"] for r in rows]
-series = [("floor", "floor_seconds", "#999999"), ("shardsync", "seconds", "#1f77b4"),
-          ("gather each parameter", "gather_seconds", "#d62728"),
-          ("bucketed gather", "bucketed_gather_seconds", "#ff7f0e")]
+# Each series: (label, the row's milliseconds, colour). Runs with --serving give one
+# shardsync bar per coordinator placement.
+PLACEMENT = {"process": "coordinator process", "agent0": "agent 0 serving it", "agent0-unix": "agent 0, unix socket"}
+BLUES = ["#1f77b4", "#17becf", "#9467bd"]
+series = [("floor", lambda r: r["floor_seconds"], "#999999")]
+servings = list(rows[0].get("by_serving", {}))
+if servings:
+    series += [(f"shardsync, {PLACEMENT[s]}", lambda r, s=s: r["by_serving"][s]["seconds"], BLUES[i % 3])
+               for i, s in enumerate(servings)]
+else:
+    series.append(("shardsync", lambda r: r["seconds"], BLUES[0]))
+series += [("gather each parameter", lambda r: r["gather_seconds"], "#d62728"),
+           ("bucketed gather", lambda r: r["bucketed_gather_seconds"], "#ff7f0e")]
 if all("bucketed_p2p_seconds" in r for r in rows):  # results from before it have none
-    series.append(("bucketed point-to-point", "bucketed_p2p_seconds", "#2ca02c"))
+    series.append(("bucketed point-to-point", lambda r: r["bucketed_p2p_seconds"], "#2ca02c"))
 width = 0.8 / len(series)
 fig, ax = plt.subplots(figsize=(11, 4.8))
-for i, (label, key, color) in enumerate(series):
+for i, (label, value, color) in enumerate(series):
     xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
-    ax.bar(xs, [r[key] * 1e3 for r in rows], width, label=label, color=color)
+    ax.bar(xs, [value(r) * 1e3 for r in rows], width, label=label, color=color)
 ax.set_xticks(range(len(rows)))
 ax.set_xticklabels(names, rotation=12)
 ax.set_ylabel("milliseconds (median of %d syncs)" % results["syncs"])
-ax.set_title("Weight sync on %d x %s: ZeRO-3 (one ZeRO-1 case) into TP layouts"
-             % (results.get("world", 2), results["device"]))
+ax.set_title("Weight sync on %d x %s: ZeRO-3 into TP layouts" % (results.get("world", 2), results["device"]))
 ax.legend()
 ax.grid(axis="y", alpha=0.3)
 fig.tight_layout()
