@@ -325,7 +325,7 @@ v1::CoordinatorStatus Coordinator::Status() const {
     std::vector<int32_t> ranks;
     for (const auto& [rank, link] : links) ranks.push_back(rank);
     ForEachRank(static_cast<int32_t>(ranks.size()), [&](int32_t i) {
-      auto answer = links[ranks[i]]->Progress(absl::Now() + absl::Milliseconds(500));
+      auto answer = links.at(ranks[i])->Progress(absl::Now() + absl::Milliseconds(500));
       if (answer.ok()) progress[i] = *std::move(answer);
       progress[i].set_rank(ranks[i]);
     });

@@ -48,14 +48,14 @@ absl::Status Coordinator::PrepareAll(const std::string& sync_id, absl::Duration 
     return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
   }
   const std::map<int32_t, std::string> addresses = Addresses();
-  std::map<int32_t, std::shared_ptr<AgentLink>> links = Links();
+  const std::map<int32_t, std::shared_ptr<AgentLink>> links = Links();
   std::vector<std::string> refusals(config_.world_size);
   phase_pool_.Run([&](int32_t rank) {
     const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->digest;
     for (bool send_schedule : {!cached, true}) {
       const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
       const absl::StatusOr<v1::PrepareResponse> response =
-          links[rank]->Prepare(request, absl::Now() + config_.rpc_deadline);
+          links.at(rank)->Prepare(request, absl::Now() + config_.rpc_deadline);
       if (!response.ok()) {
         refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", response.status().message());
         return;
@@ -94,7 +94,7 @@ bool Coordinator::OneCallReady() {
 absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const std::string& sync_id,
                                                                          absl::Duration timeout, bool verify,
                                                                          bool one_call) {
-  std::map<int32_t, std::shared_ptr<AgentLink>> links = Links();
+  const std::map<int32_t, std::shared_ptr<AgentLink>> links = Links();
   const std::map<int32_t, std::string> addresses = Addresses();
   std::vector<absl::Status> results(config_.world_size);
   std::vector<v1::ExecuteResponse> responses(config_.world_size);
@@ -107,7 +107,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const s
         v1::AbortRequest abort;
         abort.set_sync_id(sync_id);
         abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
-        links[rank]->Abort(abort, absl::Now() + config_.rpc_deadline).IgnoreError();  // the sync fails anyway
+        links.at(rank)->Abort(abort, absl::Now() + config_.rpc_deadline).IgnoreError();  // the sync fails anyway
       });
     });
   };
@@ -119,7 +119,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const s
     if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
     // The agent's own waits end at the timeout; this leaves it room to say so.
     absl::StatusOr<v1::ExecuteResponse> answer =
-        links[rank]->Execute(execute, absl::Now() + timeout + config_.rpc_deadline);
+        links.at(rank)->Execute(execute, absl::Now() + timeout + config_.rpc_deadline);
     results[rank] = answer.status();
     if (answer.ok()) responses[rank] = *std::move(answer);
     if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));
