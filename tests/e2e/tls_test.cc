@@ -13,6 +13,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
 #include "tools/localsync/deployment.h"
 
 namespace shardsync::localsync {
@@ -124,6 +125,31 @@ TEST_CASE("with certificates the daemons authenticate each other and sync; a pee
   auto refused = SyncOnce(cluster, absl::Seconds(10));
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(std::string(refused.status().message()), Contains("rank 1"));
+  std::filesystem::remove_all(certs);
+}
+
+TEST_CASE("agent 0 serving the coordinator under TLS: the other agent joins it, a sync over TCP needs a certificate, one over its unix socket none") {
+  const std::string certs = CertificateFolder();
+  ClusterOptions options;
+  options.agents = 2;
+  options.agent0_serves_coordinator = true;
+  options.tls = MakeCertificates(certs, "job", "IP:127.0.0.1,DNS:localhost");
+  Cluster cluster(options);
+  Deployment deployment(cluster, "tls-served", kModel, 13);
+  for (const std::string& line : deployment.WaitReady()) REQUIRE_THAT(line, StartsWith("ready"));
+  auto sync = SyncOnce(cluster, absl::Seconds(20));  // over TCP, with the job's certificate
+  INFO(sync.status().message());
+  REQUIRE(sync.ok());
+  CHECK(deployment.CheckTargets(13).empty());
+  CHECK(CtlStatus(cluster, {"--insecure"}).first != 0);  // plaintext TCP: refused
+  deployment.Refill(14);
+  TlsConfig plaintext;
+  plaintext.insecure = true;
+  client::CoordinatorClient beside("unix:" + cluster.socket(0), *LoadCredentials(plaintext));
+  auto local = beside.Sync(absl::Seconds(20));
+  INFO(local.status().message());
+  REQUIRE(local.ok());
+  CHECK(deployment.CheckTargets(14).empty());
   std::filesystem::remove_all(certs);
 }
 
