@@ -9,17 +9,16 @@ after a warm-up, checked element by element afterwards.
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
 import baselines
 import shardsync
+from shardsync.local_cluster import SERVINGS, LocalCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name: (model, zero stage, tp, fused, target ranks: consecutive groups of tp are the
@@ -47,54 +46,6 @@ CASES = {
 }
 
 
-class Cluster:
-    """The daemons of one case: a coordinator process and an agent per GPU, or with
-    `serving` "agent0" agent 0 serving as the coordinator (--serve-coordinator), the
-    client calling it over TCP, or with "agent0-unix" over agent 0's unix socket."""
-
-    def __init__(self, bin_dir, out, staging, world, serving="process"):
-        self.dir = tempfile.mkdtemp(prefix="ss-bench-", dir="/tmp")
-        self.out, self.procs = out, []
-        coordinator_flags = ["--world", str(world), "--staging-bytes", str(staging), "--sync-timeout-ms", "120000"]
-        if serving == "process":
-            self.spawn([f"{bin_dir}/shardsync-coordinator", "--listen", "127.0.0.1:0", "--port-file",
-                        f"{self.dir}/c.port", "--insecure"] + coordinator_flags, "coordinator")
-            self.coordinator = f"127.0.0.1:{self.port(f'{self.dir}/c.port')}"
-        for r in range(world):
-            serves = serving.startswith("agent0") and r == 0
-            where = ["--serve-coordinator"] + coordinator_flags if serves else ["--coordinator", self.coordinator]
-            self.spawn([f"{bin_dir}/shardsync-agent", "--rank", str(r), "--socket", f"{self.dir}/a{r}.sock", "--device",
-                        str(r), "--port-file", f"{self.dir}/a{r}.port", "--max-staging-bytes", str(1 << 30),
-                        "--insecure"] + where, f"agent{r}")
-            port = self.port(f"{self.dir}/a{r}.port")
-            if serves:
-                self.coordinator = f"unix:{self.dir}/a0.sock" if serving == "agent0-unix" else f"127.0.0.1:{port}"
-
-    def spawn(self, argv, name, **kw):
-        log = open(os.path.join(self.out, f"{name}.log"), "a")
-        p = subprocess.Popen(argv, stdout=kw.pop("stdout", log), stderr=log, **kw)
-        self.procs.append(p)
-        return p
-
-    @staticmethod
-    def port(path):
-        for _ in range(3000):
-            if os.path.exists(path) and open(path).read().strip():
-                return int(open(path).read())
-            time.sleep(0.01)
-        raise RuntimeError(f"no port in {path}")
-
-    def stop(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
 def ask(p, line):
     p.stdin.write(line + "\n")
     p.stdin.flush()
@@ -106,12 +57,13 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
     targets = targets or list(range(world))
     logs = os.path.join(out, name.replace(" ", "_"), serving)
     os.makedirs(logs, exist_ok=True)
-    cluster = Cluster(bin_dir, logs, staging, world, serving)
+    cluster = LocalCluster(bin_dir, world, logs, cuda=True, serving=serving, staging_bytes=staging,
+                           sync_timeout_ms=120000, agent_flags=["--max-staging-bytes", str(1 << 30)])
     try:
         clients, rollouts = [], []
         for role, ranks in (("trainer", range(world)), ("rollout", targets)):
             for r in ranks:
-                argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", f"{cluster.dir}/a{r}.sock",
+                argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", cluster.socket(r),
                         "--rank", str(r), "--world", str(world), "--role", role, "--model", model, "--zero",
                         str(zero), "--tp", str(tp), "--tp-rank", str(targets.index(r) % tp if r in targets else 0),
                         "--seed", "3"] + (["--fused"] if fused else [])
@@ -171,13 +123,13 @@ def main():
     parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--staging-bytes", type=int, default=128 << 20)
     parser.add_argument("--serving", default="process",
-                        help="where the coordinator runs, comma-separated to measure each in turn: process (its "
-                             "own daemon), agent0 (agent 0 serves it; the client calls over TCP) or agent0-unix "
-                             "(over agent 0's unix socket); the first gives the row's figures")
+                        help="where the coordinator runs (shardsync.local_cluster), comma-separated to measure "
+                             "each in turn: process (its own daemon), agent0 (agent 0 serves it; the client calls over "
+                             "TCP) or agent0-unix (over agent 0's unix socket); the first gives the row's figures")
     args = parser.parse_args()
     servings = args.serving.split(",")
-    if any(s not in ("process", "agent0", "agent0-unix") for s in servings):
-        parser.error("--serving takes process, agent0 and agent0-unix")
+    if any(s not in SERVINGS for s in servings):
+        parser.error(f"--serving takes {', '.join(SERVINGS)}")
     os.makedirs(args.out, exist_ok=True)
     world = args.world
     cases = [c for c in args.cases.split(",") if c] or list(CASES[world])

@@ -18,7 +18,6 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import traceback
 import torch
 
 import shardsync
+from shardsync.local_cluster import LocalCluster
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bin", required=True)   # folder with shardsync-agent, shardsync-coordinator
@@ -41,56 +41,14 @@ OUT = args.out or tempfile.mkdtemp(prefix="ss-gpu-")
 RESULTS = []
 
 
-def wait_port(path, timeout=15):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if os.path.exists(path):
-            text = open(path).read().strip()
-            if text:
-                return int(text)
-        time.sleep(0.01)
-    raise RuntimeError(f"no port in {path}")
-
-
-class Cluster:
-    """A coordinator process and an agent per GPU; with serving="agent0", no coordinator
-    process: agent 0 serves as the coordinator (--serve-coordinator)."""
+class Cluster(LocalCluster):
+    """A coordinator process (or agent 0 serving as it, serving="agent0") and an agent on
+    every GPU, with this suite's deadlines; logs in OUT/name; clients by role and rank."""
 
     def __init__(self, name, world, staging=128 << 20, sync_timeout_ms=20000, serving="process"):
-        self.dir = tempfile.mkdtemp(prefix=f"ss-{name}-", dir="/tmp")
-        self.logs = os.path.join(OUT, name)
-        os.makedirs(self.logs, exist_ok=True)
-        self.world, self.agents, self.clients = world, {}, []
-        self.coordinator_flags = ["--world", str(world), "--staging-bytes", str(staging), "--sync-timeout-ms",
-                                  str(sync_timeout_ms)]
-        self.coordinator_process = None
-        if serving == "process":
-            self.coordinator_process = self.spawn(
-                [f"{args.bin}/shardsync-coordinator", "--listen", "127.0.0.1:0", "--port-file", f"{self.dir}/c.port",
-                 "--rpc-deadline-ms", "5000", "--insecure"] + self.coordinator_flags, "coordinator")
-            self.coordinator = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
-        for rank in range(world):
-            port = self.start_agent(rank, serves=serving == "agent0" and rank == 0)
-            if serving == "agent0" and rank == 0:
-                self.coordinator = f"127.0.0.1:{port}"
-
-    def spawn(self, argv, name, **kwargs):
-        log = open(os.path.join(self.logs, f"{name}.log"), "a")
-        return subprocess.Popen(argv, stdout=kwargs.pop("stdout", log), stderr=log, **kwargs)
-
-    def socket(self, rank):
-        return f"{self.dir}/a{rank}.sock"
-
-    def start_agent(self, rank, serves=False):
-        port_file = f"{self.dir}/a{rank}.port"
-        if os.path.exists(port_file):
-            os.unlink(port_file)
-        where = ["--serve-coordinator"] + self.coordinator_flags if serves else ["--coordinator", self.coordinator]
-        self.agents[rank] = self.spawn(
-            [f"{args.bin}/shardsync-agent", "--rank", str(rank), "--socket", self.socket(rank), "--device", str(rank),
-             "--port-file", port_file, "--rpc-deadline-ms", "5000", "--insecure"] + where,
-            f"agent{rank}")
-        return wait_port(port_file)
+        super().__init__(args.bin, world, os.path.join(OUT, name), cuda=True, serving=serving, staging_bytes=staging,
+                         sync_timeout_ms=sync_timeout_ms, rpc_deadline_ms=5000)
+        self.clients = []
 
     def client(self, role, rank, **flags):
         argv = [sys.executable, os.path.join(HERE, "gpu_client.py"), "--socket", self.socket(rank), "--device",
@@ -102,24 +60,7 @@ class Cluster:
         return process
 
     def stop(self):
-        for p in self.clients:
-            if p.poll() is None:
-                p.stdin.write("exit\n")
-                p.stdin.flush()
-        for p in self.clients:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        daemons = list(self.agents.values()) + ([self.coordinator_process] if self.coordinator_process else [])
-        for p in daemons:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in daemons:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        super().stop(self.clients)
 
 
 def ask(process, line):

@@ -5,13 +5,13 @@ with TP=2 shards. Every arena byte is checked after every sync."""
 import ctypes
 import math
 import random
-import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
 import shardsync
+from shardsync.local_cluster import LocalCluster
 
 AGENT = "daemon/agent/shardsync-agent"
 COORDINATOR = "daemon/coordinator/shardsync-coordinator"
@@ -19,55 +19,12 @@ MODEL = [("w", (6, 10), "bfloat16"), ("b", (7,), "bfloat16"), ("e", (3, 4, 5), "
 WORLD = 2
 
 
-def wait_port(path, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-            if text:
-                return int(text)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.01)
-    raise RuntimeError(f"no port in {path}")
-
-
-class Cluster:
-    """A coordinator and WORLD agents; with agent0_serves, no coordinator process: agent 0
-    is the coordinator too, and clients sync over its unix socket (as a trainer beside it)."""
-
-    def __init__(self, agent0_serves=False):
-        self.dir = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
-        self.processes = []
-        joins = None  # where the agents join
-        if not agent0_serves:
-            self.start([COORDINATOR, "--world", str(WORLD), "--listen", "127.0.0.1:0", "--port-file",
-                        f"{self.dir}/c.port", "--staging-bytes", "64", "--insecure"], "coordinator")
-            joins = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
-        for rank in range(WORLD):
-            serves = agent0_serves and rank == 0
-            where = ["--serve-coordinator", "--world", str(WORLD), "--staging-bytes", "64"] if serves else \
-                ["--coordinator", joins]
-            self.start([AGENT, "--rank", str(rank), "--socket", self.socket(rank), "--port-file",
-                        f"{self.dir}/a{rank}.port", "--insecure"] + where, f"agent{rank}")
-            port = wait_port(f"{self.dir}/a{rank}.port")
-            if serves:
-                joins = f"127.0.0.1:{port}"
-        self.coordinator = f"unix:{self.socket(0)}" if agent0_serves else joins  # where clients sync
-
-    def socket(self, rank):
-        return f"{self.dir}/a{rank}.sock"
-
-    def start(self, argv, name):
-        log = open(f"{self.dir}/{name}.log", "w")
-        self.processes.append(subprocess.Popen(argv, stdout=log, stderr=log))
-
-    def stop(self):
-        for p in self.processes:
-            p.terminate()
-        for p in self.processes:
-            p.wait(timeout=10)
+def start_cluster(agent0_serves=False):
+    """A coordinator and WORLD CPU agents; with agent0_serves, no coordinator process: agent
+    0 is the coordinator too, and clients sync over its unix socket (as a trainer beside it)."""
+    logs = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
+    return LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, staging_bytes=64,
+                        serving="agent0-unix" if agent0_serves else "process")
 
 
 def shard_box(name, shape, rank):
@@ -96,7 +53,7 @@ def box_bytes(values, shape, lo, hi, element):
 
 class PythonClientTest(unittest.TestCase):
     def setUp(self):
-        self.cluster = Cluster()
+        self.cluster = start_cluster()
         self.registrations, self.buffers = [], []
 
     def tearDown(self):
@@ -196,7 +153,7 @@ class PythonClientTest(unittest.TestCase):
 
     def test_agent_0_serving_the_coordinator_syncs_over_its_unix_socket_exactly(self):
         self.cluster.stop()
-        self.cluster = Cluster(agent0_serves=True)
+        self.cluster = start_cluster(agent0_serves=True)
         rng = random.Random(7)
         values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
         flats = [self.register_trainer(rank, values) for rank in range(WORLD)]

@@ -19,7 +19,8 @@ import torch
 
 import models  # bench/sync
 import shardsync
-from sync_bench import Cluster, HERE, ask  # bench/sync: the daemons and the clients' protocol
+from shardsync.local_cluster import LocalCluster
+from sync_bench import HERE, ask  # bench/sync: its clients and their protocol
 
 
 def main():
@@ -35,12 +36,12 @@ def main():
     logs = tempfile.mkdtemp(prefix="shardsync-gpu-job-")
     print(f"gpu_sync: {args.model}, ZeRO-3 over {world} GPU(s) into one TP={world} replica "
           f"({torch.cuda.get_device_name(0)}); logs in {logs}", file=sys.stderr, flush=True)
-    cluster = Cluster(args.bin, logs, 128 << 20, world)
+    cluster = LocalCluster(args.bin, world, logs, cuda=True)
     clients = []
     try:
         for role in ("trainer", "rollout"):
             for r in range(world):
-                argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", f"{cluster.dir}/a{r}.sock",
+                argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", cluster.socket(r),
                         "--rank", str(r), "--world", str(world), "--role", role, "--model", args.model,
                         "--zero", "3", "--tp", str(world), "--tp-rank", str(r), "--seed", "1"]
                 clients.append(cluster.spawn(argv, f"{role}{r}", stdin=subprocess.PIPE,

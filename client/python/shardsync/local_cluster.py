@@ -1,0 +1,107 @@
+"""shardsync's daemons on this machine, for tests, benchmarks and the main job: a
+coordinator and one agent per rank, plaintext (--insecure), each process's output in a
+log folder. With serving="agent0" there is no coordinator process: agent 0 serves as the
+coordinator and clients call it over TCP; with "agent0-unix" over its unix socket.
+
+    cluster = LocalCluster("dist/bin", world=2, logs="/tmp/logs", cuda=True)
+    shardsync.CoordinatorClient(cluster.coordinator, insecure=True).sync()
+    cluster.stop()
+"""
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+SERVINGS = ("process", "agent0", "agent0-unix")
+
+
+def wait_port(path, timeout=30):
+    """The port a daemon wrote to its --port-file."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            text = open(path).read().strip()
+            if text:
+                return int(text)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    raise RuntimeError(f"no port in {path}")
+
+
+class LocalCluster:
+    """`bin_dir` holds shardsync-agent and shardsync-coordinator (or give their paths).
+    Agent r runs on CUDA device r with `cuda`, else on the CPU. `staging_bytes` and
+    `sync_timeout_ms` go to the coordinator, `rpc_deadline_ms` to every daemon,
+    `agent_flags` (e.g. ["--max-staging-bytes", "1073741824"]) to every agent; unset,
+    the daemons' defaults."""
+
+    def __init__(self, bin_dir, world, logs, *, cuda=False, serving="process", staging_bytes=None,
+                 sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None):
+        if serving not in SERVINGS:
+            raise ValueError(f"serving must be one of {SERVINGS}")
+        self.dir = tempfile.mkdtemp(prefix="shardsync-local-", dir="/tmp")  # sockets and port files
+        self.logs, self.world, self.cuda, self.serving = logs, world, cuda, serving
+        os.makedirs(logs, exist_ok=True)
+        self.agent_bin = agent_bin or os.path.join(bin_dir, "shardsync-agent")
+        optional = [("--staging-bytes", staging_bytes), ("--sync-timeout-ms", sync_timeout_ms)]
+        self.coordinator_flags = ["--world", str(world)] + [x for flag, value in optional if value is not None
+                                                            for x in (flag, str(value))]
+        self.common_flags = ["--insecure"] + (["--rpc-deadline-ms", str(rpc_deadline_ms)] if rpc_deadline_ms else [])
+        self.agent_flags = list(agent_flags)
+        self.processes, self.agents = [], {}
+        self.coordinator_process = None
+        self.joins = None  # where agents join: the coordinator's TCP address
+        if serving == "process":
+            self.coordinator_process = self.spawn(
+                [coordinator_bin or os.path.join(bin_dir, "shardsync-coordinator"), "--listen", "127.0.0.1:0",
+                 "--port-file", f"{self.dir}/c.port"] + self.common_flags + self.coordinator_flags, "coordinator")
+            self.joins = f"127.0.0.1:{wait_port(f'{self.dir}/c.port')}"
+        for rank in range(world):
+            port = self.start_agent(rank)
+            if rank == 0 and serving != "process":
+                self.joins = f"127.0.0.1:{port}"
+        # Where clients sync.
+        self.coordinator = f"unix:{self.socket(0)}" if serving == "agent0-unix" else self.joins
+
+    def socket(self, rank):
+        return f"{self.dir}/a{rank}.sock"
+
+    def spawn(self, argv, name, **kwargs):
+        """Starts a process whose stderr (and stdout unless given) go to LOGS/name.log."""
+        log = open(os.path.join(self.logs, f"{name}.log"), "a")
+        process = subprocess.Popen(argv, stdout=kwargs.pop("stdout", log), stderr=log, **kwargs)
+        self.processes.append(process)
+        return process
+
+    def start_agent(self, rank):
+        """Starts (or, after it died, starts again) the agent of `rank`; its TCP port."""
+        port_file = f"{self.dir}/a{rank}.port"
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        serves = rank == 0 and self.serving != "process"
+        where = ["--serve-coordinator"] + self.coordinator_flags if serves else ["--coordinator", self.joins]
+        device = ["--device", str(rank)] if self.cuda else []
+        self.agents[rank] = self.spawn([self.agent_bin, "--rank", str(rank), "--socket", self.socket(rank),
+                                        "--port-file", port_file] + self.common_flags + device + self.agent_flags + where,
+                                       f"agent{rank}")
+        return wait_port(port_file)
+
+    def stop(self, clients=()):
+        """Asks `clients` (processes reading commands on stdin) to exit, then stops every
+        daemon; a process that does not end in time is killed."""
+        for p in clients:
+            if p.poll() is None and p.stdin:
+                p.stdin.write("exit\n")
+                p.stdin.flush()
+        daemons = list(self.agents.values()) + ([self.coordinator_process] if self.coordinator_process else [])
+        for p in daemons:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in list(clients) + daemons:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
