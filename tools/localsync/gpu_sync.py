@@ -5,7 +5,7 @@ a Qwen3-0.6B-shaped model with random values. Syncs, writes new values into the
 trainers, syncs again, checks every target element after each sync, prints each sync's
 stats per rank, and ends with one JSON line like the CPU job's.
   python3 tools/localsync/gpu_sync.py --bin dist/bin [--model qwen3-0.6b] [--gpus N] [--syncs N]
-(PYTHONPATH: dist/python and bench/sync)
+(PYTHONPATH: dist/python and bench/sync, for the models the clients share)
 """
 
 import argparse
@@ -20,7 +20,16 @@ import torch
 import models  # bench/sync
 import shardsync
 from shardsync.local_cluster import LocalCluster
-from sync_bench import HERE, ask  # bench/sync: its clients and their protocol
+
+# The torch trainer and rollout processes are the sync benchmark's (bench/sync/client.py).
+CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "sync", "client.py")
+
+
+def ask(process, line):
+    """One command to a client process, its one-line answer."""
+    process.stdin.write(line + "\n")
+    process.stdin.flush()
+    return process.stdout.readline().strip()
 
 
 def main():
@@ -41,7 +50,7 @@ def main():
     try:
         for role in ("trainer", "rollout"):
             for r in range(world):
-                argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", cluster.socket(r),
+                argv = [sys.executable, CLIENT, "--socket", cluster.socket(r),
                         "--rank", str(r), "--world", str(world), "--role", role, "--model", args.model,
                         "--zero", "3", "--tp", str(world), "--tp-rank", str(r), "--seed", "1"]
                 clients.append(cluster.spawn(argv, f"{role}{r}", stdin=subprocess.PIPE,
