@@ -52,7 +52,36 @@ def ask(p, line):
     return p.stdout.readline().strip()
 
 
-def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving):
+def python_syncs(coordinator, syncs):
+    """`syncs` timed syncs from the Python client; each sync's time and where it went."""
+    times, phases, one_calls, ranks = [], [], [], None
+    for _ in range(syncs):
+        start = time.perf_counter()
+        response = coordinator.sync(timeout=120)
+        times.append(time.perf_counter() - start)
+        ranks = response.ranks
+        one_calls.append(response.one_call)  # no Prepare fan-out
+        # Where the time went: the coordinator's whole sync, its Prepare and Execute
+        # fan-outs, the slowest agent's Execute call and its engine.
+        phases.append({"coordinator": response.seconds, "prepare": response.prepare_seconds,
+                       "execute": response.execute_seconds,
+                       "agent_execute": max(r.execute_seconds for r in response.ranks),
+                       "agent_engine": max(r.seconds for r in response.ranks)})
+    return times, phases, one_calls, ranks
+
+
+def cpp_probe(bin_dir, address, syncs):
+    """The same syncs from C++ (bench/sync_probe), blocking and spinning, then from Python
+    again: the Python client's own cost beside the C++ client's, in one run."""
+    result = {}
+    for wait in ("block", "spin"):
+        line = subprocess.run([os.path.join(bin_dir, "sync_probe"), "--coordinator", address, "--syncs", str(syncs),
+                               "--wait", wait], check=True, capture_output=True, text=True, timeout=600).stdout
+        result["cpp_" + wait] = json.loads(line)
+    return result
+
+
+def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, probe):
     model, zero, tp, fused, targets = CASES[world][name]
     targets = targets or list(range(world))
     logs = os.path.join(out, name.replace(" ", "_"), serving)
@@ -75,19 +104,12 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             assert line == "ready", f"a client did not register: {line!r}"
         coordinator = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
         first = coordinator.sync(timeout=120)  # warm-up: plans, builds the communicator
-        times, ranks, phases, one_calls = [], None, [], []
-        for _ in range(syncs):
-            start = time.perf_counter()
-            response = coordinator.sync(timeout=120)
-            times.append(time.perf_counter() - start)
-            ranks = response.ranks
-            one_calls.append(response.one_call)  # no Prepare fan-out
-            # Where the time went: the coordinator's whole sync, its Prepare and Execute
-            # fan-outs, the slowest agent's Execute call and its engine.
-            phases.append({"coordinator": response.seconds, "prepare": response.prepare_seconds,
-                           "execute": response.execute_seconds,
-                           "agent_execute": max(r.execute_seconds for r in response.ranks),
-                           "agent_engine": max(r.seconds for r in response.ranks)})
+        times, phases, one_calls, ranks = python_syncs(coordinator, syncs)
+        clients_compared = {}
+        if probe:
+            clients_compared = cpp_probe(bin_dir, cluster.coordinator, syncs)
+            again = python_syncs(coordinator, syncs)[0]
+            clients_compared["python_again"] = {"seconds": statistics.median(again), "all_seconds": again}
         verified = coordinator.sync(timeout=120, verify=True)  # the cost of --verify, once
         explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
         # Peak extra memory of the clients during the syncs, before the checks allocate.
@@ -108,7 +130,7 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             "phases_median": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
             "one_call": all(one_calls),
             "verify_sync_seconds": verified.seconds, "verify_seconds": [r.verify_seconds for r in verified.ranks],
-            "verified_placements": verified.verified_placements,
+            "verified_placements": verified.verified_placements, "clients_compared": clients_compared,
         }
     finally:
         cluster.stop()
@@ -126,6 +148,9 @@ def main():
                         help="where the coordinator runs (shardsync.local_cluster), comma-separated to measure "
                              "each in turn: process (its own daemon), agent0 (agent 0 serves it; the client calls over "
                              "TCP) or agent0-unix (over agent 0's unix socket); the first gives the row's figures")
+    parser.add_argument("--cpp-probe", action="store_true",
+                        help="after the Python client's syncs, time the same syncs from C++ (bin/sync_probe, "
+                             "blocking and spinning) and from Python again: what the Python client's own call costs")
     args = parser.parse_args()
     servings = args.serving.split(",")
     if any(s not in SERVINGS for s in servings):
@@ -148,7 +173,7 @@ def main():
     rows = []
     for name in cases:
         by_serving = {serving: shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, link,
-                                              memory, serving) for serving in servings}
+                                              memory, serving, args.cpp_probe) for serving in servings}
         result = by_serving[servings[0]]
         gather = max(base[r][name]["gather"] for r in ranks)
         bucketed = max(base[r][name]["bucketed_gather"] for r in ranks)
@@ -165,13 +190,17 @@ def main():
                "baseline_checks": sorted({base[r][name][k] for r in ranks
                                           for k in ("bucketed_gather_check", "bucketed_p2p_check")})}
         row["serving"] = servings[0]
-        row["by_serving"] = {serving: {k: r[k] for k in ("seconds", "all_seconds", "phases_median", "one_call", "checks")}
+        row["by_serving"] = {serving: {k: r[k] for k in ("seconds", "all_seconds", "phases_median", "one_call", "checks",
+                                                               "clients_compared")}
                              for serving, r in by_serving.items()}
         rows.append(row)
         for serving, r in by_serving.items():
             print(f"{name}, coordinator in {serving}: shardsync {r['seconds'] * 1e3:.2f} ms "
                   f"(x{r['seconds'] / row['floor_seconds']:.2f}); checks {r['checks']}; medians (ms): " +
                   ", ".join(f"{k} {v * 1e3:.2f}" for k, v in r["phases_median"].items()), flush=True)
+            if r["clients_compared"]:
+                print(f"{name}, coordinator in {serving}, the same syncs by client (ms): python {r['seconds'] * 1e3:.2f}, " +
+                      ", ".join(f"{k} {v['seconds'] * 1e3:.2f}" for k, v in r["clients_compared"].items()), flush=True)
         print(f"{name}: shardsync {row['seconds'] * 1e3:.2f} ms (floor {row['floor_seconds'] * 1e3:.2f} ms, "
               f"x{row['seconds'] / row['floor_seconds']:.2f}; all bytes through memory {memory_bound * 1e3:.2f} ms); gather {gather * 1e3:.2f} ms; bucketed gather "
               f"{bucketed * 1e3:.2f} ms; bucketed p2p {p2p * 1e3:.2f} ms (baselines {row['baseline_checks']}); agents {max(row['agent_seconds']) * 1e3:.2f} ms of which local copies "
