@@ -2,7 +2,8 @@
 measured now, bytes from shardsync's own plan), PyTorch baselines (baselines.py:
 gather every parameter then slice, bucketed gather, bucketed point-to-point), and
 shardsync through its daemons and clients (CUDA IPC, NCCL): median of the timed syncs
-after a warm-up, checked element by element afterwards.
+after a warm-up, checked element by element afterwards. The Python client calls the
+coordinator through the native library (shardsync.native), and grpcio beside it.
   python3 bench/sync/sync_bench.py --bin dist/bin --out DIR [--cases NAME,...] [--syncs N]
 """
 
@@ -70,18 +71,7 @@ def python_syncs(coordinator, syncs):
     return times, phases, one_calls, ranks
 
 
-def cpp_probe(bin_dir, address, syncs):
-    """The same syncs from C++ (bench/sync_probe), blocking and spinning, then from Python
-    again: the Python client's own cost beside the C++ client's, in one run."""
-    result = {}
-    for wait in ("block", "spin"):
-        line = subprocess.run([os.path.join(bin_dir, "sync_probe"), "--coordinator", address, "--syncs", str(syncs),
-                               "--wait", wait], check=True, capture_output=True, text=True, timeout=600).stdout
-        result["cpp_" + wait] = json.loads(line)
-    return result
-
-
-def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, probe):
+def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, calls):
     model, zero, tp, fused, targets = CASES[world][name]
     targets = targets or list(range(world))
     logs = os.path.join(out, name.replace(" ", "_"), serving)
@@ -102,14 +92,17 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
         for c in clients:
             line = c.stdout.readline().strip()
             assert line == "ready", f"a client did not register: {line!r}"
-        coordinator = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
+        # The first client gives the case's figures; the others time the same syncs after it.
+        by_client = {c: shardsync.CoordinatorClient(cluster.coordinator, insecure=True, native=c == "native")
+                     for c in calls}
+        coordinator = by_client[calls[0]]
         first = coordinator.sync(timeout=120)  # warm-up: plans, builds the communicator
         times, phases, one_calls, ranks = python_syncs(coordinator, syncs)
         clients_compared = {}
-        if probe:
-            clients_compared = cpp_probe(bin_dir, cluster.coordinator, syncs)
-            again = python_syncs(coordinator, syncs)[0]
-            clients_compared["python_again"] = {"seconds": statistics.median(again), "all_seconds": again}
+        for c in calls[1:]:
+            by_client[c].sync(timeout=120)  # this client's channel, warmed up
+            other = python_syncs(by_client[c], syncs)[0]
+            clients_compared[c] = {"seconds": statistics.median(other), "all_seconds": other}
         verified = coordinator.sync(timeout=120, verify=True)  # the cost of --verify, once
         explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
         # Peak extra memory of the clients during the syncs, before the checks allocate.
@@ -148,10 +141,14 @@ def main():
                         help="where the coordinator runs (shardsync.local_cluster), comma-separated to measure "
                              "each in turn: process (its own daemon), agent0 (agent 0 serves it; the client calls over "
                              "TCP) or agent0-unix (over agent 0's unix socket); the first gives the row's figures")
-    parser.add_argument("--cpp-probe", action="store_true",
-                        help="after the Python client's syncs, time the same syncs from C++ (bin/sync_probe, "
-                             "blocking and spinning) and from Python again: what the Python client's own call costs")
+    parser.add_argument("--clients", default="native,grpcio",
+                        help="how the Python client calls the coordinator, comma-separated: native (the C++ library, "
+                             "shardsync.native) or grpcio; the first gives the row's figures, the others time the same "
+                             "syncs after it")
     args = parser.parse_args()
+    clients = args.clients.split(",")
+    if not clients or any(c not in ("native", "grpcio") for c in clients):
+        parser.error("--clients takes native and grpcio")
     servings = args.serving.split(",")
     if any(s not in SERVINGS for s in servings):
         parser.error(f"--serving takes {', '.join(SERVINGS)}")
@@ -173,7 +170,7 @@ def main():
     rows = []
     for name in cases:
         by_serving = {serving: shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, link,
-                                              memory, serving, args.cpp_probe) for serving in servings}
+                                              memory, serving, clients) for serving in servings}
         result = by_serving[servings[0]]
         gather = max(base[r][name]["gather"] for r in ranks)
         bucketed = max(base[r][name]["bucketed_gather"] for r in ranks)
@@ -190,6 +187,7 @@ def main():
                "baseline_checks": sorted({base[r][name][k] for r in ranks
                                           for k in ("bucketed_gather_check", "bucketed_p2p_check")})}
         row["serving"] = servings[0]
+        row["client"] = clients[0]
         row["by_serving"] = {serving: {k: r[k] for k in ("seconds", "all_seconds", "phases_median", "one_call", "checks",
                                                                "clients_compared")}
                              for serving, r in by_serving.items()}
@@ -199,7 +197,7 @@ def main():
                   f"(x{r['seconds'] / row['floor_seconds']:.2f}); checks {r['checks']}; medians (ms): " +
                   ", ".join(f"{k} {v * 1e3:.2f}" for k, v in r["phases_median"].items()), flush=True)
             if r["clients_compared"]:
-                print(f"{name}, coordinator in {serving}, the same syncs by client (ms): python {r['seconds'] * 1e3:.2f}, " +
+                print(f"{name}, coordinator in {serving}, the same syncs by client (ms): {clients[0]} {r['seconds'] * 1e3:.2f}, " +
                       ", ".join(f"{k} {v['seconds'] * 1e3:.2f}" for k, v in r["clients_compared"].items()), flush=True)
         print(f"{name}: shardsync {row['seconds'] * 1e3:.2f} ms (floor {row['floor_seconds'] * 1e3:.2f} ms, "
               f"x{row['seconds'] / row['floor_seconds']:.2f}; all bytes through memory {memory_bound * 1e3:.2f} ms); gather {gather * 1e3:.2f} ms; bucketed gather "

@@ -75,7 +75,9 @@ def ready(process):
 
 
 def sync(cluster, timeout=60, verify=False):
-    return shardsync.CoordinatorClient(cluster.coordinator, insecure=True).sync(timeout=timeout, verify=verify)
+    """One sync through the native library packaged in dist/python (shardsync.native)."""
+    client = shardsync.CoordinatorClient(cluster.coordinator, insecure=True, native=True)
+    return client.sync(timeout=timeout, verify=verify)
 
 
 def case(name):
@@ -218,21 +220,25 @@ def layout_case(world, zero, name, rollouts, serving="process"):
             if zero < 3:
                 assert sent == 0, f"{sent} bytes crossed GPUs under ZeRO-{zero}"
             moved = sum(r.received_bytes + r.local_bytes for r in second.ranks)
-            # Where a sync's time goes: the client's wall time, the coordinator's, the agents'.
-            client = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
-            walls, coordinator, agents = [], [], []
-            for _ in range(10):
-                started = time.perf_counter()
-                response = client.sync(timeout=60)
-                walls.append(time.perf_counter() - started)
-                coordinator.append(response.seconds)
-                agents.append(max(r.seconds for r in response.ranks))
+            # Where a sync's time goes: the client's wall time (the native call and grpcio's),
+            # the coordinator's, the agents'.
+            walls, coordinator, agents = {"native": [], "grpcio": []}, [], []
+            for kind in walls:
+                client = shardsync.CoordinatorClient(cluster.coordinator, insecure=True, native=kind == "native")
+                client.sync(timeout=60)  # its channel, warmed up
+                for _ in range(10):
+                    started = time.perf_counter()
+                    response = client.sync(timeout=60)
+                    walls[kind].append(time.perf_counter() - started)
+                    coordinator.append(response.seconds)
+                    agents.append(max(r.seconds for r in response.ranks))
             verified = sync(cluster, verify=True)  # checksums hashed on the GPU
             assert verified.verified_placements > 0, "verify compared nothing"
             checksums = max(r.verify_seconds for r in verified.ranks)
             median = lambda values: sorted(values)[len(values) // 2] * 1e3  # noqa: E731
             return (f"second sync {second.seconds * 1e3:.2f} ms, {moved} bytes written, {sent} over NVLink; "
-                    f"10 syncs, medians: client {median(walls):.2f} ms, coordinator {median(coordinator):.2f} ms, "
+                    f"10 syncs each, medians: client {median(walls['native']):.2f} ms native, {median(walls['grpcio']):.2f} ms "
+                    f"grpcio, coordinator {median(coordinator):.2f} ms, "
                     f"slowest agent {median(agents):.2f} ms; "
                     f"verified {verified.verified_placements} placements, sync with verify {verified.seconds * 1e3:.1f} ms "
                     f"(checksums {checksums * 1e3:.1f} ms)")

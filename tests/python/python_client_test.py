@@ -1,10 +1,14 @@
 """The Python client against real daemons: a coordinator and 2 agents, a trainer
 registering ZeRO-3 partitions from shared memory, a rollout registering a WeightArena
-with TP=2 shards. Every arena byte is checked after every sync."""
+with TP=2 shards. Every arena byte is checked after every sync. The coordinator's calls
+go through grpcio and through the C++ library (native=), plaintext and with mutual TLS."""
 
 import ctypes
 import math
+import os
 import random
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -15,16 +19,33 @@ from shardsync.local_cluster import LocalCluster
 
 AGENT = "daemon/agent/shardsync-agent"
 COORDINATOR = "daemon/coordinator/shardsync-coordinator"
+NATIVE = "client/native/libshardsync_native.so"
 MODEL = [("w", (6, 10), "bfloat16"), ("b", (7,), "bfloat16"), ("e", (3, 4, 5), "float32")]
 WORLD = 2
 
 
-def start_cluster(agent0_serves=False):
+def start_cluster(agent0_serves=False, tls=None, server_name=None):
     """A coordinator and WORLD CPU agents; with agent0_serves, no coordinator process: agent
     0 is the coordinator too, and clients sync over its unix socket (as a trainer beside it)."""
     logs = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
     return LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, staging_bytes=64,
-                        serving="agent0-unix" if agent0_serves else "process")
+                        serving="agent0-unix" if agent0_serves else "process", tls=tls, server_name=server_name)
+
+
+def make_certificates(folder, san):
+    """A CA and a certificate it signs naming `san` (openssl's subjectAltName syntax):
+    (ca, cert, key) PEM paths."""
+    base = os.path.join(folder, "job")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    quiet = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", base + "-ca.key", "-out", base + "-ca.pem", "-days", "1",
+                    "-subj", "/CN=ca"], **quiet)
+    subprocess.run(["openssl", "req", *ec, "-keyout", base + ".key", "-out", base + ".csr", "-subj", "/CN=job"], **quiet)
+    with open(base + ".ext", "w") as f:
+        f.write(f"subjectAltName={san}\n")
+    subprocess.run(["openssl", "x509", "-req", "-in", base + ".csr", "-CA", base + "-ca.pem", "-CAkey", base + "-ca.key",
+                    "-CAcreateserial", "-out", base + ".pem", "-days", "1", "-extfile", base + ".ext"], **quiet)
+    return base + "-ca.pem", base + ".pem", base + ".key"
 
 
 def shard_box(name, shape, rank):
@@ -158,16 +179,79 @@ class PythonClientTest(unittest.TestCase):
         values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
         flats = [self.register_trainer(rank, values) for rank in range(WORLD)]
         arenas = [self.register_rollout(rank) for rank in range(WORLD)]
-        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
         self.assertTrue(self.cluster.coordinator.startswith("unix:"))
-        coordinator.sync(timeout=20)
+        for native in (None, NATIVE):  # grpcio, then the C++ call
+            coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True, native=native)
+            for _ in range(2):
+                values = {name: rng.randbytes(len(v)) for name, v in values.items()}
+                for rank, flat in enumerate(flats):
+                    self.fill_partitions(flat, rank, values)
+                coordinator.sync(timeout=20)
+                self.check(arenas, values)
+            self.assertEqual(len(coordinator.status().agents), WORLD)
+
+    def test_the_native_client_syncs_exactly_and_answers_as_grpcio_does(self):
+        rng = random.Random(8)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        flats = [self.register_trainer(rank, values) for rank in range(WORLD)]
+        arenas = [self.register_rollout(rank) for rank in range(WORLD)]
+        native = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True, native=NATIVE)
+        response = native.sync(timeout=20)
+        self.assertEqual(len(response.ranks), WORLD)
+        self.assertEqual(native.stats(), response)
         self.check(arenas, values)
         values = {name: rng.randbytes(len(v)) for name, v in values.items()}
         for rank, flat in enumerate(flats):
             self.fill_partitions(flat, rank, values)
-        coordinator.sync(timeout=20)
+        self.assertEqual(native.sync(timeout=20).plan_seconds, 0.0)  # the cached plan
         self.check(arenas, values)
-        self.assertEqual(len(coordinator.status().agents), WORLD)
+        # Explain and Status decode to the same messages as through grpcio.
+        grpcio = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
+        self.assertEqual(native.explain(link_gbps=10, memory_gbps=20).floor_seconds,
+                         grpcio.explain(link_gbps=10, memory_gbps=20).floor_seconds)
+        self.assertEqual(len(native.status().agents), WORLD)
+        # A refusal keeps its code and message, and the stats of the last sync that ran.
+        last = native.stats()
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            native.sync(timeout=20, target_ranks=[7])
+        self.assertEqual(refused.exception.code.name, "INVALID_ARGUMENT")
+        self.assertIn("7", refused.exception.message)
+        self.assertEqual(native.stats(), last)
+
+    def test_the_native_client_fails_clearly_without_its_library_or_its_server(self):
+        with self.assertRaises(FileNotFoundError) as missing:
+            shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True, native="/nonexistent/lib.so")
+        self.assertIn("/nonexistent/lib.so", str(missing.exception))
+        nobody = shardsync.CoordinatorClient("unix:/nonexistent/socket", insecure=True, native=NATIVE)
+        with self.assertRaises(shardsync.ShardsyncError) as unreachable:
+            nobody.status(timeout=1)
+        self.assertIn(unreachable.exception.code.name, ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+        with self.assertRaises(ValueError):
+            shardsync.CoordinatorClient("", insecure=True, native=NATIVE)
+
+    def test_under_mutual_tls_the_native_client_needs_the_certificate(self):
+        self.cluster.stop()
+        certs = tempfile.mkdtemp(prefix="ss-py-tls-", dir="/tmp")
+        tls = make_certificates(certs, "DNS:shardsync.test")
+        self.cluster = start_cluster(tls=tls, server_name="shardsync.test")
+        rng = random.Random(9)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        for rank in range(WORLD):
+            self.register_trainer(rank, values)
+        arenas = [self.register_rollout(rank) for rank in range(WORLD)]
+        native = shardsync.CoordinatorClient(self.cluster.coordinator, tls=tls, server_name="shardsync.test",
+                                             native=NATIVE)
+        native.sync(timeout=20)
+        self.check(arenas, values)
+        plaintext = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True, native=NATIVE)
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            plaintext.status(timeout=2)
+        self.assertIn(refused.exception.code.name, ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+        # The certificate names shardsync.test, not the address dialed.
+        unnamed = shardsync.CoordinatorClient(self.cluster.coordinator, tls=tls, native=NATIVE)
+        with self.assertRaises(shardsync.ShardsyncError):
+            unnamed.status(timeout=2)
+        shutil.rmtree(certs)
 
     def test_a_closed_registration_is_dropped_and_a_sync_that_needed_it_is_refused(self):
         rng = random.Random(6)

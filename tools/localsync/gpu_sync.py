@@ -60,7 +60,8 @@ def main():
             if line != "ready":
                 return fail(f"a client did not register: {line!r} (logs in {logs})")
         trainers, rollouts = clients[:world], clients[world:]
-        coordinator = shardsync.CoordinatorClient(cluster.coordinator, insecure=True)
+        # The C++ call (shardsync.native), as a trainer should sync.
+        coordinator = shardsync.CoordinatorClient(cluster.coordinator, insecure=True, native=True)
         mismatched, response = 0, None
         for seed in range(1, args.syncs + 1):
             if seed > 1:

@@ -6,6 +6,8 @@ import grpc
 import shardsync_pb2
 import shardsync_pb2_grpc
 
+from shardsync import native as native_library
+
 
 class ShardsyncError(RuntimeError):
     """A call the agent or the coordinator refused or failed; `code` is the gRPC code."""
@@ -21,6 +23,11 @@ def _call(method, request, timeout):
         return method(request, timeout=timeout)
     except grpc.RpcError as error:
         raise ShardsyncError(error.code(), error.details()) from None
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
 
 
 class Registration:
@@ -108,20 +115,35 @@ class CoordinatorClient:
     --tls-*, or `insecure=True` for one run with --insecure; exactly one of them.
     `server_name`: as --tls-server-name, the name the coordinator's certificate carries.
     `address`: host:port, or "unix:PATH" for the unix socket of an agent that serves the
-    coordinator (shardsync-agent --serve-coordinator), with insecure=True: no TLS there."""
+    coordinator (shardsync-agent --serve-coordinator), with insecure=True: no TLS there.
+    `native`: make the calls through the C++ library (shardsync.native) instead of grpcio,
+    the faster call for a trainer's sync(): True for the copy packaged beside this module,
+    or the library's path. It must be there: nothing falls back to grpcio."""
 
-    def __init__(self, address, *, tls=None, insecure=False, server_name=None):
+    def __init__(self, address, *, tls=None, insecure=False, server_name=None, native=None):
         if (tls is None) == (not insecure):
             raise ValueError("give exactly one of tls=(ca, cert, key) and insecure=True")
-        if insecure:
-            self._channel = grpc.insecure_channel(address)
+        pems = tuple(_read(path) for path in tls) if tls else None
+        if native:
+            path = native_library.PACKAGED if native is True else native
+            self._native = native_library.NativeChannel(path, address, pems, server_name)
         else:
-            ca, cert, key = (open(path, "rb").read() for path in tls)
-            credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-            options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-            self._channel = grpc.secure_channel(address, credentials, options=options)
-        self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
+            self._native = None
+            if insecure:
+                self._channel = grpc.insecure_channel(address)
+            else:
+                ca, cert, key = pems
+                credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+                options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+                self._channel = grpc.secure_channel(address, credentials, options=options)
+            self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
         self._last = None
+
+    def _unary(self, method, request, response_type, timeout):
+        if self._native:
+            return self._native.call(f"/shardsync.v1.Coordinator/{method}", request, response_type, timeout,
+                                     ShardsyncError)
+        return _call(getattr(self._stub, method), request, timeout)
 
     def sync(self, timeout=60.0, verify=False, target_ranks=()):
         """Runs one sync on every agent and returns its SyncResponse (stats per rank).
@@ -130,7 +152,7 @@ class CoordinatorClient:
         inference engine restarted); every other target keeps its bytes."""
         request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000), verify=verify,
                                             target_ranks=list(target_ranks))
-        self._last = _call(self._stub.Sync, request, timeout + 10)
+        self._last = self._unary("Sync", request, shardsync_pb2.SyncResponse, timeout + 10)
         return self._last
 
     def stats(self):
@@ -140,7 +162,8 @@ class CoordinatorClient:
 
     def explain(self, link_gbps=0.0, memory_gbps=0.0, timeout=30.0):
         request = shardsync_pb2.ExplainRequest(link_gbps=link_gbps, memory_gbps=memory_gbps)
-        return _call(self._stub.Explain, request, timeout)
+        return self._unary("Explain", request, shardsync_pb2.ExplainResponse, timeout)
 
     def status(self, timeout=5.0):
-        return _call(self._stub.Status, shardsync_pb2.CoordinatorStatusRequest(), timeout)
+        return self._unary("Status", shardsync_pb2.CoordinatorStatusRequest(), shardsync_pb2.CoordinatorStatus,
+                           timeout)

@@ -1,6 +1,6 @@
 """shardsync's daemons on this machine, for tests, benchmarks and the main job: a
-coordinator and one agent per rank, plaintext (--insecure), each process's output in a
-log folder. With serving="agent0" there is no coordinator process: agent 0 serves as the
+coordinator and one agent per rank, plaintext (--insecure) unless given TLS files, each
+process's output in a log folder. With serving="agent0" there is no coordinator process: agent 0 serves as the
 coordinator and clients call it over TCP; with "agent0-unix" over its unix socket.
 
     cluster = LocalCluster("dist/bin", world=2, logs="/tmp/logs", cuda=True)
@@ -36,10 +36,12 @@ class LocalCluster:
     Agent r runs on CUDA device r with `cuda`, else on the CPU. `staging_bytes` and
     `sync_timeout_ms` go to the coordinator, `rpc_deadline_ms` to every daemon,
     `agent_flags` (e.g. ["--max-staging-bytes", "1073741824"]) to every agent; unset,
-    the daemons' defaults."""
+    the daemons' defaults. `tls=(ca, cert, key)` (PEM files; `server_name` as
+    --tls-server-name): every daemon runs with mutual TLS instead of --insecure."""
 
     def __init__(self, bin_dir, world, logs, *, cuda=False, serving="process", staging_bytes=None,
-                 sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None):
+                 sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None, tls=None,
+                 server_name=None):
         if serving not in SERVINGS:
             raise ValueError(f"serving must be one of {SERVINGS}")
         self.dir = tempfile.mkdtemp(prefix="shardsync-local-", dir="/tmp")  # sockets and port files
@@ -49,7 +51,11 @@ class LocalCluster:
         optional = [("--staging-bytes", staging_bytes), ("--sync-timeout-ms", sync_timeout_ms)]
         self.coordinator_flags = ["--world", str(world)] + [x for flag, value in optional if value is not None
                                                             for x in (flag, str(value))]
-        self.common_flags = ["--insecure"] + (["--rpc-deadline-ms", str(rpc_deadline_ms)] if rpc_deadline_ms else [])
+        security = ["--insecure"]
+        if tls:
+            security = [x for flag, path in zip(("--tls-ca", "--tls-cert", "--tls-key"), tls) for x in (flag, path)]
+            security += ["--tls-server-name", server_name] if server_name else []
+        self.common_flags = security + (["--rpc-deadline-ms", str(rpc_deadline_ms)] if rpc_deadline_ms else [])
         self.agent_flags = list(agent_flags)
         self.processes, self.agents = [], {}
         self.coordinator_process = None

@@ -11,7 +11,6 @@ import math
 
 import torch
 
-import layout_pb2
 import shardsync_pb2
 from shardsync.client import ShardsyncError
 from shardsync.layouts import ALIGNMENT
@@ -69,7 +68,7 @@ def cuda_buffer(tensor):
             grpc.StatusCode.FAILED_PRECONDITION,
             f"this tensor's memory cannot be shared through a CUDA IPC handle ({error}); with "
             "PyTorch's expandable segments set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False") from None
-    device, handle, _storage_bytes, storage_offset = shared[0], shared[1], shared[2], shared[3]
+    device, handle, storage_offset = shared[0], shared[1], shared[3]
     offset = storage_offset + tensor.storage_offset() * tensor.element_size()
     nbytes = tensor.numel() * tensor.element_size()
     return shardsync_pb2.MemoryHandle(cuda_ipc_handle=_raw_ipc_handle(handle), offset_bytes=offset,
