@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -210,6 +211,18 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(native.explain(link_gbps=10, memory_gbps=20).floor_seconds,
                          grpcio.explain(link_gbps=10, memory_gbps=20).floor_seconds)
         self.assertEqual(len(native.status().agents), WORLD)
+        # One channel, calls from several threads at once (a trainer's threads share it).
+        answers = []
+
+        def ask_status():
+            answers.extend(len(native.status().agents) for _ in range(20))
+
+        threads = [threading.Thread(target=ask_status) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        self.assertEqual(answers, [WORLD] * 80)
         # A refusal keeps its code and message, and the stats of the last sync that ran.
         last = native.stats()
         with self.assertRaises(shardsync.ShardsyncError) as refused:
