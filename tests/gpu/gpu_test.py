@@ -284,6 +284,36 @@ def missing_shard_case(world):
     return run
 
 
+@case("2 GPUs: partial targets: a sync for rank 1 alone writes rank 1's TP2 shard and leaves rank 0's as it was")
+def partial_targets():
+    cluster = Cluster("partial", 2)
+    try:
+        trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=21) for r in range(2)]
+        rollouts = [cluster.client("rollout", r, tp=2, tp_rank=r, seed=21) for r in range(2)]
+        for p in trainers + rollouts:
+            ready(p)
+        sync(cluster)
+        for r in rollouts:
+            assert ask(r, "check 21") == "ok"
+        for t in trainers:
+            assert ask(t, "refill 121") == "refilled"
+        client = shardsync.CoordinatorClient(cluster.coordinator, insecure=True, native=True)
+        partial = client.sync(timeout=60, target_ranks=[1])
+        assert list(partial.target_ranks) == [1], partial.target_ranks
+        assert ask(rollouts[1], "check 121") == "ok", "rank 1 did not get the new values"
+        assert ask(rollouts[0], "check 21") == "ok", "rank 0's target changed in a sync for rank 1 alone"
+        rank0 = next(r for r in partial.ranks if r.rank == 0)
+        assert rank0.received_bytes == 0 and rank0.local_bytes == 0, f"rank 0 wrote: {rank0}"
+        assert rank0.sent_bytes > 0, "rank 0's half of the source did not go to rank 1"
+        full = client.sync(timeout=60)  # the full plan again: rank 0 catches up
+        for r in rollouts:
+            assert ask(r, "check 121") == "ok"
+        return (f"partial sync {partial.seconds * 1e3:.2f} ms (rank 0 sent {rank0.sent_bytes} bytes, wrote none), "
+                f"then the full one {full.seconds * 1e3:.2f} ms")
+    finally:
+        cluster.stop()
+
+
 @case("2 GPUs: an agent killed during a sync fails it within the deadline, naming it; restarted, it syncs again")
 def agent_killed():
     # A tiny staging budget makes the sync long (many rounds) so the kill lands inside it.
@@ -342,7 +372,7 @@ def main():
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [layout_case(2, 3, "TP2", TWO_GPU_LAYOUTS["TP2"], serving="agent0")]
-        cases += [missing_shard_case(2), agent_killed]
+        cases += [missing_shard_case(2), partial_targets, agent_killed]
     if GPUS >= 4:
         cases += [layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]
         cases += [missing_shard_case(4)]
