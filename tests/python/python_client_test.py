@@ -20,7 +20,7 @@ from shardsync.local_cluster import LocalCluster
 
 AGENT = "daemon/agent/shardsync-agent"
 COORDINATOR = "daemon/coordinator/shardsync-coordinator"
-NATIVE = "client/native/libshardsync_native.so"
+NATIVE = True  # the copy //client/python:shardsync puts where shardsync.native looks
 MODEL = [("w", (6, 10), "bfloat16"), ("b", (7,), "bfloat16"), ("e", (3, 4, 5), "float32")]
 WORLD = 2
 
