@@ -147,7 +147,7 @@ def main():
                              "syncs after it")
     args = parser.parse_args()
     clients = args.clients.split(",")
-    if not clients or any(c not in ("native", "grpcio") for c in clients):
+    if any(c not in ("native", "grpcio") for c in clients):
         parser.error("--clients takes native and grpcio")
     servings = args.serving.split(",")
     if any(s not in SERVINGS for s in servings):

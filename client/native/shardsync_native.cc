@@ -38,6 +38,8 @@ extern "C" shardsync_channel* shardsync_channel_open(const char* address, const 
     CopyMessage("TLS needs the CA, the certificate and the key, all three", error, error_size);
     return nullptr;
   }
+  // The credentials of common/tls.h (MakeChannel), built here from PEM bytes: that
+  // library links gRPC statically in the portable build, which a shared object cannot.
   grpc::ChannelArguments args;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (tls) {

@@ -1,7 +1,8 @@
 """shardsync's daemons on this machine, for tests, benchmarks and the main job: a
 coordinator and one agent per rank, plaintext (--insecure) unless given TLS files, each
-process's output in a log folder. With serving="agent0" there is no coordinator process: agent 0 serves as the
-coordinator and clients call it over TCP; with "agent0-unix" over its unix socket.
+process's output in a log folder. With serving="agent0" there is no coordinator process:
+agent 0 serves as the coordinator and clients call it over TCP; with "agent0-unix" over
+its unix socket.
 
     cluster = LocalCluster("dist/bin", world=2, logs="/tmp/logs", cuda=True)
     shardsync.CoordinatorClient(cluster.coordinator, insecure=True).sync()
@@ -40,8 +41,8 @@ class LocalCluster:
     --tls-server-name): every daemon runs with mutual TLS instead of --insecure."""
 
     def __init__(self, bin_dir, world, logs, *, cuda=False, serving="process", staging_bytes=None,
-                 sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None, tls=None,
-                 server_name=None):
+                 sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None,
+                 tls=None, server_name=None):
         if serving not in SERVINGS:
             raise ValueError(f"serving must be one of {SERVINGS}")
         self.dir = tempfile.mkdtemp(prefix="shardsync-local-", dir="/tmp")  # sockets and port files
