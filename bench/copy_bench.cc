@@ -85,22 +85,22 @@ void RunCase(const std::string& name, const planner::PlanInput& input, int ordin
     allocations.push_back(memory);
   }
   int64_t bytes = 0, engine_bytes = 0;
-  for (int32_t index : schedule.local_segments) bytes += planner::SegmentBytes(plan->segments[index]);
+  for (int32_t index : schedule.stages[0].local_segments) bytes += planner::SegmentBytes(plan->segments[index]);
 
   auto device = executor::CudaDevice::Open(ordinal);
   if (!device.ok()) std::exit(1);
   std::vector<double> kernel;
   for (int i = 0; i <= repeats; ++i) {
-    if (!(*device)->CopyLocal(*plan, schedule.local_segments, {}, table).ok() || !(*device)->Synchronize().ok()) {
+    if (!(*device)->CopyLocal(*plan, schedule.stages[0].local_segments, {}, table).ok() || !(*device)->Synchronize().ok()) {
       std::exit(1);
     }
-    if (i > 0) kernel.push_back(*(*device)->LastLocalSeconds());
+    if (i > 0) kernel.push_back(*(*device)->TakeLocalSeconds());
   }
 
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<const planner::Segment*> engine_segments;
-  for (int32_t index : schedule.local_segments) {
+  for (int32_t index : schedule.stages[0].local_segments) {
     const planner::Segment& s = plan->segments[index];
     const int last = s.axes - 1;
     if (s.src_dtype == s.dst_dtype && s.axes <= 2 && s.src_strides[last] == 1 && s.dst_strides[last] == 1) {
@@ -133,7 +133,7 @@ void RunCase(const std::string& name, const planner::PlanInput& input, int ordin
       "{\"case\": \"%s\", \"segments\": %zu, \"local_bytes\": %lld, \"kernel_ms\": %.3f, \"kernel_gbps\": %.0f, "
       "\"engine_segments\": %zu, \"engine_bytes\": %lld, \"engine_ms\": %.3f, \"engine_gbps\": %.0f, "
       "\"flat_ms\": %.3f, \"flat_gbps\": %.0f}\n",
-      name.c_str(), schedule.local_segments.size(), static_cast<long long>(bytes), kernel_seconds * 1e3,
+      name.c_str(), schedule.stages[0].local_segments.size(), static_cast<long long>(bytes), kernel_seconds * 1e3,
       2 * bytes / kernel_seconds / 1e9, engine_segments.size(), static_cast<long long>(engine_bytes), engine * 1e3,
       2 * engine_bytes / engine / 1e9, flat * 1e3, 2 * bytes / flat / 1e9);
   std::fflush(stdout);

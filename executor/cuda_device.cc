@@ -71,10 +71,11 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
     }
   }
-  cudaEvent_t local_start, local_end;
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&local_start));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&local_end));
-  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, streams, slots, local_start, local_end));
+  std::array<cudaEvent_t, 4> fence;
+  for (cudaEvent_t& event : fence) {
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
+  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, streams, slots, fence));
 }
 
 CudaDevice::~CudaDevice() {
@@ -89,8 +90,11 @@ CudaDevice::~CudaDevice() {
   for (const SlotEvents& slot : slots_) {
     for (cudaEvent_t event : {slot.packed, slot.transferred, slot.unpacked}) cudaEventDestroy(event);
   }
-  cudaEventDestroy(local_start_);
-  cudaEventDestroy(local_end_);
+  for (cudaEvent_t event : fence_) cudaEventDestroy(event);
+  for (auto [start, end] : local_events_) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+  }
   for (cudaStream_t stream : {streams_.network, streams_.pack, streams_.unpack, streams_.local}) {
     cudaStreamDestroy(stream);
   }
@@ -224,9 +228,26 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
     local_batch_.descriptors.push_back(d);
   }
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_start_, streams_.local));
+  if (local_timed_ == local_events_.size()) {
+    cudaEvent_t start, end;
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&end));
+    local_events_.emplace_back(start, end);
+  }
+  const auto [start, end] = local_events_[local_timed_++];
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, streams_.local));
   if (auto status = Launch(local_batch_, streams_.local); !status.ok()) return status;
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(local_end_, streams_.local));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(end, streams_.local));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Fence() {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  const std::array<cudaStream_t, 4> streams = {streams_.network, streams_.pack, streams_.unpack, streams_.local};
+  for (size_t i = 0; i < streams.size(); ++i) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(fence_[i], streams[i]));
+  for (cudaStream_t stream : streams) {
+    for (cudaEvent_t event : fence_) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, event, 0));
+  }
   return absl::OkStatus();
 }
 
@@ -255,12 +276,17 @@ absl::Status CudaDevice::WaitFor(absl::Span<const std::shared_ptr<const ReadyEve
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaDevice::LastLocalSeconds() {
+absl::StatusOr<double> CudaDevice::TakeLocalSeconds() {
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  float milliseconds = 0;
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(local_end_));
-  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&milliseconds, local_start_, local_end_));
-  return milliseconds / 1e3;
+  double seconds = 0;
+  for (size_t i = 0; i < local_timed_; ++i) {
+    float milliseconds = 0;
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(local_events_[i].second));
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&milliseconds, local_events_[i].first, local_events_[i].second));
+    seconds += milliseconds / 1e3;
+  }
+  local_timed_ = 0;
+  return seconds;
 }
 
 absl::Status CudaDevice::Synchronize() { return SynchronizeAll(); }

@@ -39,10 +39,11 @@ class CudaDevice final : public Device {
   absl::Status AfterTransfer(int slot) override;
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
                          const BufferTable& buffers) override;
+  absl::Status Fence() override;
   absl::Status Synchronize() override;
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;
-  absl::StatusOr<double> LastLocalSeconds() override;
+  absl::StatusOr<double> TakeLocalSeconds() override;
   // Opens a cudaIpcEventHandle_t; every stream waits for it in WaitFor.
   absl::StatusOr<std::shared_ptr<const ReadyEvent>> OpenReadyEvent(const std::string& handle) override;
   absl::Status WaitFor(absl::Span<const std::shared_ptr<const ReadyEvent>> events) override;
@@ -64,16 +65,19 @@ class CudaDevice final : public Device {
     cudaEvent_t packed, transferred, unpacked;
   };
   using Slots = std::array<SlotEvents, planner::kStagingSlots>;
-  CudaDevice(int ordinal, Streams streams, Slots slots, cudaEvent_t local_start, cudaEvent_t local_end)
-      : ordinal_(ordinal), streams_(streams), slots_(slots), local_start_(local_start), local_end_(local_end) {}
+  CudaDevice(int ordinal, Streams streams, Slots slots, std::array<cudaEvent_t, 4> fence)
+      : ordinal_(ordinal), streams_(streams), slots_(slots), fence_(fence) {}
   absl::Status Launch(Batch& batch, cudaStream_t stream);
   absl::Status SynchronizeAll();
 
   const int ordinal_;
   const Streams streams_;
   const Slots slots_;
-  cudaEvent_t local_start_;  // around the last CopyLocal on the local stream
-  cudaEvent_t local_end_;
+  const std::array<cudaEvent_t, 4> fence_;  // one per stream
+  // Around each CopyLocal on the local stream since the last TakeLocalSeconds: the
+  // first `local_timed_` pairs (made as needed, reused).
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> local_events_;
+  size_t local_timed_ = 0;
   // One descriptor batch per stream: a launch may overwrite only what its own stream
   // has finished reading.
   Batch pack_batch_;

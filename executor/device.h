@@ -60,6 +60,9 @@ class Device {
   // Local copies and zero fills; on a device they run beside the network rounds.
   virtual absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                  absl::Span<const int32_t> fills, const BufferTable& buffers) = 0;
+  // Everything queued after this waits for everything queued before it, on every
+  // stream: the next stage of a sync reads targets this one wrote.
+  virtual absl::Status Fence() = 0;
   // Waits for everything queued so far.
   virtual absl::Status Synchronize() = 0;
   // Queues the hashing of `pieces` of `data` (staging of slot 0) where the data lives,
@@ -68,9 +71,10 @@ class Device {
   // piece queued since its last call, in order: the host never waits between batches.
   virtual absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) = 0;
   virtual absl::StatusOr<std::vector<uint64_t>> CollectHashes() = 0;
-  // How long the last CopyLocal's copies and fills ran (after Synchronize): beside the
-  // rounds on a device, so the part of a sync they explain.
-  virtual absl::StatusOr<double> LastLocalSeconds() = 0;
+  // How long the copies and fills of the CopyLocal calls since the last call ran,
+  // added up (after Synchronize): beside the rounds on a device, so the part of a sync
+  // they explain.
+  virtual absl::StatusOr<double> TakeLocalSeconds() = 0;
   // A client's ready event from its interprocess handle (CUDA only: the default refuses).
   virtual absl::StatusOr<std::shared_ptr<const ReadyEvent>> OpenReadyEvent(const std::string& handle);
   // Everything queued after this waits for each event's last record (read at this call).
@@ -91,10 +95,11 @@ class HostDevice final : public Device {
   absl::Status AfterTransfer(int) override { return absl::OkStatus(); }
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                          absl::Span<const int32_t> fills, const BufferTable& buffers) override;
+  absl::Status Fence() override { return absl::OkStatus(); }  // every copy is done on return
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;
-  absl::StatusOr<double> LastLocalSeconds() override { return local_seconds_; }
+  absl::StatusOr<double> TakeLocalSeconds() override { return std::exchange(local_seconds_, 0); }
 
  private:
   std::map<std::tuple<int32_t, bool, int>, std::vector<uint8_t>> staging_;

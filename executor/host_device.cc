@@ -46,7 +46,7 @@ absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
     CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
   }
   for (int32_t index : fills) FillHost(plan.fills[index], buffers[plan.fills[index].fill.holder.buffer]);
-  local_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
+  local_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
 }
 

@@ -49,16 +49,18 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
   ExecutionProgress unused;
   if (progress == nullptr) progress = &unused;
   int64_t total = 0;
-  for (int32_t index : schedule.local_segments) total += planner::SegmentBytes(plan.segments[index]);
-  for (const auto* streams : {&schedule.sends, &schedule.receives}) {
-    for (const planner::PeerStream& stream : *streams) total += stream.bytes;
+  for (const planner::Stage& stage : schedule.stages) {
+    for (int32_t index : stage.local_segments) total += planner::SegmentBytes(plan.segments[index]);
+    for (const auto* streams : {&stage.sends, &stage.receives}) {
+      for (const planner::PeerStream& stream : *streams) total += stream.bytes;
+    }
   }
   progress->bytes_total = total;
-  progress->rounds_total = schedule.rounds;
+  progress->rounds_total = schedule.rounds();
   progress->bytes_done = 0;
   progress->rounds_done = 0;
-  if (auto s = device_.CopyLocal(plan, schedule.local_segments, schedule.fills, buffers); !s.ok()) return s;
-  for (int32_t index : schedule.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
+  // A sync that failed before reading its local time leaves it behind: not this one's.
+  if (auto dropped = device_.TakeLocalSeconds(); !dropped.ok()) return dropped.status();
   for (int32_t index : schedule.fills) {
     const planner::FillOp& f = plan.fills[index];
     stats.fill_bytes += planner::NumElements(f.fill.shape) * planner::ElementBytes(f.dtype);
@@ -71,70 +73,83 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
   // Staged bytes per peer (both directions) in this round and the one before: with two
   // slots, a round's staging is in use beside the previous round's.
   std::map<int32_t, int64_t> staged, staged_before;
-  for (const auto* streams : {&schedule.receives, &schedule.sends}) {
-    for (const planner::PeerStream& stream : *streams) staged[stream.peer] = 0;
+  for (const planner::Stage& stage : schedule.stages) {
+    for (const auto* streams : {&stage.receives, &stage.sends}) {
+      for (const planner::PeerStream& stream : *streams) staged[stream.peer] = 0;
+    }
   }
   staged_before = staged;
   int64_t in_use_before = 0;
-  for (int32_t round = 0; round < schedule.rounds; ++round) {
-    const int slot = round % planner::kStagingSlots;
-    sends.clear();
-    receives.clear();
-    to_unpack.clear();
-    staged.swap(staged_before);
-    for (auto& [peer, bytes] : staged) bytes = 0;
-    for (const planner::PeerStream& stream : schedule.receives) {
-      if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
-      const planner::Chunk& chunk = stream.chunks[round];
-      std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
-      uint8_t* into = DirectAddress(plan, parts, buffers, /*source=*/false);
-      if (into == nullptr) {
-        auto staging = device_.Staging(stream.peer, /*send=*/false, slot, slot_bytes);
-        if (!staging.ok()) return staging.status();
-        into = *staging;
-        to_unpack.emplace_back(std::move(parts), into);
-        staged[stream.peer] += chunk.bytes;
+  for (size_t k = 0; k < schedule.stages.size(); ++k) {
+    const planner::Stage& stage = schedule.stages[k];
+    // The relay stage reads targets that this one's receives and copies wrote.
+    if (k > 0) {
+      if (auto s = device_.Fence(); !s.ok()) return s;
+    }
+    const absl::Span<const int32_t> fills = k == 0 ? absl::Span<const int32_t>(schedule.fills) : absl::Span<const int32_t>();
+    if (auto s = device_.CopyLocal(plan, stage.local_segments, fills, buffers); !s.ok()) return s;
+    for (int32_t index : stage.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
+    for (int32_t round = 0; round < stage.rounds; ++round) {
+      const int32_t number = stage.first_round + round;  // the transport's, the same at both ends
+      const int slot = number % planner::kStagingSlots;
+      sends.clear();
+      receives.clear();
+      to_unpack.clear();
+      staged.swap(staged_before);
+      for (auto& [peer, bytes] : staged) bytes = 0;
+      for (const planner::PeerStream& stream : stage.receives) {
+        if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
+        const planner::Chunk& chunk = stream.chunks[round];
+        std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+        uint8_t* into = DirectAddress(plan, parts, buffers, /*source=*/false);
+        if (into == nullptr) {
+          auto staging = device_.Staging(stream.peer, /*send=*/false, slot, slot_bytes);
+          if (!staging.ok()) return staging.status();
+          into = *staging;
+          to_unpack.emplace_back(std::move(parts), into);
+          staged[stream.peer] += chunk.bytes;
+        }
+        receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
       }
-      receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
-    }
-    for (const planner::PeerStream& stream : schedule.sends) {
-      if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
-      const planner::Chunk& chunk = stream.chunks[round];
-      const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
-      const uint8_t* from = DirectAddress(plan, parts, buffers, /*source=*/true);
-      if (from == nullptr) {
-        auto staging = device_.Staging(stream.peer, /*send=*/true, slot, slot_bytes);
-        if (!staging.ok()) return staging.status();
-        if (auto s = device_.Pack(plan, parts, buffers, *staging, slot); !s.ok()) return s;
-        from = *staging;
-        staged[stream.peer] += chunk.bytes;
+      for (const planner::PeerStream& stream : stage.sends) {
+        if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
+        const planner::Chunk& chunk = stream.chunks[round];
+        const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+        const uint8_t* from = DirectAddress(plan, parts, buffers, /*source=*/true);
+        if (from == nullptr) {
+          auto staging = device_.Staging(stream.peer, /*send=*/true, slot, slot_bytes);
+          if (!staging.ok()) return staging.status();
+          if (auto s = device_.Pack(plan, parts, buffers, *staging, slot); !s.ok()) return s;
+          from = *staging;
+          staged[stream.peer] += chunk.bytes;
+        }
+        sends.push_back(SendOp{stream.peer, from, chunk.bytes});
+        stats.sent_bytes += chunk.bytes;
+        ++stats.chunks;
       }
-      sends.push_back(SendOp{stream.peer, from, chunk.bytes});
-      stats.sent_bytes += chunk.bytes;
-      ++stats.chunks;
+      int64_t in_use = 0;
+      for (const auto& [peer, bytes] : staged) {
+        in_use += bytes;
+        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, bytes + staged_before[peer]);
+      }
+      stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + in_use_before);
+      in_use_before = in_use;
+      if (auto s = device_.BeforeTransfer(slot); !s.ok()) return s;
+      if (auto status = transport_.RunRound(sync_id, number, sends, receives, deadline); !status.ok()) return status;
+      if (auto s = device_.AfterTransfer(slot); !s.ok()) return s;
+      for (const auto& [parts, staging] : to_unpack) {
+        if (auto s = device_.Unpack(plan, parts, staging, buffers, slot); !s.ok()) return s;
+      }
+      for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
+      stats.chunks += static_cast<int64_t>(receives.size());
+      ++stats.rounds;
+      progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
+      progress->rounds_done = stats.rounds;
     }
-    int64_t in_use = 0;
-    for (const auto& [peer, bytes] : staged) {
-      in_use += bytes;
-      stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, bytes + staged_before[peer]);
-    }
-    stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + in_use_before);
-    in_use_before = in_use;
-    if (auto s = device_.BeforeTransfer(slot); !s.ok()) return s;
-    if (auto status = transport_.RunRound(sync_id, round, sends, receives, deadline); !status.ok()) return status;
-    if (auto s = device_.AfterTransfer(slot); !s.ok()) return s;
-    for (const auto& [parts, staging] : to_unpack) {
-      if (auto s = device_.Unpack(plan, parts, staging, buffers, slot); !s.ok()) return s;
-    }
-    for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
-    stats.chunks += static_cast<int64_t>(receives.size());
-    ++stats.rounds;
-    progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
-    progress->rounds_done = stats.rounds;
   }
   if (auto s = transport_.Finish(deadline); !s.ok()) return s;
   if (auto s = device_.Synchronize(); !s.ok()) return s;
-  const absl::StatusOr<double> local_seconds = device_.LastLocalSeconds();
+  const absl::StatusOr<double> local_seconds = device_.TakeLocalSeconds();
   if (!local_seconds.ok()) return local_seconds.status();
   stats.local_seconds = *local_seconds;
   progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;

@@ -1,5 +1,7 @@
-// Runs one rank's part of a schedule, whatever the device and transport: local copies
-// and fills (beside the rounds on a device), then every round — receives posted before
+// Runs one rank's part of a schedule, whatever the device and transport, stage after
+// stage (a fence between them: the relay stage reads targets the first one wrote). In
+// each stage: local copies (and the fills, in the first; beside the rounds on a
+// device), then every round — receives posted before
 // sends, chunks packed into and unpacked from double-buffered staging (per peer, two
 // slots for each direction, all four within the peer's budget, so a device overlaps a
 // round's packs and unpacks with the transfers beside it), chunks whose parts lie back

@@ -17,9 +17,9 @@ struct Region {
   bool expect_zeros = false;  // a fill: the source side is the hash of zeros
 };
 
-uint64_t Place(int32_t sender, int32_t receiver, int64_t position, bool fill) {
+uint64_t Place(int32_t sender, int32_t receiver, int64_t position, size_t stage, bool fill) {
   return Mix64((static_cast<uint64_t>(sender) << 40) ^ (static_cast<uint64_t>(receiver) << 20) ^
-               static_cast<uint64_t>(position) ^ (fill ? 1ULL << 63 : 0));
+               static_cast<uint64_t>(position) ^ (static_cast<uint64_t>(stage) << 60) ^ (fill ? 1ULL << 63 : 0));
 }
 
 // The same elements read from the target side: source := target.
@@ -44,27 +44,32 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     reads.segments.push_back(segment);
     regions.push_back({target_side, original.tensor, original.dst.rank, place, fill});
   };
-  for (const planner::PeerStream& stream : schedule.sends) {
-    for (size_t i = 0; i < stream.segments.size(); ++i) {
-      const planner::Segment& s = plan.segments[stream.segments[i]];
-      add(s, s, false, Place(rank, stream.peer, static_cast<int64_t>(i), false), false);
+  // A relayed segment's source side is the relay's target: the relay's own check
+  // compares that with the sources, and a failed check invalidates every target.
+  for (size_t k = 0; k < schedule.stages.size(); ++k) {
+    const planner::Stage& stage = schedule.stages[k];
+    for (const planner::PeerStream& stream : stage.sends) {
+      for (size_t i = 0; i < stream.segments.size(); ++i) {
+        const planner::Segment& s = plan.segments[stream.segments[i]];
+        add(s, s, false, Place(rank, stream.peer, static_cast<int64_t>(i), k, false), false);
+      }
     }
-  }
-  for (const planner::PeerStream& stream : schedule.receives) {
-    for (size_t i = 0; i < stream.segments.size(); ++i) {
-      const planner::Segment& s = plan.segments[stream.segments[i]];
-      add(TargetView(s), s, true, Place(stream.peer, rank, static_cast<int64_t>(i), false), false);
+    for (const planner::PeerStream& stream : stage.receives) {
+      for (size_t i = 0; i < stream.segments.size(); ++i) {
+        const planner::Segment& s = plan.segments[stream.segments[i]];
+        add(TargetView(s), s, true, Place(stream.peer, rank, static_cast<int64_t>(i), k, false), false);
+      }
     }
-  }
-  for (size_t i = 0; i < schedule.local_segments.size(); ++i) {
-    const planner::Segment& s = plan.segments[schedule.local_segments[i]];
-    const uint64_t place = Place(rank, rank, static_cast<int64_t>(i), false);
-    add(s, s, false, place, false);
-    add(TargetView(s), s, true, place, false);
+    for (size_t i = 0; i < stage.local_segments.size(); ++i) {
+      const planner::Segment& s = plan.segments[stage.local_segments[i]];
+      const uint64_t place = Place(rank, rank, static_cast<int64_t>(i), k, false);
+      add(s, s, false, place, false);
+      add(TargetView(s), s, true, place, false);
+    }
   }
   for (size_t i = 0; i < schedule.fills.size(); ++i) {
     const planner::Segment view = planner::FillRegion(plan.fills[schedule.fills[i]]);
-    add(view, view, true, Place(rank, rank, static_cast<int64_t>(i), true), true);
+    add(view, view, true, Place(rank, rank, static_cast<int64_t>(i), 0, true), true);
     regions.back().target_rank = rank;
   }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -160,16 +161,19 @@ int64_t OffsetOf(const Placement& p, const Index& at) {
   return offset;
 }
 
-Segment MakeSegment(int32_t tensor, const TensorLayouts& t, const Placement& src, const Placement& dst,
-                    const Box& box) {
+// The segment moving `box` from placement `src` (a source, or in stage 1 a target
+// another rank wrote in stage 0) to placement `dst`.
+Segment MakeSegment(int32_t tensor, const Placement& src, DType src_dtype, const Placement& dst, DType dst_dtype,
+                    const Box& box, int8_t stage) {
   Segment s;
   s.tensor = tensor;
+  s.stage = stage;
   s.src = src.holder;
   s.dst = dst.holder;
   s.src_base = OffsetOf(src, box.lo);
   s.dst_base = OffsetOf(dst, box.lo);
-  s.src_dtype = t.source_dtype;
-  s.dst_dtype = t.target_dtype;
+  s.src_dtype = src_dtype;
+  s.dst_dtype = dst_dtype;
   // Drop extent-1 axes; merge an axis into the previous one when both sides are contiguous.
   for (size_t k = 0; k < box.lo.size(); ++k) {
     const int64_t n = box.hi[k] - box.lo[k];
@@ -199,7 +203,7 @@ bool IsRun(const Segment& s) { return s.axes == 1 && s.src_strides[0] == 1 && s.
 // Appends `next` to `into` when both are contiguous runs that continue each other.
 bool TryMergeRuns(Segment& into, const Segment& next) {
   if (!IsRun(into) || !IsRun(next) || !(into.src == next.src) || !(into.dst == next.dst) ||
-      into.tensor != next.tensor || into.src_base + into.shape[0] != next.src_base ||
+      into.tensor != next.tensor || into.stage != next.stage || into.src_base + into.shape[0] != next.src_base ||
       into.dst_base + into.shape[0] != next.dst_base) {
     return false;
   }
@@ -216,6 +220,45 @@ struct Pending {
   uint32_t sources_begin;  // into the sources pool
   uint32_t sources_count;
 };
+
+// Target placements of one tensor that hold the same box on the same node (replicas of
+// a shard there), for the relay: a group is named by its first placement, its lead.
+// Their pieces are the same (the same box met by the same sources), so a piece's
+// relay is chosen once, while the lead is covered, and looked up by the piece's
+// position for the others.
+class ReplicaGroups {
+ public:
+  ReplicaGroups(const TensorLayouts& t, absl::Span<const int32_t> node_of_rank) : lead_(t.target.placements.size()) {
+    std::map<std::pair<int32_t, std::vector<int64_t>>, int32_t> lead_of;
+    for (size_t i = 0; i < t.target.placements.size(); ++i) {
+      const Placement& p = t.target.placements[i];
+      std::vector<int64_t> key(p.box.lo.begin(), p.box.lo.end());
+      key.insert(key.end(), p.box.hi.begin(), p.box.hi.end());
+      const int32_t lead = lead_of.emplace(std::make_pair(node_of_rank[p.holder.rank], key), i).first->second;
+      lead_[i] = lead;
+      members_[lead].push_back(static_cast<int32_t>(i));
+    }
+    for (auto it = members_.begin(); it != members_.end();) it = it->second.size() < 2 ? members_.erase(it) : std::next(it);
+  }
+  // The members of placement i's group (itself first if it leads), or none when alone.
+  const std::vector<int32_t>* Members(int32_t i) const {
+    auto it = members_.find(lead_[i]);
+    return it == members_.end() ? nullptr : &it->second;
+  }
+  int32_t Lead(int32_t i) const { return lead_[i]; }
+  // By piece position: the member that receives the piece over the network, or -1 when
+  // the node holds a source of it (each member reads it there).
+  std::vector<int32_t>& Relays(int32_t lead) { return relays_[lead]; }
+
+ private:
+  std::vector<int32_t> lead_;
+  std::map<int32_t, std::vector<int32_t>> members_;
+  std::map<int32_t, std::vector<int32_t>> relays_;
+};
+
+bool SpansNodes(absl::Span<const int32_t> node_of_rank) {
+  return std::any_of(node_of_rank.begin(), node_of_rank.end(), [&](int32_t n) { return n != node_of_rank[0]; });
+}
 
 }  // namespace
 
@@ -274,13 +317,18 @@ absl::StatusOr<std::vector<TensorLayouts>> MatchTensors(const std::vector<Tensor
   return out;
 }
 
-absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy) {
+absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options) {
   if (auto s = ValidatePlanInput(input); !s.ok()) return s;
   Plan plan;
+  plan.node_of_rank = input.node_of_rank;
   for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
-  std::vector<int64_t> sent(plan.num_ranks, 0);  // bytes each rank sends so far
+  const bool many_nodes = SpansNodes(input.node_of_rank);
+  const auto node = [&](int32_t rank) { return many_nodes ? input.node_of_rank[rank] : 0; };
+  std::vector<int64_t> sent(plan.num_ranks, 0);             // bytes each rank sends so far
+  std::vector<int64_t> from_network(plan.num_ranks, 0);     // bytes each rank receives from other nodes
   std::vector<Pending> pending;
   std::vector<int32_t> pool;  // sources of pending pieces
+  std::vector<int32_t> near;  // a piece's sources on the target's node
   Coverer coverer;
 
   // Phase 1: cover every target box in canonical order. A piece with one holder is
@@ -291,6 +339,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     plan.tensor_names.push_back(t.name);
     const int64_t element = ElementBytes(t.target_dtype);
     const SourceIndex index = IndexSources(t);
+    std::optional<ReplicaGroups> groups;
+    if (options.relay && many_nodes) groups.emplace(t, input.node_of_rank);
     for (size_t pi = 0; pi < t.target.placements.size(); ++pi) {
       const Placement& target = t.target.placements[pi];
       if (IsEmpty(target.box)) continue;
@@ -307,27 +357,71 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
         Box clip = Intersect(t.source.placements[*it].box, target.box);
         if (!IsEmpty(clip)) cands.push_back(Candidate{*it, std::move(clip)});
       }
-      int32_t open_source = -1;  // the forced piece not yet made a segment
+      const int32_t me = static_cast<int32_t>(pi);
+      const std::vector<int32_t>* members = groups ? groups->Members(me) : nullptr;
+      std::vector<int32_t>* relays = members ? &groups->Relays(groups->Lead(me)) : nullptr;
+      const bool lead = members && groups->Lead(me) == me;
+      size_t position = 0;  // of the piece in cover order: the same in every member
+      bool misaligned = false;
+      const Placement* open_from = nullptr;  // the forced piece not yet made a segment
+      int8_t open_stage = 0;
       Box open_box;
       const auto flush = [&] {
-        if (open_source < 0) return;
-        plan.segments.push_back(MakeSegment(static_cast<int32_t>(ti), t, t.source.placements[open_source], target, open_box));
-        open_source = -1;
+        if (open_from == nullptr) return;
+        const DType from_dtype = open_stage == 0 ? t.source_dtype : t.target_dtype;
+        plan.segments.push_back(
+            MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype, open_box, open_stage));
+        open_from = nullptr;
+      };
+      const auto force = [&](const Placement& from, int8_t stage, const Box& box, int64_t bytes) {
+        if (from.holder.rank != target.holder.rank) sent[from.holder.rank] += bytes;
+        if (open_from == &from && TryMergeBoxes(open_box, box)) return;
+        flush();
+        open_from = &from;
+        open_stage = stage;
+        open_box = box;
       };
       const auto emit = [&](const Box& box, absl::Span<const int32_t> sources) {
-        if (sources.size() == 1) {
-          const int32_t from = t.source.placements[sources[0]].holder.rank;
-          if (from != target.holder.rank) sent[from] += Volume(box) * element;
-          if (open_source == sources[0] && TryMergeBoxes(open_box, box)) return;
-          flush();
-          open_source = sources[0];
-          open_box = box;
-          return;
+        const int64_t bytes = Volume(box) * element;
+        absl::Span<const int32_t> usable = sources;
+        bool remote = false;
+        if (many_nodes) {
+          near.clear();
+          for (int32_t s : sources) {
+            if (node(t.source.placements[s].holder.rank) == node(target.holder.rank)) near.push_back(s);
+          }
+          remote = near.empty();
+          if (!remote) usable = near;
         }
+        int32_t relay = -1;  // this piece's relay in the group, if it has one
+        if (relays != nullptr) {
+          if (lead) {
+            relays->push_back(-1);
+            if (remote) {
+              const auto load = [&](int32_t m) {
+                const int32_t rank = t.target.placements[m].holder.rank;
+                return std::make_pair(from_network[rank], rank);
+              };
+              relays->back() = *std::min_element(members->begin(), members->end(),
+                                                 [&](int32_t a, int32_t b) { return load(a) < load(b); });
+              from_network[t.target.placements[relays->back()].holder.rank] += bytes;
+            }
+          }
+          if (position >= relays->size()) {
+            misaligned = true;
+            return;
+          }
+          relay = (*relays)[position];
+        } else if (remote) {
+          from_network[target.holder.rank] += bytes;
+        }
+        ++position;
+        if (relay >= 0 && relay != me) return force(t.target.placements[relay], 1, box, bytes);
+        if (usable.size() == 1) return force(t.source.placements[usable[0]], 0, box, bytes);
         flush();
-        pending.push_back(Pending{plan.segments.size(), static_cast<int32_t>(ti), static_cast<int32_t>(pi), box,
-                                  static_cast<uint32_t>(pool.size()), static_cast<uint32_t>(sources.size())});
-        pool.insert(pool.end(), sources.begin(), sources.end());
+        pending.push_back(Pending{plan.segments.size(), static_cast<int32_t>(ti), me, box,
+                                  static_cast<uint32_t>(pool.size()), static_cast<uint32_t>(usable.size())});
+        pool.insert(pool.end(), usable.begin(), usable.end());
         plan.segments.emplace_back();  // made in phase 2
       };
       Box uncovered;
@@ -337,6 +431,10 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
                          target.holder.buffer, " has no source for box ", BoxToString(uncovered)));
         status.SetPayload(kUncoveredTensorPayload, absl::Cord(t.name));
         return status;
+      }
+      if (misaligned || (relays != nullptr && position != relays->size())) {
+        return absl::InternalError(absl::StrCat("tensor '", t.name, "': replicas of one box on rank ",
+                                                target.holder.rank, " were cut into different pieces"));
       }
       flush();
     }
@@ -352,8 +450,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     for (uint32_t i = 0; i < p.sources_count; ++i) ranks.push_back(t.source.placements[pool[p.sources_begin + i]].holder.rank);
     const size_t pick = policy.Choose(target.holder.rank, ranks, sent);
     if (ranks[pick] != target.holder.rank) sent[ranks[pick]] += Volume(p.box) * ElementBytes(t.target_dtype);
-    plan.segments[p.segment] =
-        MakeSegment(p.tensor, t, t.source.placements[pool[p.sources_begin + pick]], target, p.box);
+    plan.segments[p.segment] = MakeSegment(p.tensor, t.source.placements[pool[p.sources_begin + pick]], t.source_dtype,
+                                           target, t.target_dtype, p.box, 0);
   }
 
   // Contiguous runs that continue each other become one segment.
@@ -363,6 +461,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     plan.segments[kept++] = plan.segments[i];
   }
   plan.segments.resize(kept);
+  for (const Segment& s : plan.segments) plan.stages = std::max(plan.stages, s.stage + 1);
 
   for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
     const TensorLayouts& t = input.tensors[ti];

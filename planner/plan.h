@@ -20,6 +20,10 @@ namespace shardsync::planner {
 // side's dtype). Axes contiguous on both sides are merged, extent-1 axes dropped, so
 // most segments are one run or one 2-D strided copy. Trivially copyable: plans of
 // tens of millions of segments move as plain memory.
+//
+// Stage 0 reads sources. Stage 1 is the relay: it reads a target placement that stage
+// 0 wrote (`src` is a target buffer, src_dtype the target dtype) and writes another
+// target of the same node, so each element crosses the network once per node.
 struct Segment {
   Holder src;
   Holder dst;
@@ -29,6 +33,7 @@ struct Segment {
   DType src_dtype = DType::kBFloat16;
   DType dst_dtype = DType::kBFloat16;
   int8_t axes = 0;  // entries used in the arrays below, >= 1
+  int8_t stage = 0;  // 0: from a source; 1: relayed from a target stage 0 wrote
   std::array<int64_t, kMaxAxes> shape{};
   std::array<int64_t, kMaxAxes> src_strides{};
   std::array<int64_t, kMaxAxes> dst_strides{};
@@ -55,7 +60,12 @@ struct Plan {
   std::vector<FillOp> fills;
   std::vector<std::string> tensor_names;
   int32_t num_ranks = 0;  // one past the highest rank of any buffer
+  int32_t stages = 1;     // 2 when some segment is relayed
+  std::vector<int32_t> node_of_rank;  // as planned (PlanInput::node_of_rank)
 };
+
+// Stage s+1 of a rank runs after its stage s (see Segment).
+inline constexpr int kMaxStages = 2;
 
 // Chooses the source of a piece that several holders have. Changes only cost, never
 // the bits written.
@@ -93,8 +103,19 @@ absl::StatusOr<std::vector<TensorLayouts>> MatchTensors(const std::vector<Tensor
 // caller that knows who registered what can say who is missing.
 inline constexpr char kUncoveredTensorPayload[] = "type.shardsync/planner.UncoveredTensor";
 
+struct PlanOptions {
+  // Relay across nodes: where several target placements on one node hold the same box
+  // (replicas of a shard) and no source of a piece of it is on that node, the piece
+  // crosses the network once, into one of them (the relay: the one whose rank receives
+  // the fewest bytes from other nodes so far), and the others copy it from the relay's
+  // target in stage 1. Off, every target reads its own pieces from a source.
+  bool relay = false;
+};
+
 // Plans the whole batch at once. Fails before anything is planned on bad input, with
-// the tensor, rank and box named.
-absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy);
+// the tensor, rank and box named. A piece that a holder on the target's own node has
+// is read there (by the policy, among those holders): the network carries only what
+// the node lacks.
+absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options = {});
 
 }  // namespace shardsync::planner

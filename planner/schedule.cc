@@ -79,25 +79,46 @@ std::vector<ChunkPart> ChunkParts(const Plan& plan, const PeerStream& stream, co
   return parts;
 }
 
+int32_t Schedule::rounds() const {
+  int32_t total = 0;
+  for (const Stage& stage : stages) total += stage.rounds;
+  return total;
+}
+
 absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t staging_bytes) {
-  for (const auto* streams : {&schedule.sends, &schedule.receives}) {
-    for (const PeerStream& stream : *streams) {
-      if (static_cast<int64_t>(stream.chunks.size()) > schedule.rounds) {
-        return absl::InvalidArgumentError(absl::StrCat("the stream with rank ", stream.peer, " has more chunks than ",
-                                                       schedule.rounds, " rounds"));
+  for (size_t k = 0; k < schedule.stages.size(); ++k) {
+    const Stage& stage = schedule.stages[k];
+    for (int32_t index : stage.local_segments) {
+      if (plan.segments[index].stage != static_cast<int8_t>(k)) {
+        return absl::InvalidArgumentError(absl::StrCat("a local copy of stage ", plan.segments[index].stage,
+                                                       " is listed in stage ", k));
       }
-      for (const Chunk& chunk : stream.chunks) {
-        int64_t bytes = 0;
-        for (const ChunkPart& part : ChunkParts(plan, stream, chunk)) {
-          if (part.end <= part.begin) {
-            return absl::InvalidArgumentError(absl::StrCat("a chunk with rank ", stream.peer, " has an empty part"));
-          }
-          bytes += (part.end - part.begin) * ElementBytes(plan.segments[part.segment].dst_dtype);
+    }
+    for (const auto* streams : {&stage.sends, &stage.receives}) {
+      for (const PeerStream& stream : *streams) {
+        if (static_cast<int64_t>(stream.chunks.size()) > stage.rounds) {
+          return absl::InvalidArgumentError(absl::StrCat("the stream with rank ", stream.peer, " has more chunks than ",
+                                                         stage.rounds, " rounds"));
         }
-        if (bytes != chunk.bytes || bytes > MaxChunkBytes(staging_bytes)) {
-          return absl::InvalidArgumentError(absl::StrCat("a chunk with rank ", stream.peer, " says ", chunk.bytes,
-                                                         " bytes, holds ", bytes, ", and a staging slot holds ",
-                                                         MaxChunkBytes(staging_bytes)));
+        for (int32_t index : stream.segments) {
+          if (plan.segments[index].stage != static_cast<int8_t>(k)) {
+            return absl::InvalidArgumentError(absl::StrCat("the stream with rank ", stream.peer, " of stage ", k,
+                                                           " holds a segment of stage ", plan.segments[index].stage));
+          }
+        }
+        for (const Chunk& chunk : stream.chunks) {
+          int64_t bytes = 0;
+          for (const ChunkPart& part : ChunkParts(plan, stream, chunk)) {
+            if (part.end <= part.begin) {
+              return absl::InvalidArgumentError(absl::StrCat("a chunk with rank ", stream.peer, " has an empty part"));
+            }
+            bytes += (part.end - part.begin) * ElementBytes(plan.segments[part.segment].dst_dtype);
+          }
+          if (bytes != chunk.bytes || bytes > MaxChunkBytes(staging_bytes)) {
+            return absl::InvalidArgumentError(absl::StrCat("a chunk with rank ", stream.peer, " says ", chunk.bytes,
+                                                           " bytes, holds ", bytes, ", and a staging slot holds ",
+                                                           MaxChunkBytes(staging_bytes)));
+          }
         }
       }
     }
@@ -110,35 +131,46 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
     return absl::InvalidArgumentError(absl::StrCat("staging budget must be positive, got ", staging_bytes));
   }
   std::vector<Schedule> schedules(plan.num_ranks);
-  // Per rank, (peer, segment) in plan order: the order both ends derive their streams from.
-  std::vector<std::vector<std::pair<int32_t, int32_t>>> sends(plan.num_ranks), receives(plan.num_ranks);
-  for (size_t i = 0; i < plan.segments.size(); ++i) {
-    const Segment& s = plan.segments[i];
-    const int32_t index = static_cast<int32_t>(i);
-    if (s.src.rank == s.dst.rank) {
-      schedules[s.src.rank].local_segments.push_back(index);
-      continue;
-    }
-    sends[s.src.rank].emplace_back(s.dst.rank, index);
-    receives[s.dst.rank].emplace_back(s.src.rank, index);
+  for (int32_t r = 0; r < plan.num_ranks; ++r) {
+    schedules[r].rank = r;
+    schedules[r].stages.resize(plan.stages);
   }
   for (size_t i = 0; i < plan.fills.size(); ++i) {
     schedules[plan.fills[i].fill.holder.rank].fills.push_back(static_cast<int32_t>(i));
   }
   std::vector<int32_t> stream_of_peer(plan.num_ranks, -1);
-  for (int32_t r = 0; r < plan.num_ranks; ++r) {
-    Schedule& schedule = schedules[r];
-    schedule.rank = r;
-    schedule.sends = GroupByPeer(sends[r], stream_of_peer);
-    schedule.receives = GroupByPeer(receives[r], stream_of_peer);
-    std::vector<std::pair<int32_t, int32_t>>().swap(sends[r]);
-    std::vector<std::pair<int32_t, int32_t>>().swap(receives[r]);
-    for (auto* streams : {&schedule.sends, &schedule.receives}) {
-      for (PeerStream& stream : *streams) {
-        if (auto s = CutChunks(plan, staging_bytes, stream); !s.ok()) return s;
-        schedule.rounds = std::max<int32_t>(schedule.rounds, static_cast<int32_t>(stream.chunks.size()));
+  int32_t first_round = 0;
+  for (int32_t k = 0; k < plan.stages; ++k) {
+    // Per rank, (peer, segment) in plan order: the order both ends derive their streams from.
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> sends(plan.num_ranks), receives(plan.num_ranks);
+    for (size_t i = 0; i < plan.segments.size(); ++i) {
+      const Segment& s = plan.segments[i];
+      if (s.stage != k) continue;
+      const int32_t index = static_cast<int32_t>(i);
+      if (s.src.rank == s.dst.rank) {
+        schedules[s.src.rank].stages[k].local_segments.push_back(index);
+        continue;
       }
+      sends[s.src.rank].emplace_back(s.dst.rank, index);
+      receives[s.dst.rank].emplace_back(s.src.rank, index);
     }
+    int32_t most_rounds = 0;
+    for (int32_t r = 0; r < plan.num_ranks; ++r) {
+      Stage& stage = schedules[r].stages[k];
+      stage.first_round = first_round;
+      stage.sends = GroupByPeer(sends[r], stream_of_peer);
+      stage.receives = GroupByPeer(receives[r], stream_of_peer);
+      std::vector<std::pair<int32_t, int32_t>>().swap(sends[r]);
+      std::vector<std::pair<int32_t, int32_t>>().swap(receives[r]);
+      for (auto* streams : {&stage.sends, &stage.receives}) {
+        for (PeerStream& stream : *streams) {
+          if (auto s = CutChunks(plan, staging_bytes, stream); !s.ok()) return s;
+          stage.rounds = std::max<int32_t>(stage.rounds, static_cast<int32_t>(stream.chunks.size()));
+        }
+      }
+      most_rounds = std::max(most_rounds, stage.rounds);
+    }
+    first_round += most_rounds;
   }
   return schedules;
 }

@@ -47,14 +47,25 @@ inline constexpr int kStagingSlots = 2;
 inline constexpr int kStagingBuffersPerPeer = 2 * kStagingSlots;  // send and receive
 inline int64_t MaxChunkBytes(int64_t staging_bytes) { return staging_bytes / kStagingBuffersPerPeer; }
 
-struct Schedule {
-  int32_t rank = 0;
+// One stage of a rank's part (Segment::stage). A rank runs its stages in order: the
+// relay stage reads targets the stage before it wrote, so it starts once that one is
+// done on this rank. Round k of a stage moves chunk k of each of its streams.
+struct Stage {
   std::vector<int32_t> local_segments;  // source and target on this rank
-  std::vector<int32_t> fills;           // indices into Plan::fills on this rank
   std::vector<PeerStream> sends;        // by ascending peer
   std::vector<PeerStream> receives;     // by ascending peer
-  // Round k moves chunk k of every stream; a stream with fewer chunks is idle after.
-  int32_t rounds = 0;
+  int32_t rounds = 0;                   // a stream with fewer chunks is idle after
+  // The transport's number of this stage's round 0: the same on every rank (the rounds
+  // of earlier stages, on the rank that has the most), so both ends of a chunk name it
+  // alike.
+  int32_t first_round = 0;
+};
+
+struct Schedule {
+  int32_t rank = 0;
+  std::vector<int32_t> fills;  // indices into Plan::fills on this rank, with stage 0
+  std::vector<Stage> stages;   // Plan::stages of them, some maybe empty
+  int32_t rounds() const;      // of every stage
 };
 
 // Schedules of every rank in one pass over the plan. `staging_bytes` is the budget per
@@ -62,7 +73,8 @@ struct Schedule {
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
 
 // What an executor checks of a schedule it was sent: every chunk's bytes are its parts'
-// (none empty) and fit one slot of `staging_bytes`; no stream has more chunks than rounds.
+// (none empty) and fit one slot of `staging_bytes`; no stream has more chunks than its
+// stage has rounds; every segment of a stage is of that stage.
 absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t staging_bytes);
 
 }  // namespace shardsync::planner

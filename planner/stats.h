@@ -20,30 +20,46 @@ struct RankStats {
   int64_t segments = 0;        // local + sent + received
   int64_t chunks = 0;          // sent + received
   int32_t rounds = 0;
+  int64_t network_sent_bytes = 0;      // of sent_bytes: to ranks of other nodes
+  int64_t network_received_bytes = 0;  // of received_bytes: from ranks of other nodes
+  int64_t relayed_bytes = 0;           // of sent + local: forwarded from this rank's targets (stage 1)
 };
 
 // Measured or assumed speeds, bytes per second.
 struct Bandwidths {
-  double link_bytes_per_s = 0;    // one direction of a rank's link to its peers
-  double memory_bytes_per_s = 0;  // device memory read + write (a copy of n bytes moves 2n)
+  double link_bytes_per_s = 0;     // one direction of a rank's link to the ranks of its node
+  double memory_bytes_per_s = 0;   // device memory read + write (a copy of n bytes moves 2n)
+  double network_bytes_per_s = 0;  // one direction of a rank's share of the network between nodes
 };
 
 struct PlanStats {
-  std::vector<RankStats> ranks;
+  std::vector<RankStats> ranks;                 // every stage
+  std::vector<std::vector<RankStats>> stages;   // [stage][rank]: bytes only
   std::map<std::pair<int32_t, int32_t>, int64_t> link_bytes;  // (from, to) -> bytes
   int64_t total_sent_bytes = 0;
+  int64_t total_network_bytes = 0;  // of total_sent_bytes: between nodes
+  int64_t total_relayed_bytes = 0;  // sent or copied in the relay stage
   int64_t total_local_bytes = 0;
   int64_t segments = 0;
   int64_t chunks = 0;
   int32_t rounds = 0;
 };
 
+// Schedules may be empty: then only bytes are counted (no chunks or rounds).
 PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules);
 
-// The floor: every rank's sends, receives and local copies overlap, so a rank needs
-// max(sent / link, received / link, (2 * local + fill) / memory) seconds; the sync needs the
-// slowest rank's time.
+// The floor: within a stage every rank's sends, receives and local copies overlap, and
+// so do its link to its node and its share of the network, so a rank needs the largest
+// of sent / link, received / link, network sent / network, network received / network
+// and (2 * local + fill) / memory seconds (bytes to other nodes count on the network,
+// not the link); a stage needs its slowest rank's time, and the stages follow each other.
 double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bandwidths);
+
+// With ranks on several nodes: plans the batch with and without the relay and keeps
+// the plan whose floor at `bandwidths` is lower (without it on a tie: one stage fewer);
+// `floors`, if given, gets both (without, with). On one node: the plan without.
+absl::StatusOr<Plan> MakeCheaperPlan(const PlanInput& input, const ReplicaPolicy& policy, const Bandwidths& bandwidths,
+                                     std::pair<double, double>* floors = nullptr);
 
 // A 128-bit digest of the plan and its staging budget, as 32 hex digits: equal on every
 // rank and every run for the same plan. Not cryptographic.

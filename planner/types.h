@@ -83,6 +83,9 @@ struct TensorLayouts {
 struct PlanInput {
   std::vector<Buffer> buffers;
   std::vector<TensorLayouts> tensors;
+  // The node of every rank, by rank: ranks of one node share fast links (NVLink);
+  // bytes between nodes cross the network. Empty: every rank on one node.
+  std::vector<int32_t> node_of_rank;
 };
 
 // Row-major contiguous strides of `shape`.

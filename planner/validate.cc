@@ -98,11 +98,21 @@ absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const
 }  // namespace
 
 absl::Status ValidatePlanInput(const PlanInput& input) {
+  for (size_t r = 0; r < input.node_of_rank.size(); ++r) {
+    if (input.node_of_rank[r] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", r, " has a negative node index"));
+    }
+  }
   std::map<Holder, int64_t> buffers;
   for (const Buffer& b : input.buffers) {
     if (b.holder.rank < 0 || b.holder.buffer < 0 || b.bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat("buffer ", b.holder.buffer, " on rank ", b.holder.rank,
                                                      " has a negative rank, id or size (", b.bytes, " bytes)"));
+    }
+    if (!input.node_of_rank.empty() && b.holder.rank >= static_cast<int32_t>(input.node_of_rank.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", b.holder.buffer, " is on rank ", b.holder.rank,
+                                                     ", which has no node (nodes are given for ",
+                                                     input.node_of_rank.size(), " ranks)"));
     }
     if (!buffers.emplace(b.holder, b.bytes).second) {
       return absl::InvalidArgumentError(

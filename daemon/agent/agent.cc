@@ -138,7 +138,9 @@ absl::Status Agent::Check(const daemon::LocalSchedule& local, std::vector<std::s
     for (bool source : {true, false}) {
       const planner::Holder holder = source ? s.src : s.dst;
       if (holder.rank != config_.rank) continue;
-      auto bytes = buffer(holder.buffer, source ? v1::SOURCE : v1::TARGET, tensor);
+      // The relay stage reads a target of this rank (that the first stage wrote).
+      const v1::Role role = source && s.stage == 0 ? v1::SOURCE : v1::TARGET;
+      auto bytes = buffer(holder.buffer, role, tensor);
       if (!bytes.ok()) return bytes.status();
       const planner::DType dtype = source ? s.src_dtype : s.dst_dtype;
       if (!Fits(source ? s.src_base : s.dst_base, s.shape.data(), (source ? s.src_strides : s.dst_strides).data(),
@@ -304,7 +306,10 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   }
   // A partial sync may only read on this rank: its targets keep their bytes and validity.
   const planner::Schedule& schedule = prepared.local->schedule;
-  const bool writes_targets = !schedule.local_segments.empty() || !schedule.fills.empty() || !schedule.receives.empty();
+  bool writes_targets = !schedule.fills.empty();
+  for (const planner::Stage& stage : schedule.stages) {
+    writes_targets = writes_targets || !stage.local_segments.empty() || !stage.receives.empty();
+  }
   if (writes_targets) {
     absl::MutexLock lock(&mu_);
     writing_sync_id_ = request.sync_id();

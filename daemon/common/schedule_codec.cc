@@ -78,14 +78,16 @@ v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Sche
     }
     out->set_src_dtype(spec::FromDType(s.src_dtype));
     out->set_dst_dtype(spec::FromDType(s.dst_dtype));
+    out->set_stage(s.stage);
   };
-  for (int32_t index : schedule.local_segments) add(index);
-  for (const auto* streams : {&schedule.sends, &schedule.receives}) {
-    for (const planner::PeerStream& stream : *streams) {
-      for (int32_t index : stream.segments) add(index);
+  for (const planner::Stage& stage : schedule.stages) {
+    for (int32_t index : stage.local_segments) add(index);
+    for (const auto* streams : {&stage.sends, &stage.receives}) {
+      for (const planner::PeerStream& stream : *streams) {
+        for (int32_t index : stream.segments) add(index);
+      }
     }
   }
-  for (int32_t index : schedule.local_segments) request.add_local_segments(renumber.at(index));
   for (int32_t index : schedule.fills) {
     const planner::FillOp& f = plan.fills[index];
     v1::FillSpec* fill = request.add_fills();
@@ -96,9 +98,14 @@ v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Sche
     for (int64_t v : f.fill.strides) fill->add_strides(v);
     fill->set_dtype(spec::FromDType(f.dtype));
   }
-  for (const planner::PeerStream& stream : schedule.sends) EncodeStream(stream, renumber, request.add_sends());
-  for (const planner::PeerStream& stream : schedule.receives) EncodeStream(stream, renumber, request.add_receives());
-  request.set_rounds(schedule.rounds);
+  for (const planner::Stage& stage : schedule.stages) {
+    v1::StageSpec* out = request.add_stages();
+    for (int32_t index : stage.local_segments) out->add_local_segments(renumber.at(index));
+    for (const planner::PeerStream& stream : stage.sends) EncodeStream(stream, renumber, out->add_sends());
+    for (const planner::PeerStream& stream : stage.receives) EncodeStream(stream, renumber, out->add_receives());
+    out->set_rounds(stage.rounds);
+    out->set_first_round(stage.first_round);
+  }
   return request;
 }
 
@@ -125,7 +132,14 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     if (!src_dtype.ok() || !dst_dtype.ok() || !planner::CanConvert(*src_dtype, *dst_dtype)) {
       return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': dtypes"));
     }
+    if (in.stage() < 0 || in.stage() >= planner::kMaxStages || in.stage() >= request.stages_size()) {
+      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': stage ", in.stage()));
+    }
+    if (in.stage() > 0 && in.src_dtype() != in.dst_dtype()) {
+      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': a relay converts dtypes"));
+    }
     s.tensor = in.tensor();
+    s.stage = static_cast<int8_t>(in.stage());
     s.src = planner::Holder{in.src_rank(), in.src_rank() == rank ? id_of(in.src_buffer()) : -1};
     s.dst = planner::Holder{in.dst_rank(), in.dst_rank() == rank ? id_of(in.dst_buffer()) : -1};
     s.src_base = in.src_base();
@@ -153,32 +167,49 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     local.plan.fills.push_back(planner::FillOp{in.tensor(), fill, *dtype});
     local.schedule.fills.push_back(static_cast<int32_t>(local.plan.fills.size()) - 1);
   }
-  const int32_t segments = static_cast<int32_t>(local.plan.segments.size());
-  for (int32_t index : request.local_segments()) {
-    if (index < 0 || index >= segments) return Malformed("local segment index");
-    const planner::Segment& s = local.plan.segments[index];
-    if (s.src.rank != rank || s.dst.rank != rank) return Malformed("a local segment that is not local");
-    local.schedule.local_segments.push_back(index);
+  if (request.stages_size() < 1 || request.stages_size() > planner::kMaxStages) {
+    return Malformed(absl::StrCat(request.stages_size(), " stages"));
   }
-  for (const auto& [in, out, sending] :
-       {std::make_tuple(&request.sends(), &local.schedule.sends, true),
-        std::make_tuple(&request.receives(), &local.schedule.receives, false)}) {
-    for (const v1::PeerStreamSpec& spec : *in) {
-      auto stream = DecodeStream(spec, local.plan);
-      if (!stream.ok()) return stream.status();
-      for (int32_t index : stream->segments) {
-        const planner::Segment& s = local.plan.segments[index];
-        if ((sending ? s.src.rank : s.dst.rank) != rank || (sending ? s.dst.rank : s.src.rank) != stream->peer) {
-          return Malformed(absl::StrCat("a segment in the stream with rank ", stream->peer, " has other ends"));
+  const int32_t segments = static_cast<int32_t>(local.plan.segments.size());
+  int32_t next_round = 0;  // where a stage may start: after every round of the one before
+  for (int32_t k = 0; k < request.stages_size(); ++k) {
+    const v1::StageSpec& in_stage = request.stages(k);
+    planner::Stage& stage = local.schedule.stages.emplace_back();
+    if (in_stage.rounds() < 0 || in_stage.first_round() < next_round ||
+        in_stage.first_round() > INT32_MAX - in_stage.rounds()) {
+      return Malformed(absl::StrCat("stage ", k, " rounds"));
+    }
+    stage.rounds = in_stage.rounds();
+    stage.first_round = in_stage.first_round();
+    next_round = stage.first_round + stage.rounds;
+    const auto of_stage = [&](int32_t index) { return local.plan.segments[index].stage == k; };
+    for (int32_t index : in_stage.local_segments()) {
+      if (index < 0 || index >= segments) return Malformed("local segment index");
+      const planner::Segment& s = local.plan.segments[index];
+      if (s.src.rank != rank || s.dst.rank != rank) return Malformed("a local segment that is not local");
+      if (!of_stage(index)) return Malformed(absl::StrCat("a local segment listed in stage ", k, " is not of it"));
+      stage.local_segments.push_back(index);
+    }
+    for (const auto& [in, out, sending] : {std::make_tuple(&in_stage.sends(), &stage.sends, true),
+                                           std::make_tuple(&in_stage.receives(), &stage.receives, false)}) {
+      for (const v1::PeerStreamSpec& spec : *in) {
+        auto stream = DecodeStream(spec, local.plan);
+        if (!stream.ok()) return stream.status();
+        for (int32_t index : stream->segments) {
+          const planner::Segment& s = local.plan.segments[index];
+          if ((sending ? s.src.rank : s.dst.rank) != rank || (sending ? s.dst.rank : s.src.rank) != stream->peer) {
+            return Malformed(absl::StrCat("a segment in the stream with rank ", stream->peer, " has other ends"));
+          }
+          if (!of_stage(index)) return Malformed(absl::StrCat("a segment streamed in stage ", k, " is not of it"));
         }
+        if (static_cast<int32_t>(stream->chunks.size()) > stage.rounds) return Malformed("more chunks than rounds");
+        out->push_back(*std::move(stream));
       }
-      if (static_cast<int32_t>(stream->chunks.size()) > request.rounds()) return Malformed("more chunks than rounds");
-      out->push_back(*std::move(stream));
     }
   }
   local.schedule.rank = rank;
-  local.schedule.rounds = request.rounds();
   local.plan.num_ranks = 0;
+  local.plan.stages = request.stages_size();
   return local;
 }
 

@@ -49,18 +49,28 @@ std::vector<absl::StatusOr<ExecutionStats>> RunEveryRank(const planner::Plan& pl
   return results;
 }
 
-TEST_CASE("every rank's round engine over loopback syncs random layouts bit for bit") {
+TEST_CASE("every rank's round engine over loopback syncs random layouts bit for bit, relayed or not") {
   const auto policy = planner::LocalFirstLeastLoaded();
+  int relayed = 0;
   for (uint64_t seed = 1; seed <= 150; ++seed) {
     std::mt19937_64 rng(seed);
     auto input = planner::ExpandModel(testing::RandomModel(rng));
     REQUIRE(input.ok());
     const int64_t budget = std::vector<int64_t>{16, 32, 100, 4096}[seed % 4];
-    auto plan = planner::MakePlan(*input, *policy);
+    // Every other layout over two or three nodes with the relay: each rank runs its
+    // relay stage once its own first stage is done, whatever the others do.
+    const bool relay = seed % 2 == 0;
+    if (relay) {
+      int32_t ranks = 0;
+      for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
+      for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(static_cast<int32_t>(rng() % (2 + seed % 3)));
+    }
+    auto plan = planner::MakePlan(*input, *policy, planner::PlanOptions{relay});
     REQUIRE(plan.ok());
+    relayed += plan->stages == 2;
     auto schedules = planner::MakeSchedules(*plan, budget);
     REQUIRE(schedules.ok());
-    INFO("seed " << seed << " budget " << budget);
+    INFO("seed " << seed << " budget " << budget << " stages " << plan->stages);
 
     testing::HostBuffers buffers = testing::AllocateBuffers(*input);
     const testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
@@ -74,8 +84,10 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
       CHECK(s.received_bytes == planned.ranks[r].received_bytes);
       CHECK(s.local_bytes == planned.ranks[r].local_bytes);
       std::set<int32_t> peers;
-      for (const auto* streams : {&(*schedules)[r].sends, &(*schedules)[r].receives}) {
-        for (const planner::PeerStream& stream : *streams) peers.insert(stream.peer);
+      for (const planner::Stage& stage : (*schedules)[r].stages) {
+        for (const auto* streams : {&stage.sends, &stage.receives}) {
+          for (const planner::PeerStream& stream : *streams) peers.insert(stream.peer);
+        }
       }
       CHECK(s.peak_staging_bytes <= budget * static_cast<int64_t>(peers.size()));
       CHECK(s.peak_peer_staging_bytes <= budget);
@@ -84,6 +96,7 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
     INFO((errors.empty() ? std::string() : errors.front()));
     CHECK(errors.empty());
   }
+  CHECK(relayed > 15);
 }
 
 // Rank 0 holds tensors a and b back to back; rank 1 wants them in bf16 at element 0,

@@ -41,27 +41,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (s.src.rank != rank && s.dst.rank != rank) Finding("a segment of other ranks");
   }
   const auto in_range = [&](int32_t index) { return index >= 0 && index < static_cast<int32_t>(plan.segments.size()); };
-  for (int32_t index : local->schedule.local_segments) {
-    if (!in_range(index)) Finding("a local segment out of range");
-  }
-  for (const auto* streams : {&local->schedule.sends, &local->schedule.receives}) {
-    for (const planner::PeerStream& stream : *streams) {
-      for (int32_t index : stream.segments) {
-        if (!in_range(index)) Finding("a stream segment out of range");
-      }
-      for (const planner::Chunk& chunk : stream.chunks) {
-        if (chunk.first < 0 || chunk.last >= static_cast<int32_t>(stream.segments.size()) || chunk.first > chunk.last) {
-          Finding("a chunk out of its stream");
+  const std::vector<planner::Stage>& stages = local->schedule.stages;
+  if (stages.empty() || static_cast<int>(stages.size()) > planner::kMaxStages) Finding("a schedule without stages");
+  for (size_t k = 0; k < stages.size(); ++k) {
+    if (k > 0 && stages[k].first_round < stages[k - 1].first_round + stages[k - 1].rounds) {
+      Finding("a stage whose rounds overlap the stage before");
+    }
+    for (int32_t index : stages[k].local_segments) {
+      if (!in_range(index)) Finding("a local segment out of range");
+      if (plan.segments[index].stage != static_cast<int8_t>(k)) Finding("a local segment in another stage");
+    }
+    for (const auto* streams : {&stages[k].sends, &stages[k].receives}) {
+      for (const planner::PeerStream& stream : *streams) {
+        for (int32_t index : stream.segments) {
+          if (!in_range(index)) Finding("a stream segment out of range");
+          if (plan.segments[index].stage != static_cast<int8_t>(k)) Finding("a stream segment in another stage");
+        }
+        for (const planner::Chunk& chunk : stream.chunks) {
+          if (chunk.first < 0 || chunk.last >= static_cast<int32_t>(stream.segments.size()) || chunk.first > chunk.last) {
+            Finding("a chunk out of its stream");
+          }
         }
       }
     }
   }
+  for (const planner::Segment& s : plan.segments) {
+    if (s.stage > 0 && s.src_dtype != s.dst_dtype) Finding("a relayed segment that converts");
+  }
   if (planner::CheckChunks(plan, local->schedule, request.staging_bytes()).ok()) {
-    for (const auto* streams : {&local->schedule.sends, &local->schedule.receives}) {
-      for (const planner::PeerStream& stream : *streams) {
-        for (const planner::Chunk& chunk : stream.chunks) {
-          if (chunk.bytes <= 0 || chunk.bytes > planner::MaxChunkBytes(request.staging_bytes())) {
-            Finding("a chunk that does not fit one staging slot");
+    for (const planner::Stage& stage : stages) {
+      for (const auto* streams : {&stage.sends, &stage.receives}) {
+        for (const planner::PeerStream& stream : *streams) {
+          for (const planner::Chunk& chunk : stream.chunks) {
+            if (chunk.bytes <= 0 || chunk.bytes > planner::MaxChunkBytes(request.staging_bytes())) {
+              Finding("a chunk that does not fit one staging slot");
+            }
           }
         }
       }

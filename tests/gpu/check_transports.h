@@ -97,12 +97,13 @@ class HeldDevice final : public Device {
                          const BufferTable& buffers) override {
     return inner_.CopyLocal(plan, segments, fills, buffers);
   }
+  absl::Status Fence() override { return inner_.Fence(); }
   absl::Status Synchronize() override { return inner_.Synchronize(); }
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override {
     return inner_.QueueHashes(data, pieces);
   }
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override { return inner_.CollectHashes(); }
-  absl::StatusOr<double> LastLocalSeconds() override { return inner_.LastLocalSeconds(); }
+  absl::StatusOr<double> TakeLocalSeconds() override { return inner_.TakeLocalSeconds(); }
 
  private:
   CudaDevice& inner_;

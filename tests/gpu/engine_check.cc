@@ -86,7 +86,7 @@ std::string CheckAgreement(SelfRank& rank, double* median_us) {
 
 // Every rank's part of `plan` as one rank's: buffer ids made distinct (rank r's buffer b
 // is r * stride + b), local copies and fills together, and each (sender, receiver) pair's
-// send and receive streams as one stream with itself under its own peer id.
+// send and receive streams of a stage as one stream with itself under its own peer id.
 struct Merged {
   planner::Plan plan;
   planner::Schedule schedule;
@@ -105,17 +105,22 @@ Merged MergeRanks(const planner::Plan& plan, const std::vector<planner::Schedule
   }
   for (planner::FillOp& f : merged.plan.fills) remap(f.fill.holder);
   int32_t pair = 0;
+  merged.schedule.stages.resize(plan.stages);
   for (const planner::Schedule& s : schedules) {
-    auto& one = merged.schedule;
-    one.local_segments.insert(one.local_segments.end(), s.local_segments.begin(), s.local_segments.end());
-    one.fills.insert(one.fills.end(), s.fills.begin(), s.fills.end());
-    one.rounds = std::max(one.rounds, s.rounds);
-    for (const planner::PeerStream& send : s.sends) {
-      for (const planner::PeerStream& receive : schedules[send.peer].receives) {
-        if (receive.peer != s.rank) continue;
-        one.sends.push_back(send);
-        one.receives.push_back(receive);
-        one.sends.back().peer = one.receives.back().peer = ++pair;
+    merged.schedule.fills.insert(merged.schedule.fills.end(), s.fills.begin(), s.fills.end());
+    for (size_t k = 0; k < s.stages.size(); ++k) {
+      const planner::Stage& stage = s.stages[k];
+      planner::Stage& one = merged.schedule.stages[k];
+      one.local_segments.insert(one.local_segments.end(), stage.local_segments.begin(), stage.local_segments.end());
+      one.rounds = std::max(one.rounds, stage.rounds);
+      one.first_round = stage.first_round;
+      for (const planner::PeerStream& send : stage.sends) {
+        for (const planner::PeerStream& receive : schedules[send.peer].stages[k].receives) {
+          if (receive.peer != s.rank) continue;
+          one.sends.push_back(send);
+          one.receives.push_back(receive);
+          one.sends.back().peer = one.receives.back().peer = ++pair;
+        }
       }
     }
   }
@@ -126,6 +131,7 @@ struct Outcome {
   int64_t rounds = 0;
   int64_t staged_peak = 0;
   std::string error;  // empty: every element right
+  bool relayed = false;
 };
 
 // One random layout: device copies of the host buffers, the rounds, the buffers back,
@@ -135,7 +141,15 @@ Outcome SyncOnce(uint64_t seed, const Options& options, SelfRank* self) {
   auto input = planner::ExpandModel(::shardsync::testing::RandomModel(rng));
   if (!input.ok()) return {0, 0, std::string(input.status().message())};
   const int64_t budget = std::vector<int64_t>{16, 64, 256, 4096}[seed % 4];
-  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
+  // Every other layout over random nodes, relayed: a rank's relay stage must wait for
+  // its first stage's receives and unpacks (the device's fence), held back or not.
+  const bool relay = seed % 2 == 0;
+  if (relay) {
+    int32_t ranks = 0;
+    for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
+    for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(static_cast<int32_t>(rng() % 2));
+  }
+  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded(), planner::PlanOptions{relay});
   if (!plan.ok()) return {0, 0, std::string(plan.status().message())};
   auto schedules = planner::MakeSchedules(*plan, budget);
   if (!schedules.ok()) return {0, 0, std::string(schedules.status().message())};
@@ -188,6 +202,7 @@ Outcome SyncOnce(uint64_t seed, const Options& options, SelfRank* self) {
     for (std::thread& t : threads) t.join();
   }
   Outcome outcome;
+  outcome.relayed = plan->stages > 1;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r].ok()) {
       outcome.error = absl::StrCat("rank ", r, ": ", results[r].status().message());
@@ -239,11 +254,12 @@ int main(int argc, char** argv) {
   // Only a communicator of one rank here: the votes of several meet on the 2-GPU machine.
   double agree_us = 0;
   const std::string agreement = options.nccl_self ? CheckAgreement(self, &agree_us) : "not run (copy transport)";
-  int64_t rounds = 0, failed = 0;
+  int64_t rounds = 0, failed = 0, relayed = 0;
   std::string first_error;
   for (uint64_t seed = 1; seed <= static_cast<uint64_t>(seeds); ++seed) {
     const Outcome outcome = SyncOnce(seed, options, &self);
     rounds += outcome.rounds;
+    relayed += outcome.relayed;
     if (!outcome.error.empty()) {
       ++failed;
       if (first_error.empty()) first_error = absl::StrCat("seed ", seed, ": ", outcome.error);
@@ -252,9 +268,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"seeds\": %lld, \"transport\": \"%s\", \"slow_link_us\": %lld, \"slow_unpack_us\": %lld, \"rounds\": %lld, "
-      "\"failed\": %lld, \"first_error\": \"%s\", \"agreement\": \"%s\", \"agree_median_us\": %.1f}\n",
+      "\"relayed\": %lld, \"failed\": %lld, \"first_error\": \"%s\", \"agreement\": \"%s\", \"agree_median_us\": %.1f}\n",
       static_cast<long long>(seeds), transport.c_str(), static_cast<long long>(options.link_us),
-      static_cast<long long>(options.unpack_us), static_cast<long long>(rounds), static_cast<long long>(failed),
+      static_cast<long long>(options.unpack_us), static_cast<long long>(rounds), static_cast<long long>(relayed),
+      static_cast<long long>(failed),
       first_error.c_str(), agreement.empty() ? "ok" : agreement.c_str(), agree_us);
   const bool agreed = agreement.empty() || !options.nccl_self;
   return failed == 0 && agreed ? 0 : 1;

@@ -103,55 +103,72 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
   ExecutionStats stats;
   std::vector<uint8_t> staging;
   for (const planner::Schedule& schedule : schedules) {
-    for (int32_t index : schedule.local_segments) {
-      const Segment& s = plan.segments[index];
-      const std::vector<ChunkPart> whole{{index, 0, planner::SegmentElements(s)}};
-      if (auto st = Pack(plan, whole, buffers, staging); !st.ok()) return st;
-      if (auto st = Unpack(plan, whole, buffers, staging); !st.ok()) return st;
-      stats.local_bytes += static_cast<int64_t>(staging.size());
+    stats.rounds = std::max(stats.rounds, schedule.rounds());
+    if (static_cast<int32_t>(schedule.stages.size()) != plan.stages) {
+      return absl::InternalError(absl::StrCat("rank ", schedule.rank, " has ", schedule.stages.size(), " stages of ",
+                                              plan.stages));
     }
-    for (int32_t index : schedule.fills) {
-      const planner::FillOp& f = plan.fills[index];
-      for (int64_t e = 0; e < planner::NumElements(f.fill.shape); ++e) {
-        int64_t dst = f.fill.base;
-        int64_t flat = e;
-        for (int k = static_cast<int>(f.fill.shape.size()) - 1; k >= 0; --k) {
-          dst += (flat % f.fill.shape[k]) * f.fill.strides[k];
-          flat /= f.fill.shape[k];
+  }
+  for (int32_t k = 0; k < plan.stages; ++k) {
+    // A stage reads the buffers as the stages before it left them: what it writes
+    // itself is invisible to its own reads, so a relay that read a target written in
+    // its own stage reads poison and fails the check.
+    HostBuffers readable = buffers;
+    for (const planner::Schedule& schedule : schedules) {
+      const planner::Stage& stage = schedule.stages[k];
+      for (int32_t index : stage.local_segments) {
+        const Segment& s = plan.segments[index];
+        const std::vector<ChunkPart> whole{{index, 0, planner::SegmentElements(s)}};
+        if (auto st = Pack(plan, whole, readable, staging); !st.ok()) return st;
+        if (auto st = Unpack(plan, whole, buffers, staging); !st.ok()) return st;
+        stats.local_bytes += static_cast<int64_t>(staging.size());
+      }
+      if (k > 0) continue;
+      for (int32_t index : schedule.fills) {
+        const planner::FillOp& f = plan.fills[index];
+        for (int64_t e = 0; e < planner::NumElements(f.fill.shape); ++e) {
+          int64_t dst = f.fill.base;
+          int64_t flat = e;
+          for (int d = static_cast<int>(f.fill.shape.size()) - 1; d >= 0; --d) {
+            dst += (flat % f.fill.shape[d]) * f.fill.strides[d];
+            flat /= f.fill.shape[d];
+          }
+          auto to = At(buffers, f.fill.holder, dst, ElementBytes(f.dtype));
+          if (!to.ok()) return to.status();
+          std::memset(*to, 0, ElementBytes(f.dtype));
         }
-        auto to = At(buffers, f.fill.holder, dst, ElementBytes(f.dtype));
-        if (!to.ok()) return to.status();
-        std::memset(*to, 0, ElementBytes(f.dtype));
       }
     }
-  }
-  // Receiver streams by (receiver, sender), to pair chunk k of both ends.
-  std::map<std::pair<int32_t, int32_t>, const planner::PeerStream*> receives;
-  for (const planner::Schedule& schedule : schedules) {
-    for (const planner::PeerStream& stream : schedule.receives) receives[{schedule.rank, stream.peer}] = &stream;
-    stats.rounds = std::max(stats.rounds, schedule.rounds);
-  }
-  for (int32_t round = 0; round < stats.rounds; ++round) {
+    // Receiver streams by (receiver, sender), to pair chunk k of both ends.
+    std::map<std::pair<int32_t, int32_t>, const planner::PeerStream*> receives;
+    int32_t rounds = 0;
     for (const planner::Schedule& schedule : schedules) {
-      for (const planner::PeerStream& send : schedule.sends) {
-        if (round >= static_cast<int32_t>(send.chunks.size())) continue;
-        auto it = receives.find({send.peer, schedule.rank});
-        if (it == receives.end() || round >= static_cast<int32_t>(it->second->chunks.size())) {
-          return absl::InternalError(absl::StrCat("rank ", send.peer, " posts no receive for round ", round,
-                                                  " from rank ", schedule.rank));
+      const planner::Stage& stage = schedule.stages[k];
+      for (const planner::PeerStream& stream : stage.receives) receives[{schedule.rank, stream.peer}] = &stream;
+      rounds = std::max(rounds, stage.rounds);
+    }
+    for (int32_t round = 0; round < rounds; ++round) {
+      for (const planner::Schedule& schedule : schedules) {
+        for (const planner::PeerStream& send : schedule.stages[k].sends) {
+          if (round >= static_cast<int32_t>(send.chunks.size())) continue;
+          auto it = receives.find({send.peer, schedule.rank});
+          if (it == receives.end() || round >= static_cast<int32_t>(it->second->chunks.size())) {
+            return absl::InternalError(absl::StrCat("rank ", send.peer, " posts no receive for round ", round,
+                                                    " of stage ", k, " from rank ", schedule.rank));
+          }
+          const planner::Chunk& chunk = send.chunks[round];
+          if (auto st = Pack(plan, planner::ChunkParts(plan, send, chunk), readable, staging); !st.ok()) return st;
+          if (static_cast<int64_t>(staging.size()) > planner::MaxChunkBytes(staging_bytes) ||
+              static_cast<int64_t>(staging.size()) != chunk.bytes) {
+            return absl::InternalError(absl::StrCat("chunk of ", staging.size(), " bytes breaks the slot of ",
+                                                    planner::MaxChunkBytes(staging_bytes), " or its own size ",
+                                                    chunk.bytes));
+          }
+          stats.peak_staging_bytes = std::max<int64_t>(stats.peak_staging_bytes, staging.size());
+          stats.sent_bytes += static_cast<int64_t>(staging.size());
+          const std::vector<ChunkPart> received = planner::ChunkParts(plan, *it->second, it->second->chunks[round]);
+          if (auto st = Unpack(plan, received, buffers, staging); !st.ok()) return st;
         }
-        const planner::Chunk& chunk = send.chunks[round];
-        if (auto st = Pack(plan, planner::ChunkParts(plan, send, chunk), buffers, staging); !st.ok()) return st;
-        if (static_cast<int64_t>(staging.size()) > planner::MaxChunkBytes(staging_bytes) ||
-            static_cast<int64_t>(staging.size()) != chunk.bytes) {
-          return absl::InternalError(absl::StrCat("chunk of ", staging.size(), " bytes breaks the slot of ",
-                                                  planner::MaxChunkBytes(staging_bytes), " or its own size ",
-                                                  chunk.bytes));
-        }
-        stats.peak_staging_bytes = std::max<int64_t>(stats.peak_staging_bytes, staging.size());
-        stats.sent_bytes += static_cast<int64_t>(staging.size());
-        const std::vector<ChunkPart> received = planner::ChunkParts(plan, *it->second, it->second->chunks[round]);
-        if (auto st = Unpack(plan, received, buffers, staging); !st.ok()) return st;
       }
     }
   }

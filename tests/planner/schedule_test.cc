@@ -38,7 +38,7 @@ TEST_CASE("a stream is cut into chunks of a quarter of the budget, splitting row
   // 3 rows of 5 float32 -> bfloat16: 30 bytes on the link; budget 32 bytes = four slots
   // (send and receive, two each) of 4 elements.
   const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 32);
-  const PeerStream& send = schedules[0].sends.at(0);
+  const PeerStream& send = schedules[0].stages.at(0).sends.at(0);
   CHECK(send.peer == 1);
   CHECK(send.bytes == 30);
   REQUIRE(send.chunks.size() == 4);
@@ -46,8 +46,8 @@ TEST_CASE("a stream is cut into chunks of a quarter of the budget, splitting row
   CHECK(send.chunks[3].bytes == 6);
   CHECK(send.chunks[1].first_begin == 4);
   CHECK(send.chunks[1].last_end == 8);
-  CHECK(schedules[0].rounds == 4);
-  CHECK(schedules[1].rounds == 4);
+  CHECK(schedules[0].rounds() == 4);
+  CHECK(schedules[1].rounds() == 4);
 }
 
 TEST_CASE("a budget smaller than one element is refused, naming the tensor") {
@@ -69,13 +69,13 @@ TEST_CASE("an executor refuses chunks that do not add up or do not fit a slot") 
   CHECK_FALSE(CheckChunks(plan, schedules[1], 28).ok());  // a slot of 7 bytes: chunks of 8 do not fit
 
   Schedule lying = schedules[1];
-  lying.receives[0].chunks[0].bytes += 2;
+  lying.stages[0].receives[0].chunks[0].bytes += 2;
   CHECK_THAT(std::string(CheckChunks(plan, lying, 1 << 20).message()), Contains("says 10 bytes, holds 8"));
   Schedule empty = schedules[1];
-  empty.receives[0].chunks[0].last_end = empty.receives[0].chunks[0].first_begin;
+  empty.stages[0].receives[0].chunks[0].last_end = empty.stages[0].receives[0].chunks[0].first_begin;
   CHECK_FALSE(CheckChunks(plan, empty, 1 << 20).ok());
   Schedule short_rounds = schedules[1];
-  short_rounds.rounds = 2;
+  short_rounds.stages[0].rounds = 2;
   CHECK_THAT(std::string(CheckChunks(plan, short_rounds, 1 << 20).message()), Contains("more chunks than 2 rounds"));
 }
 
@@ -86,8 +86,8 @@ TEST_CASE("chunk k that a rank sends to a peer is chunk k the peer receives from
     REQUIRE(input.ok());
     const std::vector<Schedule> schedules = Schedules(*input, 16 + seed);
     for (const Schedule& s : schedules) {
-      for (const PeerStream& send : s.sends) {
-        const auto& peer = schedules[send.peer].receives;
+      for (const PeerStream& send : s.stages[0].sends) {
+        const auto& peer = schedules[send.peer].stages[0].receives;
         auto it = std::find_if(peer.begin(), peer.end(), [&](const PeerStream& r) { return r.peer == s.rank; });
         REQUIRE(it != peer.end());
         CHECK(it->segments == send.segments);
@@ -113,8 +113,9 @@ TEST_CASE("the digest is the same for the same plan and differs for another plan
   Plan c;
   Schedules(OneTransfer(3, 5), 64, &c);
   CHECK(PlanDigest(c, 64) != PlanDigest(a, 64));
-  // Pinned: the digest of this plan must not change between runs or builds.
-  CHECK(PlanDigest(c, 64) == "02ebc25943a9b4e8a1f890a951527165");
+  // Pinned: the digest of this plan must not change between runs or builds (it changed
+  // once, when stages entered the plan).
+  CHECK(PlanDigest(c, 64) == "b5e348d8939502ff824e8521a0459a6d");
 }
 
 TEST_CASE("stats count bytes per rank and link; the floor is the slowest rank's busiest resource") {
