@@ -44,12 +44,17 @@ Model flags (with --model):
   --zero N              trainer ZeRO stage: 1, 2 or 3 (default 3)
   --dp N                trainer DP ranks 0..N-1 (default 8)
   --tp N                rollout TP size of each replica (default 4)
-  --replicas N          rollout replicas on ranks 0..tp*replicas-1 (default 2)
+  --replicas N          rollout replicas on ranks R..R+tp*replicas-1 (default 2)
+  --rollout-rank R      the rollout's first rank, R above (default 0: beside the trainer)
   --fused               rollout holds fused qkv and gate_up shards
 Flags:
   --staging-bytes B     staging budget per peer, both directions, bytes (default 134217728)
   --link-gbps X         link speed for the floor, GB/s one direction per rank (default 360)
   --memory-gbps X       device memory speed for the floor, GB/s read + write (default 4200)
+  --ranks-per-node K    ranks r and s share a node when r/K == s/K (default 0: one node);
+                        bytes between nodes count at the network's speed
+  --network-gbps X      network speed between nodes, GB/s one direction per rank (default 50)
+  --relay MODE          auto (default: relay when its floor is lower), always, never
   --policy P            replica policy: least_loaded (default) or first_holder
   --json                one JSON object instead of tables
 )";
@@ -72,8 +77,10 @@ constexpr char kRpcHelp[] = R"(usage: shardsyncctl (sync | status | agents | exp
 Flags:
   --coordinator ADDR    the coordinator's host:port (default 127.0.0.1:7070)
   --timeout-ms N        deadline of the call; for sync also the sync's (default 60000)
-  --link-gbps X         explain: link speed, GB/s one direction per rank (default 360)
-  --memory-gbps X       explain: memory speed, GB/s read + write (default 4200)
+  --link-gbps X         explain: link speed within a node, GB/s one direction per rank
+  --memory-gbps X       explain: memory speed, GB/s read + write
+  --network-gbps X      explain: network speed between nodes, GB/s one direction per
+                        rank (each default: the coordinator's cost model)
   --json                the response as JSON (proto field names)
   --watch               sync: live progress per rank
   --verify              sync: afterwards every agent checksums each target placement
@@ -114,9 +121,13 @@ int Plan(shardsync::Flags& flags) {
   config.dp = flags.TakeNumber("dp", config.dp);
   config.tp = flags.TakeNumber("tp", config.tp);
   config.replicas = flags.TakeNumber("replicas", config.replicas);
+  config.rollout_rank = flags.TakeNumber("rollout-rank", config.rollout_rank);
   config.staging_bytes = flags.TakeNumber("staging-bytes", config.staging_bytes);
   config.link_gbps = flags.TakeNumber("link-gbps", config.link_gbps);
   config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
+  config.network_gbps = flags.TakeNumber("network-gbps", config.network_gbps);
+  config.ranks_per_node = flags.TakeNumber("ranks-per-node", config.ranks_per_node);
+  config.relay = flags.Take("relay", config.relay);
   config.policy = flags.Take("policy", config.policy);
   config.json = flags.TakeSwitch("json");
   if (!flags.error().empty()) return Usage(flags.error(), kPlanHelp);
@@ -125,8 +136,13 @@ int Plan(shardsync::Flags& flags) {
   if (config.policy != "least_loaded" && config.policy != "first_holder") {
     return Usage("--policy must be least_loaded or first_holder", kPlanHelp);
   }
-  if (config.dp < 1 || config.tp < 1 || config.replicas < 1 || config.link_gbps <= 0 || config.memory_gbps <= 0) {
-    return Usage("--dp, --tp, --replicas and the speeds must be positive", kPlanHelp);
+  if (config.dp < 1 || config.tp < 1 || config.replicas < 1 || config.link_gbps <= 0 || config.memory_gbps <= 0 ||
+      config.network_gbps <= 0 || config.rollout_rank < 0 || config.ranks_per_node < 0) {
+    return Usage("--dp, --tp, --replicas and the speeds must be positive, --rollout-rank and --ranks-per-node not "
+                 "negative", kPlanHelp);
+  }
+  if (config.relay != "auto" && config.relay != "always" && config.relay != "never") {
+    return Usage("--relay must be auto, always or never", kPlanHelp);
   }
   return shardsync::cli::RunPlanCommand(config, std::cout, std::cerr);
 }
@@ -143,6 +159,7 @@ int Rpc(const std::string& command, shardsync::Flags& flags) {
   config.timeout_ms = flags.TakeNumber("timeout-ms", config.timeout_ms);
   config.link_gbps = flags.TakeNumber("link-gbps", config.link_gbps);
   config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
+  config.network_gbps = flags.TakeNumber("network-gbps", config.network_gbps);
   config.json = flags.TakeSwitch("json");
   config.watch = flags.TakeSwitch("watch");
   config.verify = flags.TakeSwitch("verify");
@@ -163,8 +180,8 @@ int Rpc(const std::string& command, shardsync::Flags& flags) {
   if (!config.target_ranks.empty() && command != "sync" && command != "explain") {
     return Usage("--target-ranks goes with sync and explain", help.c_str());
   }
-  if (config.timeout_ms <= 0 || config.link_gbps <= 0 || config.memory_gbps <= 0) {
-    return Usage("--timeout-ms and the speeds must be positive", help.c_str());
+  if (config.timeout_ms <= 0 || config.link_gbps < 0 || config.memory_gbps < 0 || config.network_gbps < 0) {
+    return Usage("--timeout-ms must be positive and the speeds not negative", help.c_str());
   }
   const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(tls);
   if (!credentials.ok()) return Usage(std::string(credentials.status().message()), help.c_str());

@@ -15,10 +15,14 @@ struct PlanCommandConfig {
   int zero_stage = 3;
   int dp = 8;                  // DP ranks 0..dp-1
   int tp = 4;                  // TP size of each replica
-  int replicas = 2;            // replicas over ranks 0..tp*replicas-1
+  int replicas = 2;            // replicas over ranks rollout_rank..rollout_rank+tp*replicas-1
+  int rollout_rank = 0;
   int64_t staging_bytes = int64_t{128} << 20;
-  double link_gbps = 360;      // GB/s, one direction of a rank's link
+  double link_gbps = 360;      // GB/s, one direction of a rank's link within its node
   double memory_gbps = 4200;   // GB/s, device memory read + write
+  double network_gbps = 50;    // GB/s, one direction of a rank's share of the network
+  int ranks_per_node = 0;      // 0: every rank on one node
+  std::string relay = "auto";  // auto, always, never
   std::string policy = "least_loaded";
   bool json = false;
 };

@@ -94,17 +94,23 @@ int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
                          status->last_sync_id().empty() ? "none yet" : (status->last_sync_ok() ? "ok" : "failed"),
                          status->last_sync_error().empty() ? "" : " (" + status->last_sync_error() + ")",
                          TargetsValidity(*status));
-  out << absl::StrFormat("%-6s %-22s %-16s %-8s %-10s %s\n", "rank", "address", "host", "device", "state", "clients");
+  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-10s %s\n", "rank", "address", "host", "node", "device",
+                         "state", "clients");
   for (const v1::AgentInfo& a : status->agents()) {
-    out << absl::StrFormat("%-6d %-22s %-16s %-8s %-10s %d\n", a.rank(), a.address(), a.host(), a.device(),
-                           a.reachable() ? "joined" : "silent", a.clients());
+    out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-10s %d\n", a.rank(), a.address(), a.host(), a.node(),
+                           a.device(), a.reachable() ? "joined" : "silent", a.clients());
   }
   return 0;
 }
 
 int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient coordinator(c.coordinator, c.credentials);
-  auto explain = coordinator.Explain(c.link_gbps, c.memory_gbps, absl::Milliseconds(c.timeout_ms), c.target_ranks);
+  v1::ExplainRequest request;
+  request.set_link_gbps(c.link_gbps);
+  request.set_memory_gbps(c.memory_gbps);
+  request.set_network_gbps(c.network_gbps);
+  request.mutable_target_ranks()->Add(c.target_ranks.begin(), c.target_ranks.end());
+  auto explain = coordinator.Explain(request, absl::Milliseconds(c.timeout_ms));
   if (!explain.ok()) return Fail("explain", explain.status(), err);
   if (c.json) {
     PrintJson(*explain, out);
@@ -113,8 +119,19 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
   out << absl::StrFormat("plan of epoch %d, digest %s: %d tensors, %d segments, %d chunks, %d rounds\n",
                          explain->layout_epoch(), explain->digest(), explain->tensors(), explain->segments(),
                          explain->chunks(), explain->rounds());
-  out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory\n",
-                         explain->floor_seconds() * 1e3, c.link_gbps, c.memory_gbps);
+  out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory, %g GB/s network\n",
+                         explain->floor_seconds() * 1e3, explain->link_gbps(), explain->memory_gbps(),
+                         explain->network_gbps());
+  const bool nodes = explain->direct_floor_seconds() > 0 || explain->network_bytes() > 0;
+  if (nodes) {
+    out << absl::StrFormat("between nodes %s; %s (%s forwarded from targets)%s\n", Bytes(explain->network_bytes()),
+                           explain->stages() > 1 ? "relayed" : "not relayed", Bytes(explain->relayed_bytes()),
+                           explain->direct_floor_seconds() > 0
+                               ? absl::StrFormat("; the cost model's floor %.3f ms direct, %.3f ms relayed",
+                                                 explain->direct_floor_seconds() * 1e3,
+                                                 explain->relayed_floor_seconds() * 1e3)
+                               : "");
+  }
   // Imbalance: the busiest rank's link bytes over the mean; 1.00 is perfectly even.
   int64_t busiest = 0, sum = 0, busiest_rank = 0;
   for (const v1::RankStats& r : explain->ranks()) {
@@ -125,10 +142,14 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
   const double mean = explain->ranks_size() > 0 ? static_cast<double>(sum) / explain->ranks_size() : 0;
   out << absl::StrFormat("imbalance %.2f (the busiest link is rank %d's: %s)\n\n", mean > 0 ? busiest / mean : 1.0,
                          busiest_rank, Bytes(busiest));
-  out << absl::StrFormat("%-6s %12s %12s %12s %10s\n", "rank", "sent", "received", "local", "fill");
+  out << absl::StrFormat("%-6s %12s %12s %12s %10s%s\n", "rank", "sent", "received", "local", "fill",
+                         nodes ? absl::StrFormat(" %12s %12s %12s", "net sent", "net received", "relayed") : "");
   for (const v1::RankStats& r : explain->ranks()) {
-    out << absl::StrFormat("%-6d %12s %12s %12s %10s\n", r.rank(), Bytes(r.sent_bytes()), Bytes(r.received_bytes()),
-                           Bytes(r.local_bytes()), Bytes(r.fill_bytes()));
+    out << absl::StrFormat("%-6d %12s %12s %12s %10s%s\n", r.rank(), Bytes(r.sent_bytes()), Bytes(r.received_bytes()),
+                           Bytes(r.local_bytes()), Bytes(r.fill_bytes()),
+                           nodes ? absl::StrFormat(" %12s %12s %12s", Bytes(r.network_sent_bytes()),
+                                                   Bytes(r.network_received_bytes()), Bytes(r.relayed_bytes()))
+                                 : "");
   }
   if (c.layout) {
     out << "\nlinks (from -> to: bytes)\n";
@@ -149,11 +170,11 @@ int RunAgentsCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
     PrintJson(agents_only, out);
     return 0;
   }
-  out << absl::StrFormat("%-6s %-22s %-16s %-8s %-8s %10s %s\n", "rank", "address", "host", "device", "state",
-                         "last seen", "clients");
+  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-8s %10s %s\n", "rank", "address", "host", "node", "device",
+                         "state", "last seen", "clients");
   for (const v1::AgentInfo& a : status->agents()) {
-    out << absl::StrFormat("%-6d %-22s %-16s %-8s %-8s %8.1fs %d\n", a.rank(), a.address(), a.host(), a.device(),
-                           a.reachable() ? "joined" : "silent", a.seconds_since_seen(), a.clients());
+    out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-8s %8.1fs %d\n", a.rank(), a.address(), a.host(), a.node(),
+                           a.device(), a.reachable() ? "joined" : "silent", a.seconds_since_seen(), a.clients());
   }
   if (status->agents_size() < status->world_size()) {
     out << absl::StrFormat("%d of %d agents have not joined\n", status->world_size() - status->agents_size(),

@@ -15,8 +15,10 @@ struct RpcCommandConfig {
   std::string coordinator = "127.0.0.1:7070";
   Credentials credentials;  // TLS, or plaintext with --insecure
   int64_t timeout_ms = 60000;
-  double link_gbps = 360;     // explain only
-  double memory_gbps = 4200;  // explain only
+  // explain only; 0: the coordinator's cost model
+  double link_gbps = 0;
+  double memory_gbps = 0;
+  double network_gbps = 0;
   bool json = false;
   bool watch = false;   // sync: live progress per rank while it runs
   bool verify = false;  // sync: compare target checksums with their sources

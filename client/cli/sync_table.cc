@@ -13,6 +13,10 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
   out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s; %s)\n", response.sync_id(),
                          response.layout_epoch(), response.digest(), response.seconds(), response.plan_seconds(),
                          response.one_call() ? "one call per agent" : "Prepare, then Execute");
+  if (response.stages() > 1 || response.network_bytes() > 0) {
+    out << absl::StrFormat("%s between nodes%s\n", Bytes(response.network_bytes()),
+                           response.stages() > 1 ? ", relayed (a second stage copied targets within each node)" : "");
+  }
   const int written = response.target_ranks_size();
   out << (written <= 16 ? absl::StrCat("targets written on rank ", absl::StrJoin(response.target_ranks(), ", rank "))
                         : absl::StrCat("targets written on ", written, " ranks"))

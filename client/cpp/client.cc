@@ -98,13 +98,8 @@ absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout,
                                                   request, timeout + absl::Seconds(10));
 }
 
-absl::StatusOr<v1::ExplainResponse> CoordinatorClient::Explain(double link_gbps, double memory_gbps,
-                                                               absl::Duration timeout,
-                                                               const std::vector<int32_t>& target_ranks) {
-  v1::ExplainRequest request;
-  request.set_link_gbps(link_gbps);
-  request.set_memory_gbps(memory_gbps);
-  request.mutable_target_ranks()->Add(target_ranks.begin(), target_ranks.end());
+absl::StatusOr<v1::ExplainResponse> CoordinatorClient::Explain(const v1::ExplainRequest& request,
+                                                               absl::Duration timeout) {
   return Unary<v1::ExplainRequest, v1::ExplainResponse>(
       [&](auto* c, const auto& q, auto* a) { return stub_->Explain(c, q, a); }, request, timeout);
 }

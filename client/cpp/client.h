@@ -56,8 +56,8 @@ class CoordinatorClient {
   // With `target_ranks`, only the targets on those ranks are written (partial targets).
   absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout, bool verify = false,
                                         const std::vector<int32_t>& target_ranks = {});
-  absl::StatusOr<v1::ExplainResponse> Explain(double link_gbps, double memory_gbps, absl::Duration timeout,
-                                              const std::vector<int32_t>& target_ranks = {});
+  // The plan's bytes and floor (the request's speeds; 0: the coordinator's cost model).
+  absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request, absl::Duration timeout);
   absl::StatusOr<v1::CoordinatorStatus> Status(absl::Duration timeout);
 
  private:

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/local_agent_link.h"
+#include "daemon/coordinator/planning_flags.h"
 #include "daemon/coordinator/services.h"
 #include "daemon/agent/services.h"
 #include "daemon/agent/grpc_transport.h"
@@ -42,6 +43,7 @@ chunks to each other.
   --world N                number of agents, required
   --staging-bytes B        staging budget per peer, both directions (default 134217728)
   --sync-timeout-ms N      default deadline of a sync's Execute (default 60000)
+                           and the coordinator's --relay and cost model flags (below)
   --socket PATH          unix socket for local clients, required (replaced if stale)
   --listen ADDR          TCP address for the coordinator and peers (default 127.0.0.1:0;
                          port 0 lets the OS choose)
@@ -57,6 +59,9 @@ chunks to each other.
                          67108864: the layouts of a large model)
   --socket-group NAME    group of the unix socket (mode 0660): its members may register
                          (default: the agent's own group)
+  --node NAME            the node of this agent's device: agents of one node share fast
+                         links (NVLink), bytes between nodes cross the network and the
+                         coordinator may relay them (default: the host name)
 )";
 
 struct Config {
@@ -64,17 +69,23 @@ struct Config {
   bool serve_coordinator = false;
   shardsync::coordinator::CoordinatorConfig coordinator_config;
   std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, log_level = "info";
-  std::string metrics_listen, metrics_port_file, socket_group;
+  std::string metrics_listen, metrics_port_file, socket_group, node;
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
-int Usage(const std::string& error) { return shardsync::DaemonUsage("shardsync-agent", kHelp, error); }
+const char* Help() {
+  static const std::string help =
+      std::string(kHelp) + "With --serve-coordinator, the coordinator's planning:\n" + shardsync::coordinator::kPlanningHelp;
+  return help.c_str();
+}
+
+int Usage(const std::string& error) { return shardsync::DaemonUsage("shardsync-agent", Help(), error); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 1);
-  if (const int code = shardsync::HelpAndConfig(flags, "shardsync-agent", kHelp); code >= 0) return code;
+  if (const int code = shardsync::HelpAndConfig(flags, "shardsync-agent", Help()); code >= 0) return code;
   Config c;
   const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
   c.agent.rank = flags.TakeNumber("rank", -1);
@@ -95,7 +106,12 @@ int main(int argc, char** argv) {
   c.socket_group = flags.Take("socket-group", "");
   c.max_message_bytes = flags.TakeNumber("max-message-bytes", c.max_message_bytes);
   c.metrics_port_file = flags.Take("metrics-port-file", "");
+  c.node = flags.Take("node", "");
+  // Only a coordinator plans: without --serve-coordinator these flags are left over.
+  const std::string planning =
+      c.serve_coordinator ? shardsync::coordinator::TakePlanningFlags(flags, c.coordinator_config) : "";
   if (!flags.error().empty()) return Usage(flags.error());
+  if (!planning.empty()) return Usage(planning);
   if (!flags.Leftover().empty()) return Usage(flags.Leftover());
   if (c.agent.rank < 0 || c.coordinator.empty() == !c.serve_coordinator || c.socket.empty()) {
     return Usage("--rank, --socket and one of --coordinator and --serve-coordinator are required");
@@ -156,6 +172,7 @@ int main(int argc, char** argv) {
   gethostname(host, sizeof(host) - 1);
   link_config.join.set_rank(c.agent.rank);
   link_config.join.set_host(host);
+  link_config.join.set_node(c.node.empty() ? host : c.node);
   link_config.join.set_device(c.agent.device);
   link_config.join.set_fast_agreement(transport->fast_agreement());
   link_config.join.set_incarnation(std::to_string(getpid()) + "-" + std::to_string(absl::ToUnixNanos(absl::Now())));

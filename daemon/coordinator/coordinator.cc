@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/layouts.h"
@@ -64,6 +65,16 @@ std::map<int32_t, std::string> Coordinator::Addresses() const {
   std::map<int32_t, std::string> addresses;
   for (const auto& [rank, entry] : agents_) addresses[rank] = entry.join.address();
   return addresses;
+}
+
+std::vector<int32_t> Coordinator::NodeOfRank() const {
+  std::map<std::string, int32_t> index;
+  std::vector<int32_t> nodes(config_.world_size, 0);
+  for (const auto& [rank, entry] : agents_) {
+    const std::string& node = entry.join.node().empty() ? entry.join.host() : entry.join.node();
+    if (rank < config_.world_size) nodes[rank] = index.emplace(node, static_cast<int32_t>(index.size())).first->second;
+  }
+  return nodes;
 }
 
 v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
@@ -126,10 +137,13 @@ absl::StatusOr<std::vector<int32_t>> Coordinator::SelectTargetRanks(
 absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_ranks) {
   std::map<int32_t, v1::PublishRequest> published;
   int64_t epoch;
+  std::vector<int32_t> nodes;
   {
     absl::MutexLock lock(&mu_);
     epoch = epoch_;
-    if (!plans_.empty() && plans_.begin()->second.epoch != epoch) {  // a new epoch
+    nodes = NodeOfRank();
+    // A new epoch, or an agent that came back on another node: plan again.
+    if (!plans_.empty() && (plans_.begin()->second.epoch != epoch || plans_.begin()->second.plan.node_of_rank != nodes)) {
       plans_.clear();
       plan_ = nullptr;
     }
@@ -149,7 +163,12 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
       return absl::InvalidArgumentError(absl::StrCat("rank ", b.holder.rank, " is outside a world of ", config_.world_size));
     }
   }
-  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
+  input->node_of_rank = nodes;
+  std::pair<double, double> floors{0, 0};
+  const auto policy = planner::LocalFirstLeastLoaded();
+  auto plan = config_.relay == RelayMode::kAuto
+                  ? planner::MakeCheaperPlan(*input, *policy, config_.bandwidths, &floors)
+                  : planner::MakePlan(*input, *policy, planner::PlanOptions{config_.relay == RelayMode::kAlways});
   if (!plan.ok()) {
     if (auto tensor = plan.status().GetPayload(planner::kUncoveredTensorPayload)) {
       return absl::Status(plan.status().code(),
@@ -170,10 +189,16 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
   }
   cache.plan = *std::move(plan);
   cache.schedules = *std::move(schedules);
+  cache.floors = floors;
+  cache.network_bytes = planner::ComputeStats(cache.plan, {}).total_network_bytes;
   cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  spdlog::info("planned epoch {}{}: {} tensors, {} segments, digest {} in {:.2f} ms", epoch,
+  spdlog::info("planned epoch {}{}: {} tensors, {} segments, {} stage(s), digest {} in {:.2f} ms{}", epoch,
                target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
-               input->tensors.size(), cache.plan.segments.size(), cache.digest, cache.plan_seconds * 1e3);
+               input->tensors.size(), cache.plan.segments.size(), cache.plan.stages, cache.digest,
+               cache.plan_seconds * 1e3,
+               floors.first > 0 ? absl::StrFormat(" (floor %.3f ms direct, %.3f ms relayed)", floors.first * 1e3,
+                                                  floors.second * 1e3)
+                                : "");
   // Keep the full plan and this one: a refill is rare, and a plan can be large.
   for (auto it = plans_.begin(); it != plans_.end();) it = it->first.empty() ? std::next(it) : plans_.erase(it);
   plan_ = &(plans_[target_ranks] = std::move(cache));
@@ -258,6 +283,8 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   response.set_layout_epoch(plan_->epoch);
   response.set_digest(plan_->digest);
   response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
+  response.set_stages(plan_->plan.stages);
+  response.set_network_bytes(plan_->network_bytes);
   response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
   if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
   response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
@@ -282,8 +309,10 @@ absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainReques
   if (auto planned = EnsurePlan(*target_ranks); !planned.ok()) return planned.status();
   const CachedPlan& cached = *plan_;
   const planner::PlanStats stats = planner::ComputeStats(cached.plan, cached.schedules);
-  const planner::Bandwidths bandwidths{(request.link_gbps() > 0 ? request.link_gbps() : 360) * 1e9,
-                                       (request.memory_gbps() > 0 ? request.memory_gbps() : 4200) * 1e9};
+  const auto speed = [](double gbps, double fallback) { return gbps > 0 ? gbps * 1e9 : fallback; };
+  const planner::Bandwidths bandwidths{speed(request.link_gbps(), config_.bandwidths.link_bytes_per_s),
+                                       speed(request.memory_gbps(), config_.bandwidths.memory_bytes_per_s),
+                                       speed(request.network_gbps(), config_.bandwidths.network_bytes_per_s)};
   v1::ExplainResponse response;
   response.set_layout_epoch(cached.epoch);
   response.set_digest(cached.digest);
@@ -292,6 +321,14 @@ absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainReques
   response.set_chunks(stats.chunks);
   response.set_rounds(stats.rounds);
   response.set_floor_seconds(planner::CostFloorSeconds(stats, bandwidths));
+  response.set_stages(cached.plan.stages);
+  response.set_network_bytes(stats.total_network_bytes);
+  response.set_relayed_bytes(stats.total_relayed_bytes);
+  response.set_direct_floor_seconds(cached.floors.first);
+  response.set_relayed_floor_seconds(cached.floors.second);
+  response.set_link_gbps(bandwidths.link_bytes_per_s / 1e9);
+  response.set_memory_gbps(bandwidths.memory_bytes_per_s / 1e9);
+  response.set_network_gbps(bandwidths.network_bytes_per_s / 1e9);
   for (size_t r = 0; r < stats.ranks.size(); ++r) {
     v1::RankStats* rank = response.add_ranks();
     rank->set_rank(static_cast<int32_t>(r));
@@ -301,6 +338,9 @@ absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainReques
     rank->set_received_bytes(stats.ranks[r].received_bytes);
     rank->set_local_bytes(stats.ranks[r].local_bytes);
     rank->set_fill_bytes(stats.ranks[r].fill_bytes);
+    rank->set_network_sent_bytes(stats.ranks[r].network_sent_bytes);
+    rank->set_network_received_bytes(stats.ranks[r].network_received_bytes);
+    rank->set_relayed_bytes(stats.ranks[r].relayed_bytes);
   }
   for (const auto& [link, bytes] : stats.link_bytes) {
     v1::LinkBytes* out = response.add_links();
@@ -337,6 +377,7 @@ v1::CoordinatorStatus Coordinator::Status() const {
     v1::AgentInfo* info = status.add_agents();
     info->set_rank(rank);
     info->set_host(entry.join.host());
+    info->set_node(entry.join.node().empty() ? entry.join.host() : entry.join.node());
     info->set_address(entry.join.address());
     info->set_device(entry.join.device());
     info->set_reachable(absl::Now() - entry.last_seen < absl::Seconds(3));

@@ -20,12 +20,20 @@
 #include "daemon/coordinator/rank_pool.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
+#include "planner/stats.h"
 #include "proto/shardsync.pb.h"
 
 namespace shardsync::coordinator {
 
+// Whether a plan over several nodes relays (planner::PlanOptions::relay): kAuto when the
+// cost model's floor says it is faster.
+enum class RelayMode { kAuto, kAlways, kNever };
+
 struct CoordinatorConfig {
   int32_t world_size = 1;
+  RelayMode relay = RelayMode::kAuto;
+  // The cost model: the relay choice and Explain's floor (bytes per second).
+  planner::Bandwidths bandwidths{360e9, 4200e9, 50e9};
   int64_t staging_bytes = int64_t{128} << 20;  // per peer, both directions
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
   absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
@@ -57,6 +65,8 @@ class Coordinator {
   // Every joined agent's link and address, by rank.
   std::map<int32_t, std::shared_ptr<AgentLink>> Links() const;
   std::map<int32_t, std::string> Addresses() const;
+  // The node index of every rank (JoinRequest.node, numbered in rank order).
+  std::vector<int32_t> NodeOfRank() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan of one layout epoch and target selection, encoded per rank.
   struct CachedPlan {
     int64_t epoch = -1;
@@ -64,6 +74,8 @@ class Coordinator {
     bool partial = false;               // only those asked for, not every target
     planner::Plan plan;
     std::vector<planner::Schedule> schedules;
+    std::pair<double, double> floors{0, 0};  // without and with the relay (kAuto, several nodes)
+    int64_t network_bytes = 0;               // between nodes
     std::vector<v1::PrepareRequest> requests;  // by rank, schedule only
     std::string digest;
     double plan_seconds = 0;

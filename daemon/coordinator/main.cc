@@ -5,6 +5,7 @@
 #include "common/flags.h"
 #include "common/metrics_http.h"
 #include "common/tls.h"
+#include "daemon/coordinator/planning_flags.h"
 #include "daemon/coordinator/services.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -26,13 +27,18 @@ agent, then Execute only if all said ok.
   --sync-timeout-ms N    default deadline of a sync's Execute (default 60000)
 )";
 
-int Usage(const std::string& error) { return shardsync::DaemonUsage("shardsync-coordinator", kHelp, error); }
+const char* Help() {
+  static const std::string help = std::string(kHelp) + shardsync::coordinator::kPlanningHelp;
+  return help.c_str();
+}
+
+int Usage(const std::string& error) { return shardsync::DaemonUsage("shardsync-coordinator", Help(), error); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   shardsync::Flags flags(argc, argv, 1);
-  if (const int code = shardsync::HelpAndConfig(flags, "shardsync-coordinator", kHelp); code >= 0) return code;
+  if (const int code = shardsync::HelpAndConfig(flags, "shardsync-coordinator", Help()); code >= 0) return code;
   shardsync::coordinator::CoordinatorConfig config;
   config.world_size = flags.TakeNumber("world", 0);
   const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
@@ -44,7 +50,9 @@ int main(int argc, char** argv) {
   const std::string log_level = flags.Take("log-level", "info");
   const std::string metrics_listen = flags.Take("metrics-listen", "");
   const std::string metrics_port_file = flags.Take("metrics-port-file", "");
+  const std::string planning = shardsync::coordinator::TakePlanningFlags(flags, config);
   if (!flags.error().empty()) return Usage(flags.error());
+  if (!planning.empty()) return Usage(planning);
   if (!flags.Leftover().empty()) return Usage(flags.Leftover());
   if (config.world_size < 1) return Usage("--world must be at least 1");
   if (config.staging_bytes < 1) return Usage("--staging-bytes must be positive");

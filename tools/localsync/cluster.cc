@@ -186,6 +186,7 @@ void Cluster::StartCoordinator(const std::string& listen) {
                                    std::to_string(options_.staging_bytes), "--sync-timeout-ms",
                                    std::to_string(options_.sync_timeout_ms), "--rpc-deadline-ms",
                                    std::to_string(options_.rpc_deadline_ms), "--log-level", "debug"};
+  if (!options_.relay.empty()) argv.insert(argv.end(), {"--relay", options_.relay});
   if (options_.metrics) {
     argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", dir_ + "/coordinator.metrics"});
   }
@@ -258,9 +259,11 @@ void Cluster::StartAgent(int rank) {
     argv.insert(argv.end(), {"--serve-coordinator", "--world", std::to_string(options_.agents), "--staging-bytes",
                              std::to_string(options_.staging_bytes), "--sync-timeout-ms",
                              std::to_string(options_.sync_timeout_ms)});
+    if (!options_.relay.empty()) argv.insert(argv.end(), {"--relay", options_.relay});
   } else {
     argv.insert(argv.end(), {"--coordinator", coordinator_address_});
   }
+  if (rank < static_cast<int>(options_.nodes.size())) argv.insert(argv.end(), {"--node", options_.nodes[rank]});
   if (options_.metrics) {
     argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
                              absl::StrCat(dir_, "/agent", rank, ".metrics")});

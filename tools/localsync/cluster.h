@@ -51,6 +51,8 @@ struct ClusterOptions {
   bool metrics = false;  // every daemon serves /metrics on an OS-chosen port
   TlsConfig tls;          // CA, certificate and key of every daemon; none: --insecure
   bool agent0_serves_coordinator = false;  // no coordinator process: agent 0 is it
+  std::vector<std::string> nodes;  // each rank's --node (none: every agent on this host's)
+  std::string relay;               // the coordinator's --relay (empty: its default)
 };
 
 // A coordinator and one agent per rank, all on localhost (or agent 0 serving as the

@@ -160,8 +160,11 @@ class CoordinatorClient:
         per rank bytes sent, received and copied locally, rounds, chunks, staging, seconds."""
         return self._last
 
-    def explain(self, link_gbps=0.0, memory_gbps=0.0, timeout=30.0):
-        request = shardsync_pb2.ExplainRequest(link_gbps=link_gbps, memory_gbps=memory_gbps)
+    def explain(self, link_gbps=0.0, memory_gbps=0.0, network_gbps=0.0, timeout=30.0):
+        """The plan's bytes per rank and its floor at these speeds (GB/s; 0: the
+        coordinator's cost model); ExplainResponse."""
+        request = shardsync_pb2.ExplainRequest(link_gbps=link_gbps, memory_gbps=memory_gbps,
+                                               network_gbps=network_gbps)
         return self._unary("Explain", request, shardsync_pb2.ExplainResponse, timeout)
 
     def status(self, timeout=5.0):
