@@ -39,6 +39,7 @@ struct Case {
   std::string name;
   int repeats;  // the MoE cases run once
   std::function<planner::PlanInput()> make;
+  bool relay = false;  // planner::PlanOptions::relay
 };
 
 using Clock = std::chrono::steady_clock;
@@ -68,6 +69,18 @@ planner::PlanInput Qwen8B(int tp) {
   return *planner::ExpandModel(spec);
 }
 
+// Qwen3-8B disaggregated: the trainer ZeRO-3 over the 8 ranks of node 0, the rollout
+// TP2 x 4 on the 8 ranks of node 1.
+planner::PlanInput Qwen8BTwoNodes() {
+  planner::ModelLayoutSpec spec = planner::Qwen3Layout(*planner::FindDenseModel("qwen3-8b"), /*fused=*/false);
+  spec.zero_stage = 3;
+  spec.dp_ranks = Range(8);
+  for (int k = 0; k < 4; ++k) spec.replicas.push_back({8 + 2 * k, 9 + 2 * k});
+  planner::PlanInput input = *planner::ExpandModel(spec);
+  for (int r = 0; r < 16; ++r) input.node_of_rank.push_back(r / 8);
+  return input;
+}
+
 std::vector<Case> AllCases(const Config& config) {
   MoeShape experts;
   experts.layers = config.moe_layers;
@@ -78,6 +91,8 @@ std::vector<Case> AllCases(const Config& config) {
       {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
       {"qwen3-8b zero3x8 -> tp8", 0, [] { return Qwen8B(8); }},
       {"qwen3-8b zero3x8 -> tp1x8", 0, [] { return Qwen8B(1); }},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, direct", 0, Qwen8BTwoNodes, false},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, relayed", 0, Qwen8BTwoNodes, true},
       {absl::StrCat("moe-1t experts ep64xdp16 -> 8x(ep32xtp4), ", experts.layers, " of 61 layers"), 1,
        [experts] { return MoeLayout(experts); }},
       {absl::StrCat("moe-1t experts + dense zero3x1024 -> 8x(ep32xtp4), ", dense.layers, " of 61 layers"), 1,
@@ -101,7 +116,7 @@ int RunCase(const Case& c, const Config& config) {
   std::vector<planner::Schedule> schedules;
   for (int i = 0; i < (c.repeats > 0 ? c.repeats : config.repeats); ++i) {
     const auto a = Clock::now();
-    auto p = planner::MakePlan(input, *policy);
+    auto p = planner::MakePlan(input, *policy, planner::PlanOptions{c.relay});
     const auto b = Clock::now();
     if (!p.ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(p.status().message()).c_str());
@@ -132,20 +147,23 @@ int RunCase(const Case& c, const Config& config) {
                                       ",\"local\":", s.local_bytes, ",\"segments\":", s.segments, "}"));
     }
   }
-  // H200 NVLink figures from BUILD_NOTES, for scale only; issue 5 measures them.
-  const double floor_ms = 1e3 * planner::CostFloorSeconds(stats, planner::Bandwidths{360e9, 4.2e12});
+  // H200 NVLink figures from BUILD_NOTES and a 400 Gb/s NIC per GPU, for scale only.
+  const double floor_ms = 1e3 * planner::CostFloorSeconds(stats, planner::Bandwidths{360e9, 4.2e12, 50e9});
   std::printf(
       "{\"case\":\"%s\",\"tensors\":%zu,\"ranks\":%d,\"segments\":%lld,\"chunks\":%lld,\"rounds\":%d,"
       "\"layout_ms\":%.2f,\"plan_ms\":%.2f,\"schedule_ms\":%.2f,\"total_ms\":%.2f,\"repeats\":%zu,"
       "\"bytes_sent\":%lld,\"bytes_local\":%lld,\"max_rank_sent\":%lld,\"max_rank_received\":%lld,"
-      "\"max_rank_local\":%lld,\"max_rank_segments\":%lld,\"floor_ms_at_360GBps\":%.3f,\"digest\":\"%s\","
+      "\"max_rank_local\":%lld,\"max_rank_segments\":%lld,\"floor_ms_at_360GBps_50GBps_network\":%.3f,"
+      "\"stages\":%d,\"bytes_network\":%lld,\"bytes_relayed\":%lld,\"digest\":\"%s\","
       "\"peak_rss_mib\":%lld,\"per_rank\":[%s]}\n",
       c.name.c_str(), input.tensors.size(), plan.num_ranks, static_cast<long long>(stats.segments),
       static_cast<long long>(stats.chunks), stats.rounds, layout_ms, Median(plan_ms), Median(schedule_ms),
       Median(plan_ms) + Median(schedule_ms), plan_ms.size(), static_cast<long long>(stats.total_sent_bytes),
       static_cast<long long>(stats.total_local_bytes), static_cast<long long>(max_sent),
       static_cast<long long>(max_received), static_cast<long long>(max_local), static_cast<long long>(max_segments),
-      floor_ms, planner::PlanDigest(plan, config.staging_bytes).c_str(), static_cast<long long>(PeakRssMiB()),
+      floor_ms, plan.stages, static_cast<long long>(stats.total_network_bytes),
+      static_cast<long long>(stats.total_relayed_bytes), planner::PlanDigest(plan, config.staging_bytes).c_str(),
+      static_cast<long long>(PeakRssMiB()),
       absl::StrJoin(per_rank, ",").c_str());
   std::fflush(stdout);
   return 0;

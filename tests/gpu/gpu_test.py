@@ -174,7 +174,8 @@ def main_job():
 def engine_case(transport, slow_link_us, slow_unpack_us):
     """The engine's double-buffered rounds on one GPU (tests/gpu/engine_check.cc): ranks joined
     by peer copies ("copy"), or every stream sent to itself over the agent's NCCL transport
-    ("nccl-self")."""
+    ("nccl-self"); every other layout over two nodes, relayed (a second stage reading targets
+    the first wrote, behind the device's fence)."""
     @case(f"1 GPU: double-buffered rounds over {transport}, random layouts, each transfer held {slow_link_us} us, "
           f"each unpack {slow_unpack_us} us")
     def run():
@@ -185,11 +186,13 @@ def engine_case(transport, slow_link_us, slow_unpack_us):
         result = json.loads(done.stdout.strip().splitlines()[-1])
         assert done.returncode == 0 and result["failed"] == 0, f"{result['failed']} layouts wrong: {result['first_error']}"
         assert result["rounds"] > 150, f"only {result['rounds']} rounds: the check did not exercise the rounds"
+        assert result["relayed"] >= 10, f"only {result['relayed']} relayed layouts: the relay stage was not exercised"
         agreed = ""
         if transport == "nccl-self":
             assert result["agreement"] == "ok", f"the NCCL agreement: {result['agreement']}"
             agreed = f"; 200 agreements each answered as voted, {result['agree_median_us']:.0f} us each"
-        return f"{result['seeds']} layouts, {result['rounds']} rounds, every element right{agreed}"
+        return (f"{result['seeds']} layouts ({result['relayed']} relayed), {result['rounds']} rounds, "
+                f"every element right{agreed}")
     return run
 
 
