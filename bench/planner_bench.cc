@@ -39,10 +39,13 @@ struct Case {
   std::string name;
   int repeats;  // the MoE cases run once
   std::function<planner::PlanInput()> make;
-  bool relay = false;  // planner::PlanOptions::relay
+  enum class Relay { kNever, kAlways, kCheaper } relay = Relay::kNever;  // kCheaper: MakeCheaperPlan
 };
 
 using Clock = std::chrono::steady_clock;
+
+// H200 NVLink figures from BUILD_NOTES and a 400 Gb/s NIC per GPU, for scale only.
+const planner::Bandwidths kBandwidths{360e9, 4.2e12, 50e9};
 double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
 double Median(std::vector<double> v) {
@@ -91,8 +94,9 @@ std::vector<Case> AllCases(const Config& config) {
       {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
       {"qwen3-8b zero3x8 -> tp8", 0, [] { return Qwen8B(8); }},
       {"qwen3-8b zero3x8 -> tp1x8", 0, [] { return Qwen8B(1); }},
-      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, direct", 0, Qwen8BTwoNodes, false},
-      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, relayed", 0, Qwen8BTwoNodes, true},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, direct", 0, Qwen8BTwoNodes, Case::Relay::kNever},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, relayed", 0, Qwen8BTwoNodes, Case::Relay::kAlways},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, cheaper of both", 0, Qwen8BTwoNodes, Case::Relay::kCheaper},
       {absl::StrCat("moe-1t experts ep64xdp16 -> 8x(ep32xtp4), ", experts.layers, " of 61 layers"), 1,
        [experts] { return MoeLayout(experts); }},
       {absl::StrCat("moe-1t experts + dense zero3x1024 -> 8x(ep32xtp4), ", dense.layers, " of 61 layers"), 1,
@@ -116,7 +120,9 @@ int RunCase(const Case& c, const Config& config) {
   std::vector<planner::Schedule> schedules;
   for (int i = 0; i < (c.repeats > 0 ? c.repeats : config.repeats); ++i) {
     const auto a = Clock::now();
-    auto p = planner::MakePlan(input, *policy, planner::PlanOptions{c.relay});
+    auto p = c.relay == Case::Relay::kCheaper
+                 ? planner::MakeCheaperPlan(input, *policy, kBandwidths)
+                 : planner::MakePlan(input, *policy, planner::PlanOptions{c.relay == Case::Relay::kAlways});
     const auto b = Clock::now();
     if (!p.ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(p.status().message()).c_str());
@@ -147,8 +153,7 @@ int RunCase(const Case& c, const Config& config) {
                                       ",\"local\":", s.local_bytes, ",\"segments\":", s.segments, "}"));
     }
   }
-  // H200 NVLink figures from BUILD_NOTES and a 400 Gb/s NIC per GPU, for scale only.
-  const double floor_ms = 1e3 * planner::CostFloorSeconds(stats, planner::Bandwidths{360e9, 4.2e12, 50e9});
+  const double floor_ms = 1e3 * planner::CostFloorSeconds(stats, kBandwidths);
   std::printf(
       "{\"case\":\"%s\",\"tensors\":%zu,\"ranks\":%d,\"segments\":%lld,\"chunks\":%lld,\"rounds\":%d,"
       "\"layout_ms\":%.2f,\"plan_ms\":%.2f,\"schedule_ms\":%.2f,\"total_ms\":%.2f,\"repeats\":%zu,"

@@ -6,45 +6,61 @@
 
 namespace shardsync::planner {
 
+namespace {
+
+int32_t NodeOf(const Plan& plan, int32_t rank) { return plan.node_of_rank.empty() ? 0 : plan.node_of_rank[rank]; }
+
+// Adds a segment's bytes to the ranks it touches.
+void CountSegment(const Plan& plan, const Segment& s, std::vector<RankStats>& ranks) {
+  const int64_t bytes = SegmentBytes(s);
+  RankStats& from = ranks[s.src.rank];
+  ++from.segments;
+  if (s.stage > 0) from.relayed_bytes += bytes;
+  if (s.src.rank == s.dst.rank) {
+    from.local_bytes += bytes;
+    return;
+  }
+  RankStats& to = ranks[s.dst.rank];
+  ++to.segments;
+  from.sent_bytes += bytes;
+  to.received_bytes += bytes;
+  if (NodeOf(plan, s.src.rank) != NodeOf(plan, s.dst.rank)) {
+    from.network_sent_bytes += bytes;
+    to.network_received_bytes += bytes;
+  }
+}
+
+void CountFills(const Plan& plan, std::vector<RankStats>& ranks) {
+  for (const FillOp& f : plan.fills) ranks[f.fill.holder.rank].fill_bytes += NumElements(f.fill.shape) * ElementBytes(f.dtype);
+}
+
+}  // namespace
+
+std::vector<std::vector<RankStats>> StageBytes(const Plan& plan) {
+  std::vector<std::vector<RankStats>> stages(plan.stages, std::vector<RankStats>(plan.num_ranks));
+  for (const Segment& s : plan.segments) CountSegment(plan, s, stages[s.stage]);
+  CountFills(plan, stages[0]);
+  return stages;
+}
+
 PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules) {
   PlanStats stats;
   stats.ranks.resize(plan.num_ranks);
-  stats.stages.assign(plan.stages, std::vector<RankStats>(plan.num_ranks));
-  const auto node = [&](int32_t rank) { return plan.node_of_rank.empty() ? 0 : plan.node_of_rank[rank]; };
+  stats.stages = StageBytes(plan);
   for (const Segment& s : plan.segments) {
+    CountSegment(plan, s, stats.ranks);
     const int64_t bytes = SegmentBytes(s);
-    const bool relayed = s.stage > 0;
     ++stats.segments;
-    if (relayed) stats.total_relayed_bytes += bytes;
-    for (RankStats* r : {&stats.ranks[s.src.rank], &stats.stages[s.stage][s.src.rank]}) {
-      ++r->segments;
-      if (relayed) r->relayed_bytes += bytes;
-      if (s.src.rank == s.dst.rank) r->local_bytes += bytes;
-      else r->sent_bytes += bytes;
-    }
+    if (s.stage > 0) stats.total_relayed_bytes += bytes;
     if (s.src.rank == s.dst.rank) {
       stats.total_local_bytes += bytes;
       continue;
     }
-    const bool network = node(s.src.rank) != node(s.dst.rank);
-    for (RankStats* r : {&stats.ranks[s.dst.rank], &stats.stages[s.stage][s.dst.rank]}) {
-      ++r->segments;
-      r->received_bytes += bytes;
-      if (network) r->network_received_bytes += bytes;
-    }
-    if (network) {
-      stats.ranks[s.src.rank].network_sent_bytes += bytes;
-      stats.stages[s.stage][s.src.rank].network_sent_bytes += bytes;
-      stats.total_network_bytes += bytes;
-    }
+    if (NodeOf(plan, s.src.rank) != NodeOf(plan, s.dst.rank)) stats.total_network_bytes += bytes;
     stats.link_bytes[{s.src.rank, s.dst.rank}] += bytes;
     stats.total_sent_bytes += bytes;
   }
-  for (const FillOp& f : plan.fills) {
-    const int64_t bytes = NumElements(f.fill.shape) * ElementBytes(f.dtype);
-    stats.ranks[f.fill.holder.rank].fill_bytes += bytes;
-    stats.stages[0][f.fill.holder.rank].fill_bytes += bytes;
-  }
+  CountFills(plan, stats.ranks);
   for (const Schedule& schedule : schedules) {
     RankStats& r = stats.ranks[schedule.rank];
     for (const Stage& stage : schedule.stages) {
@@ -59,9 +75,11 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
   return stats;
 }
 
-double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bw) {
+double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bw) { return CostFloorSeconds(stats.stages, bw); }
+
+double CostFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const Bandwidths& bw) {
   double floor = 0;
-  for (const std::vector<RankStats>& stage : stats.stages) {
+  for (const std::vector<RankStats>& stage : stages) {
     double slowest = 0;
     for (const RankStats& r : stage) {
       const double link = std::max(r.sent_bytes - r.network_sent_bytes, r.received_bytes - r.network_received_bytes) /
@@ -79,16 +97,17 @@ double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bw) {
 
 absl::StatusOr<Plan> MakeCheaperPlan(const PlanInput& input, const ReplicaPolicy& policy, const Bandwidths& bandwidths,
                                      std::pair<double, double>* floors) {
-  absl::StatusOr<Plan> direct = MakePlan(input, policy, PlanOptions{false});
-  const std::vector<int32_t>& nodes = input.node_of_rank;
-  const bool one_node = std::all_of(nodes.begin(), nodes.end(), [&](int32_t n) { return n == nodes[0]; });
-  if (!direct.ok() || one_node) return direct;
+  // With nothing to relay the relayed plan is the direct one: plan a second time only
+  // when the relay changed something.
   absl::StatusOr<Plan> relayed = MakePlan(input, policy, PlanOptions{true});
-  if (!relayed.ok()) return relayed;
-  const double direct_floor = CostFloorSeconds(ComputeStats(*direct, {}), bandwidths);
-  const double relayed_floor = CostFloorSeconds(ComputeStats(*relayed, {}), bandwidths);
+  if (!relayed.ok() || relayed->stages == 1) return relayed;
+  absl::StatusOr<Plan> direct = MakePlan(input, policy, PlanOptions{false});
+  if (!direct.ok()) return direct;
+  const double direct_floor = CostFloorSeconds(StageBytes(*direct), bandwidths);
+  const double relayed_floor = CostFloorSeconds(StageBytes(*relayed), bandwidths);
   if (floors != nullptr) *floors = {direct_floor, relayed_floor};
-  return relayed_floor < direct_floor ? relayed : direct;
+  if (relayed_floor < direct_floor) return relayed;  // moved, as the line below
+  return direct;
 }
 
 namespace {

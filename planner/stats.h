@@ -48,16 +48,22 @@ struct PlanStats {
 // Schedules may be empty: then only bytes are counted (no chunks or rounds).
 PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules);
 
+// PlanStats::stages alone (bytes per stage and rank): what the floor needs, without the
+// per-link map.
+std::vector<std::vector<RankStats>> StageBytes(const Plan& plan);
+
 // The floor: within a stage every rank's sends, receives and local copies overlap, and
 // so do its link to its node and its share of the network, so a rank needs the largest
 // of sent / link, received / link, network sent / network, network received / network
 // and (2 * local + fill) / memory seconds (bytes to other nodes count on the network,
 // not the link); a stage needs its slowest rank's time, and the stages follow each other.
 double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bandwidths);
+double CostFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const Bandwidths& bandwidths);
 
-// With ranks on several nodes: plans the batch with and without the relay and keeps
-// the plan whose floor at `bandwidths` is lower (without it on a tie: one stage fewer);
-// `floors`, if given, gets both (without, with). On one node: the plan without.
+// Plans the batch with the relay and, if it relays anything (ranks on several nodes),
+// without it too, and keeps the plan whose floor at `bandwidths` is lower (without the
+// relay on a tie: one stage fewer); `floors`, if given, gets both (without, with), or
+// stays as it was when there was nothing to relay.
 absl::StatusOr<Plan> MakeCheaperPlan(const PlanInput& input, const ReplicaPolicy& policy, const Bandwidths& bandwidths,
                                      std::pair<double, double>* floors = nullptr);
 

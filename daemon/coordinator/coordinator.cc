@@ -190,7 +190,9 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
   cache.plan = *std::move(plan);
   cache.schedules = *std::move(schedules);
   cache.floors = floors;
-  cache.network_bytes = planner::ComputeStats(cache.plan, {}).total_network_bytes;
+  for (const auto& stage : planner::StageBytes(cache.plan)) {
+    for (const planner::RankStats& r : stage) cache.network_bytes += r.network_sent_bytes;
+  }
   cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   spdlog::info("planned epoch {}{}: {} tensors, {} segments, {} stage(s), digest {} in {:.2f} ms{}", epoch,
                target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
