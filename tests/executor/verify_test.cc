@@ -42,6 +42,26 @@ std::vector<std::pair<std::string, int32_t>> Mismatches(const Checksums& sums) {
   return out;
 }
 
+// Every rank's round engine on its own thread over loopback.
+void RunSync(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules, testing::HostBuffers& buffers) {
+  std::map<int32_t, Mailbox> mailboxes;
+  std::map<int32_t, Mailbox*> pointers;
+  for (int32_t r = 0; r < plan.num_ranks; ++r) pointers[r] = &mailboxes[r];
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(plan.num_ranks);
+  for (int32_t r = 0; r < plan.num_ranks; ++r) {
+    threads.emplace_back([&, r] {
+      LoopbackTransport transport(r, pointers);
+      HostDevice device;
+      RoundEngine engine(device, transport);
+      results[r] = engine.Run("sync", plan, schedules[r], TableFor(r, buffers), 256, absl::Now() + absl::Seconds(20))
+                       .status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& status : results) REQUIRE(status.ok());
+}
+
 TEST_CASE("checksums agree after a sync; one changed byte names its tensor and target rank") {
   const auto policy = planner::LocalFirstLeastLoaded();
   int fills_checked = 0;
@@ -57,20 +77,7 @@ TEST_CASE("checksums agree after a sync; one changed byte names its tensor and t
     INFO("seed " << seed);
     testing::HostBuffers buffers = testing::AllocateBuffers(*input);
     testing::PrepareBuffers(*input, rng, buffers);
-    std::map<int32_t, Mailbox> mailboxes;
-    std::map<int32_t, Mailbox*> pointers;
-    for (int32_t r = 0; r < plan->num_ranks; ++r) pointers[r] = &mailboxes[r];
-    std::vector<std::thread> threads;
-    for (int32_t r = 0; r < plan->num_ranks; ++r) {
-      threads.emplace_back([&, r] {
-        LoopbackTransport transport(r, pointers);
-        HostDevice device;
-        RoundEngine engine(device, transport);
-        REQUIRE(engine.Run("sync", *plan, (*schedules)[r], TableFor(r, buffers), 256, absl::Now() + absl::Seconds(20))
-                    .ok());
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    RunSync(*plan, *schedules, buffers);
 
     const int64_t scratch = std::vector<int64_t>{1 << 20, 3 << 20, 64 << 20}[seed % 3];
     const Checksums good = SumOverRanks(*plan, *schedules, buffers, scratch);
@@ -103,6 +110,50 @@ TEST_CASE("checksums agree after a sync; one changed byte names its tensor and t
     CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)).empty());
   }
   CHECK(fills_checked > 5);
+}
+
+TEST_CASE("relayed: a forwarded copy is checked against the relay's target, and the relay's against its sources") {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  int relayed = 0;
+  for (uint64_t seed = 1; seed <= 120; ++seed) {
+    std::mt19937_64 rng(seed * 31);
+    auto input = planner::ExpandModel(testing::RandomModel(rng));
+    REQUIRE(input.ok());
+    int32_t ranks = 0;
+    for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
+    for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(static_cast<int32_t>(rng() % 2));
+    auto plan = planner::MakePlan(*input, *policy, planner::PlanOptions{true});
+    REQUIRE(plan.ok());
+    if (plan->stages < 2) continue;
+    ++relayed;
+    auto schedules = planner::MakeSchedules(*plan, 256);
+    REQUIRE(schedules.ok());
+    INFO("seed " << seed);
+    testing::HostBuffers buffers = testing::AllocateBuffers(*input);
+    testing::PrepareBuffers(*input, rng, buffers);
+    RunSync(*plan, *schedules, buffers);
+    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, 1 << 20)).empty());
+
+    std::vector<const planner::Segment*> forwarded;
+    for (const planner::Segment& s : plan->segments) {
+      if (s.stage == 1) forwarded.push_back(&s);
+    }
+    const planner::Segment& s = *forwarded[rng() % forwarded.size()];
+    // The forwarded copy changed: only its own (tensor, rank) differs.
+    uint8_t& copy = buffers.at(s.dst)[s.dst_base * planner::ElementBytes(s.dst_dtype)];
+    copy ^= 1;
+    const std::pair<std::string, int32_t> copy_key{plan->tensor_names[s.tensor], s.dst.rank};
+    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, 1 << 20)) == std::vector{copy_key});
+    copy ^= 1;
+    // The relay's target changed: the relay differs from its sources (and the copy from it).
+    uint8_t& relay = buffers.at(s.src)[s.src_base * planner::ElementBytes(s.src_dtype)];
+    relay ^= 1;
+    const std::vector<std::pair<std::string, int32_t>> found = Mismatches(SumOverRanks(*plan, *schedules, buffers, 1 << 20));
+    CHECK(std::count(found.begin(), found.end(), std::make_pair(plan->tensor_names[s.tensor], s.src.rank)) == 1);
+    CHECK(std::count(found.begin(), found.end(), copy_key) == 1);
+    relay ^= 1;
+  }
+  CHECK(relayed > 10);
 }
 
 TEST_CASE("a region's word-hash sum does not depend on how it is cut into word-aligned pieces") {
