@@ -228,10 +228,11 @@ struct Pending {
 // position for the others.
 class ReplicaGroups {
  public:
-  ReplicaGroups(const TensorLayouts& t, absl::Span<const int32_t> node_of_rank) : lead_(t.target.placements.size()) {
+  ReplicaGroups(const TensorLayouts& t, absl::Span<const int32_t> node_of_rank) : lead_(t.target.placements.size(), -1) {
     std::map<std::pair<int32_t, std::vector<int64_t>>, int32_t> lead_of;
     for (size_t i = 0; i < t.target.placements.size(); ++i) {
       const Placement& p = t.target.placements[i];
+      if (IsEmpty(p.box)) continue;  // never covered
       std::vector<int64_t> key(p.box.lo.begin(), p.box.lo.end());
       key.insert(key.end(), p.box.hi.begin(), p.box.hi.end());
       const int32_t lead = lead_of.emplace(std::make_pair(node_of_rank[p.holder.rank], key), i).first->second;
@@ -255,6 +256,21 @@ class ReplicaGroups {
   std::map<int32_t, std::vector<int32_t>> members_;
   std::map<int32_t, std::vector<int32_t>> relays_;
 };
+
+// The member of a replica group that takes a piece of `bytes` across the network: the
+// one whose rank receives the fewest bytes from other nodes so far (ties to the lowest
+// rank), charged for it.
+int32_t ChooseRelay(const TensorLayouts& t, const std::vector<int32_t>& members, int64_t bytes,
+                    std::vector<int64_t>& from_network) {
+  const auto load = [&](int32_t m) {
+    const int32_t rank = t.target.placements[m].holder.rank;
+    return std::make_pair(from_network[rank], rank);
+  };
+  const int32_t relay =
+      *std::min_element(members.begin(), members.end(), [&](int32_t a, int32_t b) { return load(a) < load(b); });
+  from_network[t.target.placements[relay].holder.rank] += bytes;
+  return relay;
+}
 
 bool SpansNodes(absl::Span<const int32_t> node_of_rank) {
   return std::any_of(node_of_rank.begin(), node_of_rank.end(), [&](int32_t n) { return n != node_of_rank[0]; });
@@ -395,18 +411,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
         }
         int32_t relay = -1;  // this piece's relay in the group, if it has one
         if (relays != nullptr) {
-          if (lead) {
-            relays->push_back(-1);
-            if (remote) {
-              const auto load = [&](int32_t m) {
-                const int32_t rank = t.target.placements[m].holder.rank;
-                return std::make_pair(from_network[rank], rank);
-              };
-              relays->back() = *std::min_element(members->begin(), members->end(),
-                                                 [&](int32_t a, int32_t b) { return load(a) < load(b); });
-              from_network[t.target.placements[relays->back()].holder.rank] += bytes;
-            }
-          }
+          if (lead) relays->push_back(remote ? ChooseRelay(t, *members, bytes, from_network) : -1);
           if (position >= relays->size()) {
             misaligned = true;
             return;
