@@ -60,11 +60,7 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
     // Every other layout over two or three nodes with the relay: each rank runs its
     // relay stage once its own first stage is done, whatever the others do.
     const bool relay = seed % 2 == 0;
-    if (relay) {
-      int32_t ranks = 0;
-      for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
-      for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(static_cast<int32_t>(rng() % (2 + seed % 3)));
-    }
+    if (relay) testing::PlaceOnRandomNodes(*input, 2 + seed % 3, rng);
     auto plan = planner::MakePlan(*input, *policy, planner::PlanOptions{relay});
     REQUIRE(plan.ok());
     relayed += plan->stages == 2;

@@ -119,9 +119,7 @@ TEST_CASE("relayed: a forwarded copy is checked against the relay's target, and 
     std::mt19937_64 rng(seed * 31);
     auto input = planner::ExpandModel(testing::RandomModel(rng));
     REQUIRE(input.ok());
-    int32_t ranks = 0;
-    for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
-    for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(static_cast<int32_t>(rng() % 2));
+    testing::PlaceOnRandomNodes(*input, 2, rng);
     auto plan = planner::MakePlan(*input, *policy, planner::PlanOptions{true});
     REQUIRE(plan.ok());
     if (plan->stages < 2) continue;

@@ -144,11 +144,7 @@ Outcome SyncOnce(uint64_t seed, const Options& options, SelfRank* self) {
   // Every other layout over random nodes, relayed: a rank's relay stage must wait for
   // its first stage's receives and unpacks (the device's fence), held back or not.
   const bool relay = seed % 2 == 0;
-  if (relay) {
-    int32_t ranks = 0;
-    for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
-    for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(static_cast<int32_t>(rng() % 2));
-  }
+  if (relay) ::shardsync::testing::PlaceOnRandomNodes(*input, 2, rng);
   auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded(), planner::PlanOptions{relay});
   if (!plan.ok()) return {0, 0, std::string(plan.status().message())};
   auto schedules = planner::MakeSchedules(*plan, budget);

@@ -181,4 +181,11 @@ planner::PlanInput RandomMixedSources(std::mt19937_64& rng) {
   return input;
 }
 
+void PlaceOnRandomNodes(planner::PlanInput& input, int nodes, std::mt19937_64& rng) {
+  int32_t ranks = 0;
+  for (const planner::Buffer& b : input.buffers) ranks = std::max(ranks, b.holder.rank + 1);
+  input.node_of_rank.clear();
+  for (int32_t r = 0; r < ranks; ++r) input.node_of_rank.push_back(Uniform(rng, 0, nodes - 1));
+}
+
 }  // namespace shardsync::testing

@@ -16,4 +16,7 @@ planner::ModelLayoutSpec RandomModel(std::mt19937_64& rng);
 // ZeRO-partitioned TP shards, into TP targets and replicas built with Nest.
 planner::PlanInput RandomMixedSources(std::mt19937_64& rng);
 
+// Puts every rank of `input` on one of `nodes` nodes, at random (PlanInput::node_of_rank).
+void PlaceOnRandomNodes(planner::PlanInput& input, int nodes, std::mt19937_64& rng);
+
 }  // namespace shardsync::testing

@@ -177,11 +177,9 @@ TEST_CASE("random models over random nodes sync bit for bit relayed, never with 
     std::mt19937_64 rng(seed * 104729);
     auto input = ExpandModel(testing::RandomModel(rng));
     REQUIRE(input.ok());
-    int32_t ranks = 0;
-    for (const Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
     const int nodes = 1 + static_cast<int>(rng() % 3);
-    for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(static_cast<int32_t>(rng() % nodes));
-    INFO("seed " << seed << ", " << ranks << " ranks on up to " << nodes << " nodes");
+    testing::PlaceOnRandomNodes(*input, nodes, rng);
+    INFO("seed " << seed << ", " << input->node_of_rank.size() << " ranks on up to " << nodes << " nodes");
     const Plan direct = PlanOf(*input, false);
     const Plan relayed = PlanOf(*input, true);
     CHECK(ComputeStats(relayed, {}).total_network_bytes <= ComputeStats(direct, {}).total_network_bytes);
