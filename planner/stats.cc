@@ -30,25 +30,36 @@ void CountSegment(const Plan& plan, const Segment& s, std::vector<RankStats>& ra
   }
 }
 
-void CountFills(const Plan& plan, std::vector<RankStats>& ranks) {
-  for (const FillOp& f : plan.fills) ranks[f.fill.holder.rank].fill_bytes += NumElements(f.fill.shape) * ElementBytes(f.dtype);
-}
-
 }  // namespace
 
 std::vector<std::vector<RankStats>> StageBytes(const Plan& plan) {
   std::vector<std::vector<RankStats>> stages(plan.stages, std::vector<RankStats>(plan.num_ranks));
   for (const Segment& s : plan.segments) CountSegment(plan, s, stages[s.stage]);
-  CountFills(plan, stages[0]);
+  for (const FillOp& f : plan.fills) {
+    stages[0][f.fill.holder.rank].fill_bytes += NumElements(f.fill.shape) * ElementBytes(f.dtype);
+  }
   return stages;
 }
 
 PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules) {
   PlanStats stats;
-  stats.ranks.resize(plan.num_ranks);
   stats.stages = StageBytes(plan);
+  stats.ranks.resize(plan.num_ranks);
+  for (const std::vector<RankStats>& stage : stats.stages) {
+    for (int32_t r = 0; r < plan.num_ranks; ++r) {
+      RankStats& total = stats.ranks[r];
+      const RankStats& part = stage[r];
+      total.sent_bytes += part.sent_bytes;
+      total.received_bytes += part.received_bytes;
+      total.local_bytes += part.local_bytes;
+      total.fill_bytes += part.fill_bytes;
+      total.segments += part.segments;
+      total.network_sent_bytes += part.network_sent_bytes;
+      total.network_received_bytes += part.network_received_bytes;
+      total.relayed_bytes += part.relayed_bytes;
+    }
+  }
   for (const Segment& s : plan.segments) {
-    CountSegment(plan, s, stats.ranks);
     const int64_t bytes = SegmentBytes(s);
     ++stats.segments;
     if (s.stage > 0) stats.total_relayed_bytes += bytes;
@@ -60,7 +71,6 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
     stats.link_bytes[{s.src.rank, s.dst.rank}] += bytes;
     stats.total_sent_bytes += bytes;
   }
-  CountFills(plan, stats.ranks);
   for (const Schedule& schedule : schedules) {
     RankStats& r = stats.ranks[schedule.rank];
     for (const Stage& stage : schedule.stages) {
