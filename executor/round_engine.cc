@@ -82,7 +82,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
   int64_t in_use_before = 0;
   for (size_t k = 0; k < schedule.stages.size(); ++k) {
     const planner::Stage& stage = schedule.stages[k];
-    // The relay stage reads targets that this one's receives and copies wrote.
+    // The relay stage reads targets the stage before it wrote: after all of its work.
     if (k > 0) {
       if (auto s = device_.Fence(); !s.ok()) return s;
     }
