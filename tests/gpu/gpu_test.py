@@ -10,7 +10,7 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
           after two syncs with changed sources; under ZeRO-1/2 no byte crosses GPUs; a
           missing shard makes the sync refused and no target changes; an agent killed
           during a sync fails it within its deadline naming the rank, and a restarted
-          agent syncs again.
+          agent syncs again. The two GPUs as two nodes: the relay's second stage.
   Agent 0 serving as the coordinator (--serve-coordinator, no coordinator process): the
   same checks, on 1 GPU and on 2.
 """
@@ -45,9 +45,9 @@ class Cluster(LocalCluster):
     """A coordinator process (or agent 0 serving as it, serving="agent0") and an agent on
     every GPU, with this suite's deadlines; logs in OUT/name; clients by role and rank."""
 
-    def __init__(self, name, world, staging=128 << 20, sync_timeout_ms=20000, serving="process"):
+    def __init__(self, name, world, staging=128 << 20, sync_timeout_ms=20000, serving="process", **options):
         super().__init__(args.bin, world, os.path.join(OUT, name), cuda=True, serving=serving, staging_bytes=staging,
-                         sync_timeout_ms=sync_timeout_ms, rpc_deadline_ms=5000)
+                         sync_timeout_ms=sync_timeout_ms, rpc_deadline_ms=5000, **options)
         self.clients = []
 
     def client(self, role, rank, **flags):
@@ -317,6 +317,36 @@ def partial_targets():
         cluster.stop()
 
 
+@case("2 GPUs as two nodes (--node): the trainer on GPU 0, two rollout replicas on GPU 1, relayed: the model crosses "
+      "NCCL once, the second replica copies the first on GPU 1 in a second stage; exact twice, verified")
+def relay_two_nodes():
+    cluster = Cluster("relay", 2, nodes=["node-a", "node-b"], relay="always")
+    try:
+        trainer = cluster.client("trainer", 0, zero=3, dp=1, seed=41)
+        rollouts = [cluster.client("rollout", 1, tp=1, seed=41, name=name) for name in ("-a", "-b")]
+        for p in [trainer] + rollouts:
+            ready(p)
+        first = sync(cluster)
+        assert first.stages == 2, f"the plan did not relay: {first.stages} stage(s)"
+        for r in rollouts:
+            assert ask(r, "check 41") == "ok"
+        assert ask(trainer, "refill 141") == "refilled"
+        second = sync(cluster)
+        assert second.one_call, "the second sync made a Prepare call"
+        for r in rollouts:
+            assert ask(r, "check 141") == "ok"
+        rank1 = next(r for r in second.ranks if r.rank == 1)
+        model_bytes = second.network_bytes
+        # One copy over NCCL, the other a local copy of the first on GPU 1.
+        assert rank1.received_bytes == model_bytes and rank1.local_bytes == model_bytes, rank1
+        verified = sync(cluster, verify=True)
+        assert verified.verified_placements > 0, "verify compared nothing"
+        return (f"second sync {second.seconds * 1e3:.2f} ms: {model_bytes} bytes over NCCL once, "
+                f"{rank1.local_bytes} copied on GPU 1; verified {verified.verified_placements} placements")
+    finally:
+        cluster.stop()
+
+
 @case("2 GPUs: an agent killed during a sync fails it within the deadline, naming it; restarted, it syncs again")
 def agent_killed():
     # A tiny staging budget makes the sync long (many rounds) so the kill lands inside it.
@@ -375,7 +405,7 @@ def main():
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [layout_case(2, 3, "TP2", TWO_GPU_LAYOUTS["TP2"], serving="agent0")]
-        cases += [missing_shard_case(2), partial_targets, agent_killed]
+        cases += [missing_shard_case(2), partial_targets, relay_two_nodes, agent_killed]
     if GPUS >= 4:
         cases += [layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]
         cases += [missing_shard_case(4)]

@@ -25,12 +25,13 @@ MODEL = [("w", (6, 10), "bfloat16"), ("b", (7,), "bfloat16"), ("e", (3, 4, 5), "
 WORLD = 2
 
 
-def start_cluster(agent0_serves=False, tls=None, server_name=None):
+def start_cluster(agent0_serves=False, tls=None, server_name=None, nodes=(), relay=None):
     """A coordinator and WORLD CPU agents; with agent0_serves, no coordinator process: agent
     0 is the coordinator too, and clients sync over its unix socket (as a trainer beside it)."""
     logs = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
     return LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, staging_bytes=64,
-                        serving="agent0-unix" if agent0_serves else "process", tls=tls, server_name=server_name)
+                        serving="agent0-unix" if agent0_serves else "process", tls=tls, server_name=server_name,
+                        nodes=nodes, relay=relay)
 
 
 def make_certificates(folder, san):
@@ -172,6 +173,26 @@ class PythonClientTest(unittest.TestCase):
         status = coordinator.status()
         self.assertEqual(len(status.agents), WORLD)
         self.assertTrue(status.last_sync_ok)
+
+    def test_agents_on_two_nodes_say_so_sync_exactly_and_explain_the_bytes_between_them(self):
+        self.cluster.stop()
+        self.cluster = start_cluster(nodes=["node-a", "node-b"], relay="always")
+        rng = random.Random(9)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        for rank in range(WORLD):
+            self.register_trainer(rank, values)
+        arenas = [self.register_rollout(rank) for rank in range(WORLD)]
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
+        self.assertEqual(sorted(a.node for a in coordinator.status().agents), ["node-a", "node-b"])
+        response = coordinator.sync(timeout=20)
+        self.check(arenas, values)
+        # Each rank's TP shard is half on the other node; one replica: nothing to relay.
+        self.assertEqual(response.stages, 1)
+        explain = coordinator.explain(network_gbps=25)
+        self.assertEqual(explain.network_gbps, 25)
+        self.assertEqual(explain.network_bytes, response.network_bytes)
+        self.assertEqual(explain.network_bytes, sum(r.sent_bytes for r in explain.ranks))
+        self.assertGreater(explain.network_bytes, 0)
 
     def test_agent_0_serving_the_coordinator_syncs_over_its_unix_socket_exactly(self):
         self.cluster.stop()

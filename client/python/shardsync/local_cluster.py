@@ -42,14 +42,14 @@ class LocalCluster:
 
     def __init__(self, bin_dir, world, logs, *, cuda=False, serving="process", staging_bytes=None,
                  sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None,
-                 tls=None, server_name=None):
+                 tls=None, server_name=None, nodes=(), relay=None):
         if serving not in SERVINGS:
             raise ValueError(f"serving must be one of {SERVINGS}")
         self.dir = tempfile.mkdtemp(prefix="shardsync-local-", dir="/tmp")  # sockets and port files
         self.logs, self.world, self.cuda, self.serving = logs, world, cuda, serving
         os.makedirs(logs, exist_ok=True)
         self.agent_bin = agent_bin or os.path.join(bin_dir, "shardsync-agent")
-        optional = [("--staging-bytes", staging_bytes), ("--sync-timeout-ms", sync_timeout_ms)]
+        optional = [("--staging-bytes", staging_bytes), ("--sync-timeout-ms", sync_timeout_ms), ("--relay", relay)]
         self.coordinator_flags = ["--world", str(world)] + [x for flag, value in optional if value is not None
                                                             for x in (flag, str(value))]
         security = ["--insecure"]
@@ -58,6 +58,7 @@ class LocalCluster:
             security += ["--tls-server-name", server_name] if server_name else []
         self.common_flags = security + (["--rpc-deadline-ms", str(rpc_deadline_ms)] if rpc_deadline_ms else [])
         self.agent_flags = list(agent_flags)
+        self.nodes = list(nodes)  # each rank's --node; none: every agent on this host's
         self.processes, self.agents = [], {}
         self.coordinator_process = None
         self.joins = None  # where agents join: the coordinator's TCP address
@@ -91,9 +92,10 @@ class LocalCluster:
         serves = rank == 0 and self.serving != "process"
         where = ["--serve-coordinator"] + self.coordinator_flags if serves else ["--coordinator", self.joins]
         device = ["--device", str(rank)] if self.cuda else []
+        node = ["--node", self.nodes[rank]] if rank < len(self.nodes) else []
         self.agents[rank] = self.spawn([self.agent_bin, "--rank", str(rank), "--socket", self.socket(rank),
-                                        "--port-file", port_file] + self.common_flags + device + self.agent_flags + where,
-                                       f"agent{rank}")
+                                        "--port-file", port_file] + self.common_flags + device + node + self.agent_flags
+                                       + where, f"agent{rank}")
         return wait_port(port_file)
 
     def stop(self, clients=()):
