@@ -62,6 +62,20 @@ void RunSync(const planner::Plan& plan, const std::vector<planner::Schedule>& sc
   for (const absl::Status& status : results) REQUIRE(status.ok());
 }
 
+// `plan` scheduled (staging 256 bytes) and synced over random source values.
+struct Synced {
+  std::vector<planner::Schedule> schedules;
+  testing::HostBuffers buffers;
+};
+Synced SyncRandomValues(const planner::PlanInput& input, const planner::Plan& plan, std::mt19937_64& rng) {
+  auto schedules = planner::MakeSchedules(plan, 256);
+  REQUIRE(schedules.ok());
+  Synced synced{*std::move(schedules), testing::AllocateBuffers(input)};
+  testing::PrepareBuffers(input, rng, synced.buffers);
+  RunSync(plan, synced.schedules, synced.buffers);
+  return synced;
+}
+
 TEST_CASE("checksums agree after a sync; one changed byte names its tensor and target rank") {
   const auto policy = planner::LocalFirstLeastLoaded();
   int fills_checked = 0;
@@ -72,15 +86,11 @@ TEST_CASE("checksums agree after a sync; one changed byte names its tensor and t
     auto plan = planner::MakePlan(*input, *policy);
     REQUIRE(plan.ok());
     if (plan->segments.empty()) continue;
-    auto schedules = planner::MakeSchedules(*plan, 256);
-    REQUIRE(schedules.ok());
     INFO("seed " << seed);
-    testing::HostBuffers buffers = testing::AllocateBuffers(*input);
-    testing::PrepareBuffers(*input, rng, buffers);
-    RunSync(*plan, *schedules, buffers);
+    auto [schedules, buffers] = SyncRandomValues(*input, *plan, rng);
 
     const int64_t scratch = std::vector<int64_t>{1 << 20, 3 << 20, 64 << 20}[seed % 3];
-    const Checksums good = SumOverRanks(*plan, *schedules, buffers, scratch);
+    const Checksums good = SumOverRanks(*plan, schedules, buffers, scratch);
     REQUIRE_FALSE(good.empty());
     CHECK(Mismatches(good).empty());
 
@@ -89,25 +99,25 @@ TEST_CASE("checksums agree after a sync; one changed byte names its tensor and t
     uint8_t& target = buffers.at(s.dst)[s.dst_base * planner::ElementBytes(s.dst_dtype)];
     target ^= 1;
     const std::pair<std::string, int32_t> key{plan->tensor_names[s.tensor], s.dst.rank};
-    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)) == std::vector{key});
+    CHECK(Mismatches(SumOverRanks(*plan, schedules, buffers, scratch)) == std::vector{key});
     target ^= 1;
     // A source element that changed after the sync (its last value never arrived).
     uint8_t& source =
         buffers.at(s.src)[s.src_base * planner::ElementBytes(s.src_dtype) + planner::ElementBytes(s.src_dtype) - 1];
     source ^= 0x40;
-    CHECK_FALSE(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)).empty());
+    CHECK_FALSE(Mismatches(SumOverRanks(*plan, schedules, buffers, scratch)).empty());
     source ^= 0x40;
     // Padding that is not zero.
     if (!plan->fills.empty()) {
       const planner::FillOp& f = plan->fills[rng() % plan->fills.size()];
       uint8_t& pad = buffers.at(f.fill.holder)[f.fill.base * planner::ElementBytes(f.dtype)];
       pad ^= 1;
-      CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)) ==
+      CHECK(Mismatches(SumOverRanks(*plan, schedules, buffers, scratch)) ==
             std::vector<std::pair<std::string, int32_t>>{{plan->tensor_names[f.tensor], f.fill.holder.rank}});
       pad ^= 1;
       ++fills_checked;
     }
-    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, scratch)).empty());
+    CHECK(Mismatches(SumOverRanks(*plan, schedules, buffers, scratch)).empty());
   }
   CHECK(fills_checked > 5);
 }
@@ -124,13 +134,9 @@ TEST_CASE("relayed: a forwarded copy is checked against the relay's target, and 
     REQUIRE(plan.ok());
     if (plan->stages < 2) continue;
     ++relayed;
-    auto schedules = planner::MakeSchedules(*plan, 256);
-    REQUIRE(schedules.ok());
     INFO("seed " << seed);
-    testing::HostBuffers buffers = testing::AllocateBuffers(*input);
-    testing::PrepareBuffers(*input, rng, buffers);
-    RunSync(*plan, *schedules, buffers);
-    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, 1 << 20)).empty());
+    auto [schedules, buffers] = SyncRandomValues(*input, *plan, rng);
+    CHECK(Mismatches(SumOverRanks(*plan, schedules, buffers, 1 << 20)).empty());
 
     std::vector<const planner::Segment*> forwarded;
     for (const planner::Segment& s : plan->segments) {
@@ -141,12 +147,12 @@ TEST_CASE("relayed: a forwarded copy is checked against the relay's target, and 
     uint8_t& copy = buffers.at(s.dst)[s.dst_base * planner::ElementBytes(s.dst_dtype)];
     copy ^= 1;
     const std::pair<std::string, int32_t> copy_key{plan->tensor_names[s.tensor], s.dst.rank};
-    CHECK(Mismatches(SumOverRanks(*plan, *schedules, buffers, 1 << 20)) == std::vector{copy_key});
+    CHECK(Mismatches(SumOverRanks(*plan, schedules, buffers, 1 << 20)) == std::vector{copy_key});
     copy ^= 1;
     // The relay's target changed: the relay differs from its sources (and the copy from it).
     uint8_t& relay = buffers.at(s.src)[s.src_base * planner::ElementBytes(s.src_dtype)];
     relay ^= 1;
-    const std::vector<std::pair<std::string, int32_t>> found = Mismatches(SumOverRanks(*plan, *schedules, buffers, 1 << 20));
+    const std::vector<std::pair<std::string, int32_t>> found = Mismatches(SumOverRanks(*plan, schedules, buffers, 1 << 20));
     CHECK(std::count(found.begin(), found.end(), std::make_pair(plan->tensor_names[s.tensor], s.src.rank)) == 1);
     CHECK(std::count(found.begin(), found.end(), copy_key) == 1);
     relay ^= 1;
