@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/moe.h"
 #include "planner/model.h"
@@ -39,7 +40,7 @@ struct Case {
   std::string name;
   int repeats;  // the MoE cases run once
   std::function<planner::PlanInput()> make;
-  enum class Relay { kNever, kAlways, kCheaper } relay = Relay::kNever;  // kCheaper: MakeCheaperPlan
+  planner::RelayMode relay = planner::RelayMode::kNever;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -94,9 +95,9 @@ std::vector<Case> AllCases(const Config& config) {
       {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
       {"qwen3-8b zero3x8 -> tp8", 0, [] { return Qwen8B(8); }},
       {"qwen3-8b zero3x8 -> tp1x8", 0, [] { return Qwen8B(1); }},
-      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, direct", 0, Qwen8BTwoNodes, Case::Relay::kNever},
-      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, relayed", 0, Qwen8BTwoNodes, Case::Relay::kAlways},
-      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, cheaper of both", 0, Qwen8BTwoNodes, Case::Relay::kCheaper},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, direct", 0, Qwen8BTwoNodes, planner::RelayMode::kNever},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, relayed", 0, Qwen8BTwoNodes, planner::RelayMode::kAlways},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, cheaper of both", 0, Qwen8BTwoNodes, planner::RelayMode::kAuto},
       {absl::StrCat("moe-1t experts ep64xdp16 -> 8x(ep32xtp4), ", experts.layers, " of 61 layers"), 1,
        [experts] { return MoeLayout(experts); }},
       {absl::StrCat("moe-1t experts + dense zero3x1024 -> 8x(ep32xtp4), ", dense.layers, " of 61 layers"), 1,
@@ -120,9 +121,7 @@ int RunCase(const Case& c, const Config& config) {
   std::vector<planner::Schedule> schedules;
   for (int i = 0; i < (c.repeats > 0 ? c.repeats : config.repeats); ++i) {
     const auto a = Clock::now();
-    auto p = c.relay == Case::Relay::kCheaper
-                 ? planner::MakeCheaperPlan(input, *policy, kBandwidths)
-                 : planner::MakePlan(input, *policy, planner::PlanOptions{c.relay == Case::Relay::kAlways});
+    auto p = planner::MakePlanWithRelay(input, *policy, c.relay, kBandwidths);
     const auto b = Clock::now();
     if (!p.ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(p.status().message()).c_str());
@@ -154,19 +153,23 @@ int RunCase(const Case& c, const Config& config) {
     }
   }
   const double floor_ms = 1e3 * planner::CostFloorSeconds(stats, kBandwidths);
+  std::vector<std::string> stage_floors_ms;
+  for (double seconds : planner::StageFloorSeconds(stats.stages, kBandwidths)) {
+    stage_floors_ms.push_back(absl::StrFormat("%.3f", seconds * 1e3));
+  }
   std::printf(
       "{\"case\":\"%s\",\"tensors\":%zu,\"ranks\":%d,\"segments\":%lld,\"chunks\":%lld,\"rounds\":%d,"
       "\"layout_ms\":%.2f,\"plan_ms\":%.2f,\"schedule_ms\":%.2f,\"total_ms\":%.2f,\"repeats\":%zu,"
       "\"bytes_sent\":%lld,\"bytes_local\":%lld,\"max_rank_sent\":%lld,\"max_rank_received\":%lld,"
       "\"max_rank_local\":%lld,\"max_rank_segments\":%lld,\"floor_ms_at_360GBps_50GBps_network\":%.3f,"
-      "\"stages\":%d,\"bytes_network\":%lld,\"bytes_relayed\":%lld,\"digest\":\"%s\","
+      "\"stage_floors_ms\":[%s],\"stages\":%d,\"bytes_network\":%lld,\"bytes_relayed\":%lld,\"digest\":\"%s\","
       "\"peak_rss_mib\":%lld,\"per_rank\":[%s]}\n",
       c.name.c_str(), input.tensors.size(), plan.num_ranks, static_cast<long long>(stats.segments),
       static_cast<long long>(stats.chunks), stats.rounds, layout_ms, Median(plan_ms), Median(schedule_ms),
       Median(plan_ms) + Median(schedule_ms), plan_ms.size(), static_cast<long long>(stats.total_sent_bytes),
       static_cast<long long>(stats.total_local_bytes), static_cast<long long>(max_sent),
       static_cast<long long>(max_received), static_cast<long long>(max_local), static_cast<long long>(max_segments),
-      floor_ms, plan.stages, static_cast<long long>(stats.total_network_bytes),
+      floor_ms, absl::StrJoin(stage_floors_ms, ",").c_str(), plan.stages, static_cast<long long>(stats.total_network_bytes),
       static_cast<long long>(stats.total_relayed_bytes), planner::PlanDigest(plan, config.staging_bytes).c_str(),
       static_cast<long long>(PeakRssMiB()),
       absl::StrJoin(per_rank, ",").c_str());

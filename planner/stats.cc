@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace shardsync::planner {
@@ -89,6 +90,12 @@ double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bw) { return C
 
 double CostFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const Bandwidths& bw) {
   double floor = 0;
+  for (double stage : StageFloorSeconds(stages, bw)) floor += stage;
+  return floor;
+}
+
+std::vector<double> StageFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const Bandwidths& bw) {
+  std::vector<double> floors;
   for (const std::vector<RankStats>& stage : stages) {
     double slowest = 0;
     for (const RankStats& r : stage) {
@@ -100,13 +107,21 @@ double CostFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const
       const double memory = (2.0 * r.local_bytes + r.fill_bytes) / bw.memory_bytes_per_s;
       slowest = std::max({slowest, link, network, memory});
     }
-    floor += slowest;
+    floors.push_back(slowest);
   }
-  return floor;
+  return floors;
 }
 
-absl::StatusOr<Plan> MakeCheaperPlan(const PlanInput& input, const ReplicaPolicy& policy, const Bandwidths& bandwidths,
-                                     std::pair<double, double>* floors) {
+absl::StatusOr<RelayMode> ParseRelayMode(absl::string_view name) {
+  if (name == "never") return RelayMode::kNever;
+  if (name == "always") return RelayMode::kAlways;
+  if (name == "auto") return RelayMode::kAuto;
+  return absl::InvalidArgumentError(absl::StrCat("the relay mode is auto, always or never, not '", name, "'"));
+}
+
+absl::StatusOr<Plan> MakePlanWithRelay(const PlanInput& input, const ReplicaPolicy& policy, RelayMode mode,
+                                       const Bandwidths& bandwidths, std::pair<double, double>* floors) {
+  if (mode != RelayMode::kAuto) return MakePlan(input, policy, PlanOptions{mode == RelayMode::kAlways});
   // With nothing to relay the relayed plan is the direct one: plan a second time only
   // when the relay changed something.
   absl::StatusOr<Plan> relayed = MakePlan(input, policy, PlanOptions{true});

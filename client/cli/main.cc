@@ -127,7 +127,7 @@ int Plan(shardsync::Flags& flags) {
   config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
   config.network_gbps = flags.TakeNumber("network-gbps", config.network_gbps);
   config.ranks_per_node = flags.TakeNumber("ranks-per-node", config.ranks_per_node);
-  config.relay = flags.Take("relay", config.relay);
+  const absl::StatusOr<shardsync::planner::RelayMode> relay = shardsync::planner::ParseRelayMode(flags.Take("relay", "auto"));
   config.policy = flags.Take("policy", config.policy);
   config.json = flags.TakeSwitch("json");
   if (!flags.error().empty()) return Usage(flags.error(), kPlanHelp);
@@ -141,9 +141,8 @@ int Plan(shardsync::Flags& flags) {
     return Usage("--dp, --tp, --replicas and the speeds must be positive, --rollout-rank and --ranks-per-node not "
                  "negative", kPlanHelp);
   }
-  if (config.relay != "auto" && config.relay != "always" && config.relay != "never") {
-    return Usage("--relay must be auto, always or never", kPlanHelp);
-  }
+  if (!relay.ok()) return Usage(std::string(relay.status().message()), kPlanHelp);
+  config.relay = *relay;
   return shardsync::cli::RunPlanCommand(config, std::cout, std::cerr);
 }
 

@@ -59,8 +59,7 @@ int RunPlanCommand(const PlanCommandConfig& c, std::ostream& out, std::ostream& 
   const auto t0 = Clock::now();
   const planner::Bandwidths bandwidths{c.link_gbps * 1e9, c.memory_gbps * 1e9, c.network_gbps * 1e9};
   std::pair<double, double> floors{0, 0};  // direct, relayed: what auto compared
-  auto plan = c.relay == "auto" ? planner::MakeCheaperPlan(*input, *policy, bandwidths, &floors)
-                                : planner::MakePlan(*input, *policy, planner::PlanOptions{c.relay == "always"});
+  auto plan = planner::MakePlanWithRelay(*input, *policy, c.relay, bandwidths, &floors);
   const auto t1 = Clock::now();
   if (!plan.ok()) {
     err << "shardsyncctl plan: " << plan.status().message() << "\n";

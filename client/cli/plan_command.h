@@ -6,6 +6,8 @@
 #include <ostream>
 #include <string>
 
+#include "planner/stats.h"
+
 namespace shardsync::cli {
 
 struct PlanCommandConfig {
@@ -22,7 +24,7 @@ struct PlanCommandConfig {
   double memory_gbps = 4200;   // GB/s, device memory read + write
   double network_gbps = 50;    // GB/s, one direction of a rank's share of the network
   int ranks_per_node = 0;      // 0: every rank on one node
-  std::string relay = "auto";  // auto, always, never
+  planner::RelayMode relay = planner::RelayMode::kAuto;
   std::string policy = "least_loaded";
   bool json = false;
 };

@@ -165,10 +165,8 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
   }
   input->node_of_rank = nodes;
   std::pair<double, double> floors{0, 0};
-  const auto policy = planner::LocalFirstLeastLoaded();
-  auto plan = config_.relay == RelayMode::kAuto
-                  ? planner::MakeCheaperPlan(*input, *policy, config_.bandwidths, &floors)
-                  : planner::MakePlan(*input, *policy, planner::PlanOptions{config_.relay == RelayMode::kAlways});
+  auto plan = planner::MakePlanWithRelay(*input, *planner::LocalFirstLeastLoaded(), config_.relay, config_.bandwidths,
+                                         &floors);
   if (!plan.ok()) {
     if (auto tensor = plan.status().GetPayload(planner::kUncoveredTensorPayload)) {
       return absl::Status(plan.status().code(),

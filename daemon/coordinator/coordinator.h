@@ -25,14 +25,10 @@
 
 namespace shardsync::coordinator {
 
-// Whether a plan over several nodes relays (planner::PlanOptions::relay): kAuto when the
-// cost model's floor says it is faster.
-enum class RelayMode { kAuto, kAlways, kNever };
-
 struct CoordinatorConfig {
   int32_t world_size = 1;
-  RelayMode relay = RelayMode::kAuto;
-  // The cost model: the relay choice and Explain's floor (bytes per second).
+  planner::RelayMode relay = planner::RelayMode::kAuto;
+  // The cost model: the relay choice (kAuto) and Explain's floor (bytes per second).
   planner::Bandwidths bandwidths{360e9, 4200e9, 50e9};
   int64_t staging_bytes = int64_t{128} << 20;  // per peer, both directions
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort

@@ -12,20 +12,13 @@ const char kPlanningHelp[] = R"(  --relay MODE           bytes between nodes (ag
 )";
 
 std::string TakePlanningFlags(Flags& flags, CoordinatorConfig& config) {
-  const std::string relay = flags.Take("relay", "auto");
+  const absl::StatusOr<planner::RelayMode> relay = planner::ParseRelayMode(flags.Take("relay", "auto"));
   planner::Bandwidths& bw = config.bandwidths;
   bw.link_bytes_per_s = flags.TakeNumber<double>("link-gbps", bw.link_bytes_per_s / 1e9) * 1e9;
   bw.network_bytes_per_s = flags.TakeNumber<double>("network-gbps", bw.network_bytes_per_s / 1e9) * 1e9;
   bw.memory_bytes_per_s = flags.TakeNumber<double>("memory-gbps", bw.memory_bytes_per_s / 1e9) * 1e9;
-  if (relay == "auto") {
-    config.relay = RelayMode::kAuto;
-  } else if (relay == "always") {
-    config.relay = RelayMode::kAlways;
-  } else if (relay == "never") {
-    config.relay = RelayMode::kNever;
-  } else {
-    return "--relay must be auto, always or never, not '" + relay + "'";
-  }
+  if (!relay.ok()) return "--relay: " + std::string(relay.status().message());
+  config.relay = *relay;
   if (!(bw.link_bytes_per_s > 0 && bw.network_bytes_per_s > 0 && bw.memory_bytes_per_s > 0)) {
     return "--link-gbps, --network-gbps and --memory-gbps must be positive";
   }

@@ -137,20 +137,29 @@ TEST_CASE("the cheaper plan relays unless the node's link is slow against the ne
   const PlanInput input = TrainerNodeRolloutNode(1);
   std::pair<double, double> floors;
   for (double network : {50.0, 400.0}) {
-    auto relayed = MakeCheaperPlan(input, *LocalFirstLeastLoaded(), Bandwidths{400, 4000, network}, &floors);
+    auto relayed = MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, network}, &floors);
     REQUIRE(relayed.ok());
     CHECK(relayed->stages == 2);
     CHECK(floors.second < floors.first);
   }
-  auto direct = MakeCheaperPlan(input, *LocalFirstLeastLoaded(), Bandwidths{400, 4000, 4000}, &floors);
+  auto direct = MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, 4000}, &floors);
   REQUIRE(direct.ok());
   CHECK(direct->stages == 1);
   CHECK(floors.first <= floors.second);
-  const auto slow_network = MakeCheaperPlan(input, *LocalFirstLeastLoaded(), Bandwidths{400, 4000, 50});
+  const auto slow_network = MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, 50});
   // The floor adds the stages: the relay's second stage is not free.
   const PlanStats stats = ComputeStats(*slow_network, {});
   const double network_only = CostFloorSeconds(stats, Bandwidths{1e30, 1e30, 50});
   CHECK(CostFloorSeconds(stats, Bandwidths{400, 4000, 50}) > network_only);
+  const std::vector<double> by_stage = StageFloorSeconds(stats.stages, Bandwidths{400, 4000, 50});
+  REQUIRE(by_stage.size() == 2);
+  CHECK(by_stage[0] + by_stage[1] == Approx(CostFloorSeconds(stats, Bandwidths{400, 4000, 50})));
+  CHECK(by_stage[0] == Approx(network_only));  // stage 1 is network-bound, stage 2 link-bound
+  // The modes by name, as the flags give them.
+  CHECK(*ParseRelayMode("never") == RelayMode::kNever);
+  CHECK(*ParseRelayMode("always") == RelayMode::kAlways);
+  CHECK(*ParseRelayMode("auto") == RelayMode::kAuto);
+  CHECK_THAT(std::string(ParseRelayMode("sometimes").status().message()), Catch::Matchers::Contains("'sometimes'"));
 }
 
 TEST_CASE("one node, or the relay off, plans as before: one stage and no relayed byte") {
