@@ -36,8 +36,9 @@ parser.add_argument("--seed", type=int, default=1)
 parser.add_argument("--scale", type=int, default=1)
 parser.add_argument("--drop", default="")
 parser.add_argument("--ready-event", type=int, default=0)  # trainer: register an IPC event
-parser.add_argument("--name", default="")  # rollout: a suffix of its client id and arena, for a second one on a GPU
+parser.add_argument("--name", default="")  # rollout: names its client id and arena, for a second one on a GPU
 args = parser.parse_args()
+SUFFIX = f"-{args.name}" if args.name else ""
 torch.cuda.set_device(args.device)
 device = torch.device("cuda", args.device)
 TENSORS = model.tensors(args.scale)
@@ -87,7 +88,7 @@ class Rollout:
     def __init__(self):
         self.boxes = {name: shardsync.tp_shard_box(shape, model.STYLE_AXIS.get(style), args.tp, args.tp_rank) for name, shape, style in TENSORS}
         shards = [(name, [h - l for l, h in zip(*self.boxes[name])], torch.bfloat16) for name, _, _ in TENSORS]
-        self.arena = TorchWeightArena(shards, device, buffer_name="arena" + args.name)
+        self.arena = TorchWeightArena(shards, device, buffer_name="arena" + SUFFIX)
         self.arena.memory.fill_(0xAB)  # poison
         torch.cuda.synchronize()
         self.graph = None
@@ -141,7 +142,7 @@ event = ready_event() if args.ready_event else None
 
 def register():
     try:
-        return agent.register(f"{args.role}-{args.rank}{args.name}", "source" if args.role == "trainer" else "target",
+        return agent.register(f"{args.role}-{args.rank}{SUFFIX}", "source" if args.role == "trainer" else "target",
                               side.buffers(), side.layouts(), timeout=30,
                               ready_event=event_handle(event) if event else None)
     except shardsync.ShardsyncError as error:

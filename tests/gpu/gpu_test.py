@@ -323,7 +323,7 @@ def relay_two_nodes():
     cluster = Cluster("relay", 2, nodes=["node-a", "node-b"], relay="always")
     try:
         trainer = cluster.client("trainer", 0, zero=3, dp=1, seed=41)
-        rollouts = [cluster.client("rollout", 1, tp=1, seed=41, name=name) for name in ("-a", "-b")]
+        rollouts = [cluster.client("rollout", 1, tp=1, seed=41, name=name) for name in ("a", "b")]
         for p in [trainer] + rollouts:
             ready(p)
         first = sync(cluster)
