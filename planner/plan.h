@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "planner/block_vector.h"
 #include "planner/types.h"
 
 namespace shardsync::planner {
@@ -56,7 +57,7 @@ Segment FillRegion(const FillOp& fill);
 struct Plan {
   // Canonical order: by tensor, then target placement, then box. Every rank derives
   // its streams from this order, so senders and receivers agree without talking.
-  std::vector<Segment> segments;
+  BlockVector<Segment> segments;
   std::vector<FillOp> fills;
   std::vector<std::string> tensor_names;
   int32_t num_ranks = 0;  // one past the highest rank of any buffer
