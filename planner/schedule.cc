@@ -2,69 +2,58 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardsync::planner {
 namespace {
 
-// Cuts a stream into chunks of at most MaxChunkBytes(staging_bytes); a segment larger
-// than what is left of a chunk is split at an element (outer axes included).
-absl::Status CutChunks(const Plan& plan, int64_t staging_bytes, PeerStream& stream) {
-  const int64_t budget = MaxChunkBytes(staging_bytes);
-  Chunk chunk;
-  bool open = false;
-  for (int32_t position = 0; position < static_cast<int32_t>(stream.segments.size()); ++position) {
-    const Segment& s = plan.segments[stream.segments[position]];
-    const int64_t element = ElementBytes(s.dst_dtype);
-    if (element > budget) {
-      return absl::InvalidArgumentError(absl::StrCat("staging budget of ", staging_bytes, " bytes (",
-                                                     kStagingBuffersPerPeer, " slots of ", budget,
-                                                     ") cannot hold one ", DTypeName(s.dst_dtype),
-                                                     " element of tensor '", plan.tensor_names[s.tensor], "' per slot"));
-    }
-    const int64_t total = SegmentElements(s);
+// Cuts one stream into chunks of at most MaxChunkBytes(staging_bytes) as its segments
+// arrive in plan order; a segment larger than what is left of a chunk is split at an
+// element (outer axes included).
+class ChunkCutter {
+ public:
+  explicit ChunkCutter(int64_t budget) : budget_(budget) {}
+
+  void Add(PeerStream& stream, int32_t index, int64_t total, int64_t element) {
+    const int32_t position = static_cast<int32_t>(stream.segments.size());
+    stream.segments.push_back(index);
     stream.bytes += total * element;
     for (int64_t at = 0; at < total;) {
-      int64_t room = (budget - chunk.bytes) / element;
-      if (open && room == 0) {
-        stream.chunks.push_back(chunk);
-        open = false;
+      int64_t room = (budget_ - chunk_.bytes) / element;
+      if (open_ && room == 0) {
+        stream.chunks.push_back(chunk_);
+        open_ = false;
       }
-      if (!open) {
-        chunk = Chunk{position, position, at, at, 0};
-        open = true;
-        room = budget / element;
+      if (!open_) {
+        chunk_ = Chunk{position, position, at, at, 0};
+        open_ = true;
+        room = budget_ / element;
       }
       const int64_t take = std::min(room, total - at);
-      chunk.last = position;
-      chunk.last_end = at + take;
-      chunk.bytes += take * element;
+      chunk_.last = position;
+      chunk_.last_end = at + take;
+      chunk_.bytes += take * element;
       at += take;
     }
   }
-  if (open) stream.chunks.push_back(chunk);
-  return absl::OkStatus();
-}
-
-// Groups (peer, segment) pairs by ascending peer, keeping segment order within a peer.
-std::vector<PeerStream> GroupByPeer(const std::vector<std::pair<int32_t, int32_t>>& pairs,
-                                    std::vector<int32_t>& stream_of_peer) {
-  std::vector<PeerStream> streams;
-  std::vector<int32_t> peers;
-  for (const auto& [peer, segment] : pairs) {
-    if (stream_of_peer[peer] < 0) {
-      stream_of_peer[peer] = static_cast<int32_t>(peers.size());
-      peers.push_back(peer);
-    }
+  void Finish(PeerStream& stream) {
+    if (open_) stream.chunks.push_back(chunk_);
+    open_ = false;
   }
-  std::sort(peers.begin(), peers.end());
-  for (size_t i = 0; i < peers.size(); ++i) stream_of_peer[peers[i]] = static_cast<int32_t>(i);
-  streams.resize(peers.size());
-  for (size_t i = 0; i < peers.size(); ++i) streams[i].peer = peers[i];
-  for (const auto& [peer, segment] : pairs) streams[stream_of_peer[peer]].segments.push_back(segment);
-  for (int32_t peer : peers) stream_of_peer[peer] = -1;  // ready for the next rank
-  return streams;
-}
+
+ private:
+  int64_t budget_;
+  Chunk chunk_;
+  bool open_ = false;
+};
+
+// The stream from one rank to another, built once and given to both ends.
+struct LinkStream {
+  int32_t from = 0;
+  PeerStream stream;  // stream.peer: the receiving rank
+  ChunkCutter cutter;
+};
 
 }  // namespace
 
@@ -138,11 +127,15 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
   for (size_t i = 0; i < plan.fills.size(); ++i) {
     schedules[plan.fills[i].fill.holder.rank].fills.push_back(static_cast<int32_t>(i));
   }
-  std::vector<int32_t> stream_of_peer(plan.num_ranks, -1);
+  const int64_t budget = MaxChunkBytes(staging_bytes);
   int32_t first_round = 0;
   for (int32_t k = 0; k < plan.stages; ++k) {
-    // Per rank, (peer, segment) in plan order: the order both ends derive their streams from.
-    std::vector<std::vector<std::pair<int32_t, int32_t>>> sends(plan.num_ranks), receives(plan.num_ranks);
+    // One pass in plan order, the order both ends derive their streams from; each
+    // segment is read once, where it lies (a rank's segments are spread over the plan).
+    std::vector<LinkStream> links;
+    absl::flat_hash_map<uint64_t, int32_t> link_of_pair;
+    uint64_t last_pair = ~uint64_t{0};
+    int32_t last_link = -1;
     for (size_t i = 0; i < plan.segments.size(); ++i) {
       const Segment& s = plan.segments[i];
       if (s.stage != k) continue;
@@ -151,20 +144,50 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
         schedules[s.src.rank].stages[k].local_segments.push_back(index);
         continue;
       }
-      sends[s.src.rank].emplace_back(s.dst.rank, index);
-      receives[s.dst.rank].emplace_back(s.src.rank, index);
+      const int64_t element = ElementBytes(s.dst_dtype);
+      if (element > budget) {
+        return absl::InvalidArgumentError(absl::StrCat("staging budget of ", staging_bytes, " bytes (",
+                                                       kStagingBuffersPerPeer, " slots of ", budget,
+                                                       ") cannot hold one ", DTypeName(s.dst_dtype),
+                                                       " element of tensor '", plan.tensor_names[s.tensor], "' per slot"));
+      }
+      const uint64_t pair = (static_cast<uint64_t>(s.src.rank) << 32) | static_cast<uint32_t>(s.dst.rank);
+      if (pair != last_pair) {
+        const auto [it, added] = link_of_pair.emplace(pair, static_cast<int32_t>(links.size()));
+        if (added) links.push_back(LinkStream{s.src.rank, PeerStream{s.dst.rank, {}, {}, 0}, ChunkCutter(budget)});
+        last_pair = pair;
+        last_link = it->second;
+      }
+      LinkStream& link = links[last_link];
+      link.cutter.Add(link.stream, index, SegmentElements(s), element);
     }
+    // Each rank's sends and receives by ascending peer: links sorted by (from, to) for
+    // the senders, by (to, from) for the receivers.
+    std::vector<int32_t> order(links.size());
+    for (size_t i = 0; i < links.size(); ++i) order[i] = static_cast<int32_t>(i);
+    const auto by = [&](bool sender) {
+      return [&, sender](int32_t a, int32_t b) {
+        const LinkStream& x = links[a];
+        const LinkStream& y = links[b];
+        return sender ? std::make_pair(x.from, x.stream.peer) < std::make_pair(y.from, y.stream.peer)
+                      : std::make_pair(x.stream.peer, x.from) < std::make_pair(y.stream.peer, y.from);
+      };
+    };
+    for (LinkStream& link : links) link.cutter.Finish(link.stream);
+    std::sort(order.begin(), order.end(), by(false));
+    for (int32_t i : order) {
+      PeerStream received = links[i].stream;
+      received.peer = links[i].from;
+      schedules[links[i].stream.peer].stages[k].receives.push_back(std::move(received));
+    }
+    std::sort(order.begin(), order.end(), by(true));
+    for (int32_t i : order) schedules[links[i].from].stages[k].sends.push_back(std::move(links[i].stream));
     int32_t most_rounds = 0;
-    for (int32_t r = 0; r < plan.num_ranks; ++r) {
-      Stage& stage = schedules[r].stages[k];
+    for (Schedule& schedule : schedules) {
+      Stage& stage = schedule.stages[k];
       stage.first_round = first_round;
-      stage.sends = GroupByPeer(sends[r], stream_of_peer);
-      stage.receives = GroupByPeer(receives[r], stream_of_peer);
-      std::vector<std::pair<int32_t, int32_t>>().swap(sends[r]);
-      std::vector<std::pair<int32_t, int32_t>>().swap(receives[r]);
-      for (auto* streams : {&stage.sends, &stage.receives}) {
-        for (PeerStream& stream : *streams) {
-          if (auto s = CutChunks(plan, staging_bytes, stream); !s.ok()) return s;
+      for (const auto* streams : {&stage.sends, &stage.receives}) {
+        for (const PeerStream& stream : *streams) {
           stage.rounds = std::max<int32_t>(stage.rounds, static_cast<int32_t>(stream.chunks.size()));
         }
       }
