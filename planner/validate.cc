@@ -1,11 +1,11 @@
 #include "planner/validate.h"
 
 #include <algorithm>
-#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "planner/box.h"
 
@@ -18,22 +18,30 @@ absl::Status Invalid(const TensorLayouts& t, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", what));
 }
 
-// A placement or fill on one buffer: the byte interval it may touch.
+// Registered buffers by holder, each with its position in `bytes`.
+struct BufferTable {
+  absl::flat_hash_map<uint64_t, int32_t> index;
+  std::vector<int64_t> bytes;
+  static uint64_t Key(Holder h) { return (static_cast<uint64_t>(h.rank) << 32) | static_cast<uint32_t>(h.buffer); }
+};
+
+// A placement or fill on one buffer: the byte interval it may touch (inside the buffer,
+// so in 64 bits).
 struct ByteSpan {
+  int64_t first = 0;
+  int64_t end = 0;
+  int32_t buffer = 0;  // into BufferTable::bytes
   Holder holder;
-  Wide first = 0;
-  Wide end = 0;
   const TensorLayouts* tensor = nullptr;
   const char* side = "";  // source, target or fill
 };
 
 // Bytes [first, end) that a strided region occupies, or an error if it leaves `buffer`.
 absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, int64_t base, const Index& extent,
-                       const Index& strides, DType dtype, const std::map<Holder, int64_t>& buffers,
-                       std::vector<ByteSpan>* extents) {
+                       const Index& strides, DType dtype, const BufferTable& buffers, std::vector<ByteSpan>* extents) {
   const auto where = [&] { return absl::StrCat(side, " on rank ", holder.rank, " buffer ", holder.buffer); };
-  auto it = buffers.find(holder);
-  if (it == buffers.end()) return Invalid(t, absl::StrCat(where(), " names an unregistered buffer"));
+  auto it = buffers.index.find(BufferTable::Key(holder));
+  if (it == buffers.index.end()) return Invalid(t, absl::StrCat(where(), " names an unregistered buffer"));
   if (base < 0) return Invalid(t, absl::StrCat(where(), " has negative base ", base));
   if (strides.size() != extent.size()) {
     return Invalid(t, absl::StrCat(where(), " has ", strides.size(), " strides for ", extent.size(), " axes"));
@@ -48,36 +56,56 @@ absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, 
   if (volume == 0) return absl::OkStatus();
   const Wide element = ElementBytes(dtype);
   const Wide end = (last + 1) * element;
-  if (end > it->second) {
+  const int64_t size = buffers.bytes[it->second];
+  if (end > size) {
     return Invalid(t, absl::StrCat(where(), " needs ", static_cast<int64_t>(std::min<Wide>(end, INT64_MAX)),
-                                   " bytes but the buffer has ", it->second));
+                                   " bytes but the buffer has ", size));
   }
-  if (extents) extents->push_back(ByteSpan{holder, static_cast<Wide>(base) * element, end, &t, side});
+  if (extents) {
+    extents->push_back(ByteSpan{base * static_cast<int64_t>(element), static_cast<int64_t>(end), it->second, holder,
+                                &t, side});
+  }
   return absl::OkStatus();
 }
 
 // No byte of a buffer in two spans (conservatively: their intervals): a target written
 // twice, a source read while a target overwrites it, or one byte holding two source
-// elements (the last two found by the fuzzer).
-absl::Status CheckDisjoint(std::vector<ByteSpan>& spans) {
-  std::sort(spans.begin(), spans.end(), [](const ByteSpan& a, const ByteSpan& b) {
-    return a.holder == b.holder ? a.first < b.first : a.holder < b.holder;
+// elements (the last two found by the fuzzer). Layouts put most buffers' spans in
+// order (an arena, tensor after tensor), so one pass checks those; only the spans of a
+// buffer that come out of order are sorted.
+absl::Status CheckDisjoint(const std::vector<ByteSpan>& spans, size_t buffers) {
+  std::vector<int64_t> end_so_far(buffers, 0);
+  std::vector<bool> unordered(buffers, false);
+  bool any_unordered = false;
+  for (const ByteSpan& span : spans) {
+    if (span.first < end_so_far[span.buffer]) {
+      unordered[span.buffer] = any_unordered = true;
+    } else {
+      end_so_far[span.buffer] = span.end;
+    }
+  }
+  if (!any_unordered) return absl::OkStatus();
+  std::vector<const ByteSpan*> sorted;
+  for (const ByteSpan& span : spans) {
+    if (unordered[span.buffer]) sorted.push_back(&span);
+  }
+  std::sort(sorted.begin(), sorted.end(), [](const ByteSpan* a, const ByteSpan* b) {
+    return a->holder == b->holder ? a->first < b->first : a->holder < b->holder;
   });
-  for (size_t i = 1; i < spans.size(); ++i) {
-    const ByteSpan& a = spans[i - 1];
-    const ByteSpan& b = spans[i];
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const ByteSpan& a = *sorted[i - 1];
+    const ByteSpan& b = *sorted[i];
     if (a.holder == b.holder && b.first < a.end) {
       return absl::InvalidArgumentError(absl::StrCat("the ", a.side, " of tensor '", a.tensor->name, "' and the ",
                                                      b.side, " of tensor '", b.tensor->name, "' overlap in buffer ",
-                                                     a.holder.buffer, " on rank ", a.holder.rank, " at byte ",
-                                                     static_cast<int64_t>(b.first)));
+                                                     a.holder.buffer, " on rank ", a.holder.rank, " at byte ", b.first));
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const char* side, DType dtype,
-                             const std::map<Holder, int64_t>& buffers, std::vector<ByteSpan>* extents) {
+                             const BufferTable& buffers, std::vector<ByteSpan>* extents) {
   for (const Placement& p : layout.placements) {
     if (p.box.lo.size() != t.shape.size() || p.box.hi.size() != t.shape.size()) {
       return Invalid(t, absl::StrCat(side, " box on rank ", p.holder.rank, " has ", p.box.lo.size(),
@@ -103,7 +131,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", r, " has a negative node index"));
     }
   }
-  std::map<Holder, int64_t> buffers;
+  BufferTable buffers;
   for (const Buffer& b : input.buffers) {
     if (b.holder.rank < 0 || b.holder.buffer < 0 || b.bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat("buffer ", b.holder.buffer, " on rank ", b.holder.rank,
@@ -114,10 +142,11 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
                                                      ", which has no node (nodes are given for ",
                                                      input.node_of_rank.size(), " ranks)"));
     }
-    if (!buffers.emplace(b.holder, b.bytes).second) {
+    if (!buffers.index.emplace(BufferTable::Key(b.holder), static_cast<int32_t>(buffers.bytes.size())).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("buffer ", b.holder.buffer, " on rank ", b.holder.rank, " is registered twice"));
     }
+    buffers.bytes.push_back(b.bytes);
   }
   std::set<std::string> names;
   std::vector<ByteSpan> spans;
@@ -147,7 +176,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       if (!s.ok()) return s;
     }
   }
-  return CheckDisjoint(spans);
+  return CheckDisjoint(spans, buffers.bytes.size());
 }
 
 }  // namespace shardsync::planner

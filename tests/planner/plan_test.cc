@@ -99,6 +99,21 @@ TEST_CASE("planner refuses target placements that overlap on one buffer") {
                                    Contains("rank 1"));
 }
 
+TEST_CASE("placements registered out of buffer order are accepted, and an overlap is found whatever the order") {
+  // a at elements [16, 24) of buffer 1, then b at [0, 8): out of order, disjoint.
+  PlanInput input = WithBuffers(2, 1024);
+  input.tensors.push_back(TensorLayouts{"a", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}),
+                                        WholeTarget(8, {1}, 16)});
+  input.tensors.push_back(TensorLayouts{"b", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 8),
+                                        WholeTarget(8, {1}, 0)});
+  CHECK(MakePlan(input, *LocalFirstLeastLoaded()).ok());
+  // c at [12, 20) overlaps a, and comes after b, which started lower.
+  input.tensors.push_back(TensorLayouts{"c", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 16),
+                                        WholeTarget(8, {1}, 12)});
+  CHECK_THAT(PlanError(input), Contains("tensor 'c'") && Contains("tensor 'a'") && Contains("overlap") &&
+                                   Contains("at byte 32"));
+}
+
 TEST_CASE("planner refuses a box outside the tensor, naming tensor and rank") {
   PlanInput input = WithBuffers(2, 1024);
   Layout target = WholeTarget(8, {1});
