@@ -91,17 +91,7 @@ void CopyHost(const Segment& s, const uint8_t* src_buffer, uint8_t* dst_buffer) 
 }
 
 void FillHost(const planner::FillOp& f, uint8_t* dst_buffer) {
-  // A fill is a segment with no source: walk it as one.
-  Segment s;
-  s.dst_base = f.fill.base;
-  s.src_dtype = s.dst_dtype = f.dtype;
-  s.axes = 0;
-  for (size_t k = 0; k < f.fill.shape.size(); ++k) {
-    s.shape[s.axes] = f.fill.shape[k];
-    s.dst_strides[s.axes] = f.fill.strides[k];
-    ++s.axes;
-  }
-  if (s.axes == 0) s.axes = 1, s.shape[0] = 1, s.dst_strides[0] = 1;
+  const Segment s = planner::FillRegion(f);  // a fill is a segment with no source: walk it as one
   const int64_t element = ElementBytes(f.dtype);
   const int64_t stride = s.dst_strides[s.axes - 1];
   Walk(s, 0, planner::SegmentElements(s), [&](int64_t, int64_t dst, int64_t, int64_t count) {

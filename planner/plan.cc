@@ -179,15 +179,16 @@ Segment MakeSegment(int32_t tensor, const Placement& src, DType src_dtype, const
     const int64_t n = box.hi[k] - box.lo[k];
     if (n == 1) continue;
     const int last = s.axes - 1;
-    if (s.axes > 0 && s.src_strides[last] == n * src.strides[k] && s.dst_strides[last] == n * dst.strides[k]) {
-      s.shape[last] *= n;
-      s.src_strides[last] = src.strides[k];
-      s.dst_strides[last] = dst.strides[k];
+    if (s.axes > 0 && s.src_strides[last] == n * src.strides[k] && s.dst_strides[last] == n * dst.strides[k] &&
+        s.shape[last] * n <= kMaxSegmentAxis) {
+      s.shape[last] = static_cast<SegmentAxis>(s.shape[last] * n);
+      s.src_strides[last] = static_cast<SegmentAxis>(src.strides[k]);
+      s.dst_strides[last] = static_cast<SegmentAxis>(dst.strides[k]);
       continue;
     }
-    s.shape[s.axes] = n;
-    s.src_strides[s.axes] = src.strides[k];
-    s.dst_strides[s.axes] = dst.strides[k];
+    s.shape[s.axes] = static_cast<SegmentAxis>(n);  // each fits: ValidatePlanInput
+    s.src_strides[s.axes] = static_cast<SegmentAxis>(src.strides[k]);
+    s.dst_strides[s.axes] = static_cast<SegmentAxis>(dst.strides[k]);
     ++s.axes;
   }
   if (s.axes == 0) {  // a single element
@@ -204,7 +205,8 @@ bool IsRun(const Segment& s) { return s.axes == 1 && s.src_strides[0] == 1 && s.
 bool TryMergeRuns(Segment& into, const Segment& next) {
   if (!IsRun(into) || !IsRun(next) || !(into.src == next.src) || !(into.dst == next.dst) ||
       into.tensor != next.tensor || into.stage != next.stage || into.src_base + into.shape[0] != next.src_base ||
-      into.dst_base + into.shape[0] != next.dst_base) {
+      into.dst_base + into.shape[0] != next.dst_base ||
+      int64_t{into.shape[0]} + next.shape[0] > kMaxSegmentAxis) {
     return false;
   }
   into.shape[0] += next.shape[0];
@@ -288,8 +290,8 @@ Segment FillRegion(const FillOp& f) {
   region.shape.fill(1);
   region.src_strides.fill(1);
   for (size_t k = 0; k < f.fill.shape.size(); ++k) {
-    region.shape[k] = f.fill.shape[k];
-    region.src_strides[k] = f.fill.strides[k];
+    region.shape[k] = static_cast<SegmentAxis>(f.fill.shape[k]);  // each fits: ValidatePlanInput
+    region.src_strides[k] = static_cast<SegmentAxis>(f.fill.strides[k]);
   }
   region.dst_strides = region.src_strides;
   return region;

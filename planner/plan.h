@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -20,11 +21,16 @@ namespace shardsync::planner {
 // of `src` to dst_base + sum i_k*dst_strides[k] of `dst` (offsets in elements of each
 // side's dtype). Axes contiguous on both sides are merged, extent-1 axes dropped, so
 // most segments are one run or one 2-D strided copy. Trivially copyable: plans of
-// tens of millions of segments move as plain memory.
+// tens of millions of segments move as plain memory. Extents and strides take 32 bits
+// (88 bytes a segment instead of 136: fresh memory is most of what a large plan
+// costs); ValidatePlanInput refuses tensors whose axes or strides do not fit.
 //
 // Stage 0 reads sources. Stage 1 is the relay: it reads a target placement that stage
 // 0 wrote (`src` is a target buffer, src_dtype the target dtype) and writes another
 // target of the same node, so each element crosses the network once per node.
+using SegmentAxis = int32_t;
+inline constexpr int64_t kMaxSegmentAxis = std::numeric_limits<SegmentAxis>::max();
+
 struct Segment {
   Holder src;
   Holder dst;
@@ -35,9 +41,9 @@ struct Segment {
   DType dst_dtype = DType::kBFloat16;
   int8_t axes = 0;  // entries used in the arrays below, >= 1
   int8_t stage = 0;  // 0: from a source; 1: relayed from a target stage 0 wrote
-  std::array<int64_t, kMaxAxes> shape{};
-  std::array<int64_t, kMaxAxes> src_strides{};
-  std::array<int64_t, kMaxAxes> dst_strides{};
+  std::array<SegmentAxis, kMaxAxes> shape{};
+  std::array<SegmentAxis, kMaxAxes> src_strides{};
+  std::array<SegmentAxis, kMaxAxes> dst_strides{};
 };
 
 int64_t SegmentElements(const Segment& segment);

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "planner/box.h"
+#include "planner/plan.h"
 
 namespace shardsync::planner {
 namespace {
@@ -50,6 +51,10 @@ absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, 
   Wide volume = 1;
   for (size_t k = 0; k < extent.size(); ++k) {
     if (strides[k] < 0) return Invalid(t, absl::StrCat(where(), " has negative stride ", strides[k]));
+    if (strides[k] > kMaxSegmentAxis) {
+      return Invalid(t, absl::StrCat(where(), " has stride ", strides[k], " on axis ", k, "; at most ",
+                                     kMaxSegmentAxis, " elements are supported"));
+    }
     volume *= extent[k];
     if (extent[k] > 0) last += static_cast<Wide>(extent[k] - 1) * strides[k];
   }
@@ -159,6 +164,10 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
     Wide numel = 1;
     for (int64_t s : t.shape) {
       if (s < 0) return Invalid(t, absl::StrCat("has a negative extent in shape ", IndexToString(t.shape)));
+      if (s > kMaxSegmentAxis) {
+        return Invalid(t, absl::StrCat("has an axis of ", s, " elements in shape ", IndexToString(t.shape),
+                                       "; at most ", kMaxSegmentAxis, " are supported"));
+      }
       numel *= s;
       if (numel > (Wide{1} << 62)) return Invalid(t, "has more than 2^62 elements");
     }

@@ -12,7 +12,8 @@ namespace shardsync::agent {
 namespace {
 
 // Bytes [base, end) a strided region of `axes` touches, in elements of `element` bytes.
-bool Fits(int64_t base, const int64_t* shape, const int64_t* strides, int axes, int64_t element, int64_t bytes) {
+template <typename Axis>
+bool Fits(int64_t base, const Axis* shape, const Axis* strides, int axes, int64_t element, int64_t bytes) {
   if (base < 0) return false;
   __int128 last = base;
   for (int k = 0; k < axes; ++k) {

@@ -149,9 +149,14 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     s.axes = static_cast<int8_t>(in.shape_size());
     for (int k = 0; k < s.axes; ++k) {
       if (in.shape(k) <= 0) return Malformed("a segment with an empty axis");
-      s.shape[k] = in.shape(k);
-      s.src_strides[k] = in.src_strides(k);
-      s.dst_strides[k] = in.dst_strides(k);
+      if (in.shape(k) > planner::kMaxSegmentAxis || in.src_strides(k) < 0 ||
+          in.src_strides(k) > planner::kMaxSegmentAxis || in.dst_strides(k) < 0 ||
+          in.dst_strides(k) > planner::kMaxSegmentAxis) {
+        return Malformed("a segment axis or stride out of range");
+      }
+      s.shape[k] = static_cast<planner::SegmentAxis>(in.shape(k));
+      s.src_strides[k] = static_cast<planner::SegmentAxis>(in.src_strides(k));
+      s.dst_strides[k] = static_cast<planner::SegmentAxis>(in.dst_strides(k));
     }
     local.plan.segments.push_back(s);
   }
@@ -160,6 +165,12 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     if (!dtype.ok() || in.tensor() < 0 || in.tensor() >= tensors || in.shape_size() != in.strides_size() ||
         in.shape_size() > planner::kMaxAxes) {
       return Malformed("fill");
+    }
+    for (int k = 0; k < in.shape_size(); ++k) {
+      if (in.shape(k) < 0 || in.shape(k) > planner::kMaxSegmentAxis || in.strides(k) < 0 ||
+          in.strides(k) > planner::kMaxSegmentAxis) {
+        return Malformed("a fill axis or stride out of range");
+      }
     }
     planner::Fill fill{planner::Holder{rank, id_of(in.buffer())}, in.base(),
                        planner::Index(in.shape().begin(), in.shape().end()),

@@ -136,7 +136,22 @@ TEST_CASE("planner refuses overflowing strides, negative values and unregistered
   Layout source = Whole(8, {0});
   source.placements[0].strides[0] = int64_t{1} << 62;
   input.tensors.push_back(TensorLayouts{"w", Index{8}, DType::kBFloat16, DType::kBFloat16, source, WholeTarget(8, {1})});
-  CHECK_THAT(PlanError(input), Contains("tensor 'w'") && Contains("buffer has 1024"));
+  CHECK_THAT(PlanError(input), Contains("tensor 'w'") && Contains("stride 4611686018427387904") &&
+                                   Contains("at most 2147483647"));
+
+  // Each stride and extent within 32 bits, the last element's offset past 2^63.
+  const int64_t big = kMaxSegmentAxis;
+  PlanInput wide = WithBuffers(2, 1024);
+  Layout huge = WholeTarget(1, {0});
+  huge.placements[0].box = Box{{0, 0}, {big, big}};
+  huge.placements[0].strides = Index{big, big};
+  wide.tensors.push_back(TensorLayouts{"h", Index{big, big}, DType::kBFloat16, DType::kBFloat16, huge, huge});
+  CHECK_THAT(PlanError(wide), Contains("tensor 'h'") && Contains("buffer has 1024"));
+
+  PlanInput long_axis = WithBuffers(2, 1024);
+  long_axis.tensors.push_back(TensorLayouts{"l", Index{big + 1}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}),
+                                            WholeTarget(8, {1})});
+  CHECK_THAT(PlanError(long_axis), Contains("tensor 'l'") && Contains("an axis of 2147483648 elements"));
 
   input.tensors[0].source = Whole(8, {0});
   input.tensors[0].source.placements[0].base = -1;
