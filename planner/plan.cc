@@ -461,14 +461,16 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
                                            target, t.target_dtype, p.box, 0);
   }
 
-  // Contiguous runs that continue each other become one segment.
+  // Contiguous runs that continue each other become one segment (segments move only
+  // after the first merge: writing a large plan again costs as much as making it).
   size_t kept = 0;
   for (size_t i = 0; i < plan.segments.size(); ++i) {
     if (kept > 0 && TryMergeRuns(plan.segments[kept - 1], plan.segments[i])) continue;
-    plan.segments[kept++] = plan.segments[i];
+    if (kept != i) plan.segments[kept] = plan.segments[i];
+    plan.stages = std::max(plan.stages, plan.segments[kept].stage + 1);
+    ++kept;
   }
   plan.segments.resize(kept);
-  for (const Segment& s : plan.segments) plan.stages = std::max(plan.stages, s.stage + 1);
 
   for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
     const TensorLayouts& t = input.tensors[ti];
