@@ -7,10 +7,15 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "planner/box.h"
+#include "planner/cover.h"
 #include "planner/validate.h"
 
 namespace shardsync::planner {
 namespace {
+
+using internal::Candidate;
+using internal::CoverCache;
+using internal::Coverer;
 
 class LocalFirstLeastLoadedPolicy final : public ReplicaPolicy {
  public:
@@ -55,92 +60,6 @@ SourceIndex IndexSources(const TensorLayouts& t) {
   }
   return index;
 }
-
-struct Candidate {
-  int32_t source;
-  Box box;  // the source box clipped to the target box
-};
-
-// Splits a target box into pieces, each with the sources that hold all of it: a sweep
-// over axis 0 of the candidates' boundaries, recursing into each slab on the next axis.
-// Scratch space lives between calls, so steady-state planning allocates nothing.
-class Coverer {
- public:
-  std::vector<Candidate>& candidates() { return cands_; }
-
-  // Calls emit(box, sources) for every piece, in row-major order of the pieces. Returns
-  // false at the first box no candidate covers (in *uncovered).
-  template <typename Emit>
-  bool Cover(const Box& target, Emit&& emit, Box* uncovered) {
-    all_.resize(cands_.size());
-    for (size_t c = 0; c < cands_.size(); ++c) all_[c] = static_cast<int32_t>(c);
-    if (levels_.size() < target.lo.size() + 1) levels_.resize(target.lo.size() + 1);
-    return CoverAxis(target, all_, 0, emit, uncovered);
-  }
-
- private:
-  struct Level {
-    std::vector<int64_t> cuts;
-    std::vector<int32_t> by_start;
-    std::vector<int32_t> live;
-  };
-
-  template <typename Emit>
-  bool CoverAxis(const Box& region, const std::vector<int32_t>& active, size_t axis, Emit& emit, Box* uncovered) {
-    if (active.empty()) {
-      *uncovered = region;
-      return false;
-    }
-    if (active.size() == 1 || axis == region.lo.size()) {
-      holding_.clear();
-      for (int32_t c : active) {
-        if (Contains(cands_[c].box, region)) holding_.push_back(cands_[c].source);
-      }
-      if (!holding_.empty()) {
-        std::sort(holding_.begin(), holding_.end());
-        emit(region, absl::Span<const int32_t>(holding_));
-        return true;
-      }
-      if (axis == region.lo.size()) {
-        *uncovered = region;
-        return false;
-      }
-    }
-    Level& level = levels_[axis];  // the next axis uses levels_[axis + 1]
-    level.cuts.assign({region.lo[axis], region.hi[axis]});
-    for (int32_t c : active) {
-      level.cuts.push_back(std::clamp(cands_[c].box.lo[axis], region.lo[axis], region.hi[axis]));
-      level.cuts.push_back(std::clamp(cands_[c].box.hi[axis], region.lo[axis], region.hi[axis]));
-    }
-    std::sort(level.cuts.begin(), level.cuts.end());
-    level.cuts.erase(std::unique(level.cuts.begin(), level.cuts.end()), level.cuts.end());
-    level.by_start.assign(active.begin(), active.end());
-    std::sort(level.by_start.begin(), level.by_start.end(),
-              [&](int32_t a, int32_t b) { return cands_[a].box.lo[axis] < cands_[b].box.lo[axis]; });
-    level.live.clear();
-    size_t next = 0;
-    Box slab = region;
-    for (size_t s = 0; s + 1 < level.cuts.size(); ++s) {
-      const int64_t lo = level.cuts[s], hi = level.cuts[s + 1];
-      level.live.erase(std::remove_if(level.live.begin(), level.live.end(),
-                                      [&](int32_t c) { return cands_[c].box.hi[axis] <= lo; }),
-                       level.live.end());
-      while (next < level.by_start.size() && cands_[level.by_start[next]].box.lo[axis] <= lo) {
-        if (cands_[level.by_start[next]].box.hi[axis] > lo) level.live.push_back(level.by_start[next]);
-        ++next;
-      }
-      slab.lo[axis] = lo;
-      slab.hi[axis] = hi;
-      if (!CoverAxis(slab, level.live, axis + 1, emit, uncovered)) return false;
-    }
-    return true;
-  }
-
-  std::vector<Candidate> cands_;
-  std::vector<int32_t> all_;
-  std::vector<int32_t> holding_;
-  std::vector<Level> levels_;
-};
 
 // Boxes that differ only along one axis and touch there become one.
 bool TryMergeBoxes(Box& into, const Box& next) {
@@ -348,6 +267,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
   std::vector<int32_t> pool;  // sources of pending pieces
   std::vector<int32_t> near;  // a piece's sources on the target's node
   Coverer coverer;
+  CoverCache covers;
 
   // Phase 1: cover every target box in canonical order. A piece with one holder is
   // forced: its segment is made now (merged with its neighbour where the boxes join)
@@ -357,23 +277,30 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     plan.tensor_names.push_back(t.name);
     const int64_t element = ElementBytes(t.target_dtype);
     const SourceIndex index = IndexSources(t);
+    covers.StartTensor(t);
     std::optional<ReplicaGroups> groups;
     if (options.relay && many_nodes) groups.emplace(t, input.node_of_rank);
     for (size_t pi = 0; pi < t.target.placements.size(); ++pi) {
       const Placement& target = t.target.placements[pi];
       if (IsEmpty(target.box)) continue;
-      std::vector<Candidate>& cands = coverer.candidates();
-      cands.clear();
-      auto first = index.order.begin();
-      auto last = index.order.end();
-      if (!t.shape.empty()) {
-        const auto lo0 = [&](int32_t i) { return t.source.placements[i].box.lo[0]; };
-        first = std::partition_point(first, last, [&](int32_t i) { return lo0(i) < target.box.lo[0] - index.max_span; });
-        last = std::partition_point(first, last, [&](int32_t i) { return lo0(i) < target.box.hi[0]; });
-      }
-      for (auto it = first; it != last; ++it) {
-        Box clip = Intersect(t.source.placements[*it].box, target.box);
-        if (!IsEmpty(clip)) cands.push_back(Candidate{*it, std::move(clip)});
+      Box uncovered;
+      const CoverCache::Pieces* pieces = covers.Find(target.box);
+      if (pieces == nullptr) {
+        std::vector<Candidate>& cands = coverer.candidates();
+        cands.clear();
+        auto first = index.order.begin();
+        auto last = index.order.end();
+        if (!t.shape.empty()) {
+          const auto lo0 = [&](int32_t i) { return t.source.placements[i].box.lo[0]; };
+          first =
+              std::partition_point(first, last, [&](int32_t i) { return lo0(i) < target.box.lo[0] - index.max_span; });
+          last = std::partition_point(first, last, [&](int32_t i) { return lo0(i) < target.box.hi[0]; });
+        }
+        for (auto it = first; it != last; ++it) {
+          Box clip = Intersect(t.source.placements[*it].box, target.box);
+          if (!IsEmpty(clip)) cands.push_back(Candidate{*it, std::move(clip)});
+        }
+        pieces = covers.Cover(coverer, target.box, &uncovered);
       }
       const int32_t me = static_cast<int32_t>(pi);
       const std::vector<int32_t>* members = groups ? groups->Members(me) : nullptr;
@@ -431,14 +358,14 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
         pool.insert(pool.end(), usable.begin(), usable.end());
         plan.segments.emplace_back();  // made in phase 2
       };
-      Box uncovered;
-      if (!coverer.Cover(target.box, emit, &uncovered)) {
+      if (pieces == nullptr) {
         absl::Status status = absl::FailedPreconditionError(
             absl::StrCat("tensor '", t.name, "': target on rank ", target.holder.rank, " buffer ",
                          target.holder.buffer, " has no source for box ", BoxToString(uncovered)));
         status.SetPayload(kUncoveredTensorPayload, absl::Cord(t.name));
         return status;
       }
+      for (const CoverCache::Piece& piece : *pieces) emit(piece.box, covers.Sources(piece));
       if (misaligned || (relays != nullptr && position != relays->size())) {
         return absl::InternalError(absl::StrCat("tensor '", t.name, "': replicas of one box on rank ",
                                                 target.holder.rank, " were cut into different pieces"));

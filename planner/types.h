@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include "absl/strings/string_view.h"
 #include <vector>
 
@@ -31,6 +32,10 @@ struct Box {
   Index lo;
   Index hi;
   friend bool operator==(const Box& a, const Box& b) { return a.lo == b.lo && a.hi == b.hi; }
+  template <typename H>
+  friend H AbslHashValue(H h, const Box& b) {
+    return H::combine(std::move(h), b.lo, b.hi);
+  }
 };
 
 // A registered buffer on one agent. Ranks are global agent ranks; buffer ids are

@@ -62,6 +62,41 @@ TEST_CASE("reads of parameters held by three ranks spread evenly: two of six per
   CHECK(ParamsSentBy(*first) == Counts{{0, 6}});
 }
 
+TEST_CASE("tensors laid out alike are planned as each would be alone (covers are shared, not their holders)") {
+  // a, b and d have the same source boxes (ZeRO-3 over ranks 0..2) in other buffers
+  // and places; c, between them, splits over ranks 0..1. Targets: TP2 on columns,
+  // twice (ranks 3, 4 and ranks 4, 3).
+  const Index shape{6, 8};
+  const auto tensor = [&](const std::string& name, const std::vector<int32_t>& dp, int64_t at) {
+    Layout target = *TpSplit(shape, 1, {4, 4}, {3, 4}, 1, {at, at});
+    const Layout second = *TpSplit(shape, 1, {4, 4}, {4, 3}, 1, {at + 24, at + 24});
+    target.placements.insert(target.placements.end(), second.placements.begin(), second.placements.end());
+    return TensorLayouts{name, shape, DType::kBFloat16, DType::kBFloat16, Zero3(shape, dp, 0, at), target};
+  };
+  PlanInput all = WithBuffers(5, 4096);
+  all.tensors = {tensor("a", {0, 1, 2}, 0), tensor("b", {2, 1, 0}, 48), tensor("c", {0, 1}, 96),
+                 tensor("d", {1, 2, 0}, 144)};
+  auto plan = MakePlan(all, *LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  size_t at = 0;
+  for (size_t t = 0; t < all.tensors.size(); ++t) {
+    PlanInput alone = WithBuffers(5, 4096);
+    alone.tensors = {all.tensors[t]};
+    auto own = MakePlan(alone, *LocalFirstLeastLoaded());
+    REQUIRE(own.ok());
+    for (const Segment& expected : own->segments) {
+      REQUIRE(at < plan->segments.size());
+      const Segment& s = plan->segments[at++];
+      INFO("tensor " << all.tensors[t].name << ", segment " << at - 1);
+      CHECK(s.tensor == static_cast<int32_t>(t));
+      CHECK((s.src == expected.src && s.dst == expected.dst && s.src_base == expected.src_base &&
+             s.dst_base == expected.dst_base && s.axes == expected.axes && s.shape == expected.shape &&
+             s.src_strides == expected.src_strides && s.dst_strides == expected.dst_strides));
+    }
+  }
+  CHECK(at == plan->segments.size());
+}
+
 TEST_CASE("local copies cost nothing and a single holder's load counts: each sender sends one parameter") {
   PlanInput input = WithBuffers(3, 1024);
   // "shared" is on ranks 0 and 1 and listed first; "only0" is on rank 0 alone. Rank 0
