@@ -132,8 +132,10 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
   for (int32_t k = 0; k < plan.stages; ++k) {
     // One pass in plan order, the order both ends derive their streams from; each
     // segment is read once, where it lies (a rank's segments are spread over the plan).
+    // Links by receiver, then sender: a target's pieces come one after another, so the
+    // small table of one receiver stays in cache (one table of all pairs did not).
     std::vector<LinkStream> links;
-    absl::flat_hash_map<uint64_t, int32_t> link_of_pair;
+    std::vector<absl::flat_hash_map<int32_t, int32_t>> link_from(plan.num_ranks);
     uint64_t last_pair = ~uint64_t{0};
     int32_t last_link = -1;
     for (size_t i = 0; i < plan.segments.size(); ++i) {
@@ -153,7 +155,7 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
       }
       const uint64_t pair = (static_cast<uint64_t>(s.src.rank) << 32) | static_cast<uint32_t>(s.dst.rank);
       if (pair != last_pair) {
-        const auto [it, added] = link_of_pair.emplace(pair, static_cast<int32_t>(links.size()));
+        const auto [it, added] = link_from[s.dst.rank].emplace(s.src.rank, static_cast<int32_t>(links.size()));
         if (added) links.push_back(LinkStream{s.src.rank, PeerStream{s.dst.rank, {}, {}, 0}, ChunkCutter(budget)});
         last_pair = pair;
         last_link = it->second;
@@ -162,26 +164,24 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
       link.cutter.Add(link.stream, index, SegmentElements(s), element);
     }
     // Each rank's sends and receives by ascending peer: links sorted by (from, to) for
-    // the senders, by (to, from) for the receivers.
-    std::vector<int32_t> order(links.size());
-    for (size_t i = 0; i < links.size(); ++i) order[i] = static_cast<int32_t>(i);
-    const auto by = [&](bool sender) {
-      return [&, sender](int32_t a, int32_t b) {
-        const LinkStream& x = links[a];
-        const LinkStream& y = links[b];
-        return sender ? std::make_pair(x.from, x.stream.peer) < std::make_pair(y.from, y.stream.peer)
-                      : std::make_pair(x.stream.peer, x.from) < std::make_pair(y.stream.peer, y.from);
-      };
-    };
+    // the senders, by (to, from) for the receivers (on packed keys, not the links).
     for (LinkStream& link : links) link.cutter.Finish(link.stream);
-    std::sort(order.begin(), order.end(), by(false));
-    for (int32_t i : order) {
+    std::vector<std::pair<uint64_t, int32_t>> order(links.size());
+    const auto sort_by = [&](bool sender) {
+      for (size_t i = 0; i < links.size(); ++i) {
+        const uint32_t from = static_cast<uint32_t>(links[i].from), to = static_cast<uint32_t>(links[i].stream.peer);
+        order[i] = {sender ? (uint64_t{from} << 32 | to) : (uint64_t{to} << 32 | from), static_cast<int32_t>(i)};
+      }
+      std::sort(order.begin(), order.end());
+    };
+    sort_by(false);
+    for (const auto& [key, i] : order) {
       PeerStream received = links[i].stream;
       received.peer = links[i].from;
       schedules[links[i].stream.peer].stages[k].receives.push_back(std::move(received));
     }
-    std::sort(order.begin(), order.end(), by(true));
-    for (int32_t i : order) schedules[links[i].from].stages[k].sends.push_back(std::move(links[i].stream));
+    sort_by(true);
+    for (const auto& [key, i] : order) schedules[links[i].from].stages[k].sends.push_back(std::move(links[i].stream));
     int32_t most_rounds = 0;
     for (Schedule& schedule : schedules) {
       Stage& stage = schedule.stages[k];
