@@ -37,9 +37,54 @@ struct ByteSpan {
   const char* side = "";  // source, target or fill
 };
 
+// No byte of a buffer in two spans (conservatively: their intervals): a target written
+// twice, a source read while a target overwrites it, or one byte holding two source
+// elements (the last two found by the fuzzer). Layouts put most buffers' spans in
+// order (an arena, tensor after tensor), so the first pass over the layouts keeps only
+// each buffer's running end; a second pass, run only when some buffer's spans came out
+// of order, keeps that buffer's spans to sort them.
+class SpanSink {
+ public:
+  explicit SpanSink(size_t buffers) : end_so_far_(buffers, 0), unordered_(buffers, false) {}
+  void Add(const ByteSpan& span) {
+    if (collecting_) {
+      if (unordered_[span.buffer]) kept_.push_back(span);
+    } else if (span.first < end_so_far_[span.buffer]) {
+      unordered_[span.buffer] = any_unordered_ = true;
+    } else {
+      end_so_far_[span.buffer] = span.end;
+    }
+  }
+  bool any_unordered() const { return any_unordered_; }
+  void StartCollecting() { collecting_ = true; }
+  absl::Status CheckKept() {
+    std::sort(kept_.begin(), kept_.end(), [](const ByteSpan& a, const ByteSpan& b) {
+      return a.holder == b.holder ? a.first < b.first : a.holder < b.holder;
+    });
+    for (size_t i = 1; i < kept_.size(); ++i) {
+      const ByteSpan& a = kept_[i - 1];
+      const ByteSpan& b = kept_[i];
+      if (a.holder == b.holder && b.first < a.end) {
+        return absl::InvalidArgumentError(absl::StrCat("the ", a.side, " of tensor '", a.tensor->name, "' and the ",
+                                                       b.side, " of tensor '", b.tensor->name, "' overlap in buffer ",
+                                                       a.holder.buffer, " on rank ", a.holder.rank, " at byte ",
+                                                       b.first));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<int64_t> end_so_far_;
+  std::vector<bool> unordered_;
+  bool any_unordered_ = false;
+  bool collecting_ = false;
+  std::vector<ByteSpan> kept_;
+};
+
 // Bytes [first, end) that a strided region occupies, or an error if it leaves `buffer`.
 absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, int64_t base, const Index& extent,
-                       const Index& strides, DType dtype, const BufferTable& buffers, std::vector<ByteSpan>* extents) {
+                       const Index& strides, DType dtype, const BufferTable& buffers, SpanSink& spans) {
   const auto where = [&] { return absl::StrCat(side, " on rank ", holder.rank, " buffer ", holder.buffer); };
   auto it = buffers.index.find(BufferTable::Key(holder));
   if (it == buffers.index.end()) return Invalid(t, absl::StrCat(where(), " names an unregistered buffer"));
@@ -66,51 +111,12 @@ absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, 
     return Invalid(t, absl::StrCat(where(), " needs ", static_cast<int64_t>(std::min<Wide>(end, INT64_MAX)),
                                    " bytes but the buffer has ", size));
   }
-  if (extents) {
-    extents->push_back(ByteSpan{base * static_cast<int64_t>(element), static_cast<int64_t>(end), it->second, holder,
-                                &t, side});
-  }
-  return absl::OkStatus();
-}
-
-// No byte of a buffer in two spans (conservatively: their intervals): a target written
-// twice, a source read while a target overwrites it, or one byte holding two source
-// elements (the last two found by the fuzzer). Layouts put most buffers' spans in
-// order (an arena, tensor after tensor), so one pass checks those; only the spans of a
-// buffer that come out of order are sorted.
-absl::Status CheckDisjoint(const std::vector<ByteSpan>& spans, size_t buffers) {
-  std::vector<int64_t> end_so_far(buffers, 0);
-  std::vector<bool> unordered(buffers, false);
-  bool any_unordered = false;
-  for (const ByteSpan& span : spans) {
-    if (span.first < end_so_far[span.buffer]) {
-      unordered[span.buffer] = any_unordered = true;
-    } else {
-      end_so_far[span.buffer] = span.end;
-    }
-  }
-  if (!any_unordered) return absl::OkStatus();
-  std::vector<const ByteSpan*> sorted;
-  for (const ByteSpan& span : spans) {
-    if (unordered[span.buffer]) sorted.push_back(&span);
-  }
-  std::sort(sorted.begin(), sorted.end(), [](const ByteSpan* a, const ByteSpan* b) {
-    return a->holder == b->holder ? a->first < b->first : a->holder < b->holder;
-  });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const ByteSpan& a = *sorted[i - 1];
-    const ByteSpan& b = *sorted[i];
-    if (a.holder == b.holder && b.first < a.end) {
-      return absl::InvalidArgumentError(absl::StrCat("the ", a.side, " of tensor '", a.tensor->name, "' and the ",
-                                                     b.side, " of tensor '", b.tensor->name, "' overlap in buffer ",
-                                                     a.holder.buffer, " on rank ", a.holder.rank, " at byte ", b.first));
-    }
-  }
+  spans.Add(ByteSpan{base * static_cast<int64_t>(element), static_cast<int64_t>(end), it->second, holder, &t, side});
   return absl::OkStatus();
 }
 
 absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const char* side, DType dtype,
-                             const BufferTable& buffers, std::vector<ByteSpan>* extents) {
+                             const BufferTable& buffers, SpanSink& spans) {
   for (const Placement& p : layout.placements) {
     if (p.box.lo.size() != t.shape.size() || p.box.hi.size() != t.shape.size()) {
       return Invalid(t, absl::StrCat(side, " box on rank ", p.holder.rank, " has ", p.box.lo.size(),
@@ -122,7 +128,7 @@ absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const
                                        " lies outside the tensor shape ", IndexToString(t.shape)));
       }
     }
-    auto s = CheckFits(t, side, p.holder, p.base, Extent(p.box), p.strides, dtype, buffers, extents);
+    auto s = CheckFits(t, side, p.holder, p.base, Extent(p.box), p.strides, dtype, buffers, spans);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -153,8 +159,21 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
     }
     buffers.bytes.push_back(b.bytes);
   }
+  // Every placement and fill of a tensor inside its buffer, its span given to `spans`.
+  const auto check_spans = [&](const TensorLayouts& t, SpanSink& spans) {
+    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, spans);
+    if (s.ok()) s = CheckPlacements(t, t.target, "target", t.target_dtype, buffers, spans);
+    if (!s.ok()) return s;
+    if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
+    for (const Fill& f : t.target.fills) {
+      if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
+      s = CheckFits(t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, spans);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
   std::set<std::string> names;
-  std::vector<ByteSpan> spans;
+  SpanSink spans(buffers.bytes.size());
   for (const TensorLayouts& t : input.tensors) {
     if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
     if (!names.insert(t.name).second) return Invalid(t, "named twice in one batch");
@@ -175,17 +194,14 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       return Invalid(t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ",
                                      DTypeName(t.target_dtype), " (only equal dtypes or float32 -> bfloat16)"));
     }
-    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, &spans);
-    if (s.ok()) s = CheckPlacements(t, t.target, "target", t.target_dtype, buffers, &spans);
-    if (!s.ok()) return s;
-    if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
-    for (const Fill& f : t.target.fills) {
-      if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
-      s = CheckFits(t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, &spans);
-      if (!s.ok()) return s;
-    }
+    if (auto s = check_spans(t, spans); !s.ok()) return s;
   }
-  return CheckDisjoint(spans, buffers.bytes.size());
+  if (!spans.any_unordered()) return absl::OkStatus();
+  spans.StartCollecting();
+  for (const TensorLayouts& t : input.tensors) {
+    if (auto s = check_spans(t, spans); !s.ok()) return s;  // passed once: cannot fail
+  }
+  return spans.CheckKept();
 }
 
 }  // namespace shardsync::planner
