@@ -268,6 +268,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
   std::vector<int32_t> near;  // a piece's sources on the target's node
   Coverer coverer;
   CoverCache covers;
+  size_t made_from = 0;  // plan.segments from here on are made (none waits for phase 2)
 
   // Phase 1: cover every target box in canonical order. A piece with one holder is
   // forced: its segment is made now (merged with its neighbour where the boxes join)
@@ -314,8 +315,10 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
       const auto flush = [&] {
         if (open_from == nullptr) return;
         const DType from_dtype = open_stage == 0 ? t.source_dtype : t.target_dtype;
-        plan.segments.push_back(
-            MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype, open_box, open_stage));
+        const Segment made =
+            MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype, open_box, open_stage);
+        plan.stages = std::max(plan.stages, made.stage + 1);
+        if (plan.segments.size() <= made_from || !TryMergeRuns(plan.segments.back(), made)) plan.segments.push_back(made);
         open_from = nullptr;
       };
       const auto force = [&](const Placement& from, int8_t stage, const Box& box, int64_t bytes) {
@@ -357,6 +360,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
                                   static_cast<uint32_t>(pool.size()), static_cast<uint32_t>(usable.size())});
         pool.insert(pool.end(), usable.begin(), usable.end());
         plan.segments.emplace_back();  // made in phase 2
+        made_from = plan.segments.size();
       };
       if (pieces == nullptr) {
         absl::Status status = absl::FailedPreconditionError(
@@ -388,16 +392,18 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
                                            target, t.target_dtype, p.box, 0);
   }
 
-  // Contiguous runs that continue each other become one segment (segments move only
-  // after the first merge: writing a large plan again costs as much as making it).
-  size_t kept = 0;
-  for (size_t i = 0; i < plan.segments.size(); ++i) {
-    if (kept > 0 && TryMergeRuns(plan.segments[kept - 1], plan.segments[i])) continue;
-    if (kept != i) plan.segments[kept] = plan.segments[i];
-    plan.stages = std::max(plan.stages, plan.segments[kept].stage + 1);
-    ++kept;
+  // Contiguous runs that continue each other become one segment: forced ones as they
+  // are made, and, where phase 2 made some, in a pass over the plan (segments move only
+  // after its first merge: writing a large plan again costs as much as making it).
+  if (!pending.empty()) {
+    size_t kept = 0;
+    for (size_t i = 0; i < plan.segments.size(); ++i) {
+      if (kept > 0 && TryMergeRuns(plan.segments[kept - 1], plan.segments[i])) continue;
+      if (kept != i) plan.segments[kept] = plan.segments[i];
+      ++kept;
+    }
+    plan.segments.resize(kept);
   }
-  plan.segments.resize(kept);
 
   for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
     const TensorLayouts& t = input.tensors[ti];
