@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -99,53 +100,68 @@ class Coverer {
   std::vector<Level> levels_;
 };
 
-// The pieces of target boxes already covered, kept while consecutive tensors have the
-// same source boxes: a cover depends on nothing else, so the replicas of a shard, and
-// tensors laid out alike (every expert of a layer), are covered once.
+// The pieces of target boxes already covered, by the source boxes they were covered
+// with: a cover depends on nothing else, so the replicas of a shard, and tensors laid
+// out alike (every expert's gate, up and down of a model), are covered once. The few
+// most recent source layouts are kept (a model interleaves a handful of them).
 class CoverCache {
  public:
   struct Piece {
     Box box;
-    uint32_t sources_begin;  // into sources()
+    uint32_t sources_begin;  // into the layout's sources
     uint32_t sources_count;
   };
   using Pieces = std::vector<Piece>;
+  static constexpr size_t kLayouts = 8;
 
-  // Forgets every cover unless `t`'s source boxes are those of the tensor before.
+  // Selects the covers made with `t`'s source boxes, new ones if none are kept.
   void StartTensor(const TensorLayouts& t) {
     const auto& placements = t.source.placements;
-    const bool same = placements.size() == boxes_.size() &&
-                      std::equal(placements.begin(), placements.end(), boxes_.begin(),
-                                 [](const Placement& p, const Box& b) { return p.box == b; });
-    if (same) return;
-    boxes_.clear();
-    for (const Placement& p : placements) boxes_.push_back(p.box);
-    covers_.clear();
-    sources_.clear();
+    const auto same = [&](const KeptLayout& kept) {
+      return kept.boxes.size() == placements.size() &&
+             std::equal(placements.begin(), placements.end(), kept.boxes.begin(),
+                        [](const Placement& p, const Box& b) { return p.box == b; });
+    };
+    if (current_ != nullptr && same(*current_)) return;
+    for (KeptLayout& kept : layouts_) {
+      if (same(kept)) {
+        current_ = &kept;
+        return;
+      }
+    }
+    if (layouts_.size() == kLayouts) layouts_.erase(layouts_.begin());  // the oldest
+    layouts_.emplace_back();
+    current_ = &layouts_.back();
+    for (const Placement& p : placements) current_->boxes.push_back(p.box);
   }
   const Pieces* Find(const Box& target) const {
-    auto it = covers_.find(target);
-    return it == covers_.end() ? nullptr : &it->second;
+    auto it = current_->covers.find(target);
+    return it == current_->covers.end() ? nullptr : &it->second;
   }
   // Covers `target` with `coverer` (its candidates set) and keeps the pieces; null
   // when a part of it has no source (in *uncovered).
   const Pieces* Cover(Coverer& coverer, const Box& target, Box* uncovered) {
     Pieces pieces;
+    std::vector<int32_t>& pool = current_->sources;
     const auto keep = [&](const Box& box, absl::Span<const int32_t> sources) {
-      pieces.push_back(Piece{box, static_cast<uint32_t>(sources_.size()), static_cast<uint32_t>(sources.size())});
-      sources_.insert(sources_.end(), sources.begin(), sources.end());
+      pieces.push_back(Piece{box, static_cast<uint32_t>(pool.size()), static_cast<uint32_t>(sources.size())});
+      pool.insert(pool.end(), sources.begin(), sources.end());
     };
     if (!coverer.Cover(target, keep, uncovered)) return nullptr;
-    return &(covers_[target] = std::move(pieces));
+    return &(current_->covers[target] = std::move(pieces));
   }
   absl::Span<const int32_t> Sources(const Piece& piece) const {
-    return absl::Span<const int32_t>(sources_.data() + piece.sources_begin, piece.sources_count);
+    return absl::Span<const int32_t>(current_->sources.data() + piece.sources_begin, piece.sources_count);
   }
 
  private:
-  std::vector<Box> boxes_;  // the source boxes the covers were made with
-  absl::flat_hash_map<Box, Pieces> covers_;
-  std::vector<int32_t> sources_;
+  struct KeptLayout {
+    std::vector<Box> boxes;  // the source boxes the covers were made with
+    absl::flat_hash_map<Box, Pieces> covers;
+    std::vector<int32_t> sources;
+  };
+  std::deque<KeptLayout> layouts_;  // oldest first; a deque keeps current_ valid as it grows
+  KeptLayout* current_ = nullptr;
 };
 
 }  // namespace shardsync::planner::internal
