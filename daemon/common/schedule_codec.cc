@@ -1,5 +1,6 @@
 #include "daemon/common/schedule_codec.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -12,11 +13,37 @@ absl::Status Malformed(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed schedule: ", what));
 }
 
-void EncodeStream(const planner::PeerStream& stream, const std::map<int32_t, int32_t>& renumber,
-                  v1::PeerStreamSpec* out) {
+// The rank's plan segments, ascending: a segment's position here is its index in the
+// request.
+class Renumbering {
+ public:
+  explicit Renumbering(const planner::Schedule& schedule) {
+    for (const planner::Stage& stage : schedule.stages) {
+      plan_index_.insert(plan_index_.end(), stage.local_segments.begin(), stage.local_segments.end());
+      for (const auto* streams : {&stage.sends, &stage.receives}) {
+        for (const planner::PeerStream& stream : *streams) {
+          plan_index_.insert(plan_index_.end(), stream.segments.begin(), stream.segments.end());
+        }
+      }
+    }
+    std::sort(plan_index_.begin(), plan_index_.end());
+    plan_index_.erase(std::unique(plan_index_.begin(), plan_index_.end()), plan_index_.end());
+  }
+  const std::vector<int32_t>& plan_segments() const { return plan_index_; }
+  int32_t operator()(int32_t plan_segment) const {
+    return static_cast<int32_t>(std::lower_bound(plan_index_.begin(), plan_index_.end(), plan_segment) -
+                                plan_index_.begin());
+  }
+
+ private:
+  std::vector<int32_t> plan_index_;
+};
+
+void EncodeStream(const planner::PeerStream& stream, const Renumbering& renumber, v1::PeerStreamSpec* out) {
   out->set_peer(stream.peer);
   out->set_bytes(stream.bytes);
-  for (int32_t s : stream.segments) out->add_segments(renumber.at(s));
+  out->mutable_segments()->Reserve(static_cast<int>(stream.segments.size()));
+  for (int32_t s : stream.segments) out->add_segments(renumber(s));
   for (const planner::Chunk& c : stream.chunks) {
     v1::ChunkSpec* chunk = out->add_chunks();
     chunk->set_first(c.first);
@@ -47,21 +74,17 @@ absl::StatusOr<planner::PeerStream> DecodeStream(const v1::PeerStreamSpec& in, c
   return stream;
 }
 
-}  // namespace
-
-v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
-                                  const std::vector<std::string>& buffer_names) {
-  v1::PrepareRequest request;
-  std::map<int32_t, int32_t> renumber;  // plan segment -> request segment
-  std::map<int32_t, int32_t> tensors;   // plan tensor -> request tensor
+void EncodeInto(const planner::Plan& plan, const planner::Schedule& schedule,
+                const std::vector<std::string>& buffer_names, v1::PrepareRequest& request) {
+  const Renumbering renumber(schedule);
+  std::map<int32_t, int32_t> tensors;  // plan tensor -> request tensor
   const auto tensor_of = [&](int32_t t) {
     auto [it, added] = tensors.emplace(t, static_cast<int32_t>(tensors.size()));
     if (added) request.add_tensor_names(plan.tensor_names[t]);
     return it->second;
   };
-  const auto add = [&](int32_t index) {
-    if (renumber.count(index)) return;
-    renumber[index] = request.segments_size();
+  request.mutable_segments()->Reserve(static_cast<int>(renumber.plan_segments().size()));
+  for (int32_t index : renumber.plan_segments()) {
     const planner::Segment& s = plan.segments[index];
     v1::SegmentSpec* out = request.add_segments();
     out->set_tensor(tensor_of(s.tensor));
@@ -79,14 +102,6 @@ v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Sche
     out->set_src_dtype(spec::FromDType(s.src_dtype));
     out->set_dst_dtype(spec::FromDType(s.dst_dtype));
     out->set_stage(s.stage);
-  };
-  for (const planner::Stage& stage : schedule.stages) {
-    for (int32_t index : stage.local_segments) add(index);
-    for (const auto* streams : {&stage.sends, &stage.receives}) {
-      for (const planner::PeerStream& stream : *streams) {
-        for (int32_t index : stream.segments) add(index);
-      }
-    }
   }
   for (int32_t index : schedule.fills) {
     const planner::FillOp& f = plan.fills[index];
@@ -100,12 +115,27 @@ v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Sche
   }
   for (const planner::Stage& stage : schedule.stages) {
     v1::StageSpec* out = request.add_stages();
-    for (int32_t index : stage.local_segments) out->add_local_segments(renumber.at(index));
+    for (int32_t index : stage.local_segments) out->add_local_segments(renumber(index));
     for (const planner::PeerStream& stream : stage.sends) EncodeStream(stream, renumber, out->add_sends());
     for (const planner::PeerStream& stream : stage.receives) EncodeStream(stream, renumber, out->add_receives());
     out->set_rounds(stage.rounds);
     out->set_first_round(stage.first_round);
   }
+}
+
+}  // namespace
+
+v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
+                                  const std::vector<std::string>& buffer_names) {
+  v1::PrepareRequest request;
+  EncodeInto(plan, schedule, buffer_names, request);
+  return request;
+}
+
+v1::PrepareRequest* EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
+                                   const std::vector<std::string>& buffer_names, google::protobuf::Arena& arena) {
+  auto* request = google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena);
+  EncodeInto(plan, schedule, buffer_names, *request);
   return request;
 }
 

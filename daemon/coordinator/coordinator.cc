@@ -183,7 +183,7 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
   cache.partial = !target_ranks.empty();
   cache.digest = planner::PlanDigest(*plan, config_.staging_bytes);
   for (const planner::Schedule& schedule : *schedules) {
-    cache.requests.push_back(daemon::EncodeSchedule(*plan, schedule, ids.names()));
+    cache.requests.push_back(daemon::EncodeSchedule(*plan, schedule, ids.names(), *cache.arena));
   }
   cache.plan = *std::move(plan);
   cache.schedules = *std::move(schedules);

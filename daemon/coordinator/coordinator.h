@@ -18,6 +18,7 @@
 #include "common/tls.h"
 #include "daemon/coordinator/agent_link.h"
 #include "daemon/coordinator/rank_pool.h"
+#include "google/protobuf/arena.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "planner/stats.h"
@@ -72,7 +73,10 @@ class Coordinator {
     std::vector<planner::Schedule> schedules;
     std::pair<double, double> floors{0, 0};  // without and with the relay (kAuto, several nodes)
     int64_t network_bytes = 0;               // between nodes
-    std::vector<v1::PrepareRequest> requests;  // by rank, schedule only
+    // By rank, schedule only, owned by `arena` (one allocation pool for millions of
+    // segment specs, freed at once with the plan).
+    std::unique_ptr<google::protobuf::Arena> arena = std::make_unique<google::protobuf::Arena>();
+    std::vector<const v1::PrepareRequest*> requests;
     std::string digest;
     double plan_seconds = 0;
   };

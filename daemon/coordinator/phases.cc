@@ -27,7 +27,7 @@ absl::Status Coordinator::RenewCommunicator() {
 v1::PrepareRequest Coordinator::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
                                                   absl::Duration execute_deadline,
                                                   const std::map<int32_t, std::string>& addresses) {
-  v1::PrepareRequest request = with_schedule ? plan_->requests[rank] : v1::PrepareRequest();
+  v1::PrepareRequest request = with_schedule ? *plan_->requests[rank] : v1::PrepareRequest();
   request.set_schedule_cached(!with_schedule);
   request.set_sync_id(sync_id);
   request.set_digest(plan_->digest);

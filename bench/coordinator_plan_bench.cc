@@ -1,0 +1,98 @@
+// The coordinator's work before the first sync of a layout epoch, for the planner
+// benchmark's MoE (bench/moe.h): the plan, every rank's schedule, the digest, and one
+// PrepareRequest per rank, as Coordinator::EnsurePlan makes them. planner_bench times
+// the first two (the planning target); this times all four, and the requests' size.
+//   bazel run -c opt //bench:coordinator_plan_bench -- [--moe-layers N] [--dense]
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/moe.h"
+#include "daemon/common/schedule_codec.h"
+#include "planner/plan.h"
+#include "planner/schedule.h"
+#include "planner/stats.h"
+
+namespace shardsync::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+int Run(int layers, bool dense, int64_t staging_bytes) {
+  MoeShape shape;
+  shape.layers = layers;
+  shape.dense = dense;
+  const planner::PlanInput input = MoeLayout(shape);
+  std::vector<std::string> buffer_names;  // the coordinator names buffers by id
+  for (const planner::Buffer& b : input.buffers) {
+    if (b.holder.buffer >= static_cast<int32_t>(buffer_names.size())) buffer_names.resize(b.holder.buffer + 1);
+  }
+  for (size_t id = 0; id < buffer_names.size(); ++id) buffer_names[id] = absl::StrCat("buffer-", id);
+
+  const auto t0 = Clock::now();
+  auto plan = planner::MakePlan(input, *planner::LocalFirstLeastLoaded());
+  const auto t1 = Clock::now();
+  if (!plan.ok()) return std::fprintf(stderr, "%s\n", std::string(plan.status().message()).c_str()), 1;
+  auto schedules = planner::MakeSchedules(*plan, staging_bytes);
+  const auto t2 = Clock::now();
+  if (!schedules.ok()) return std::fprintf(stderr, "%s\n", std::string(schedules.status().message()).c_str()), 1;
+  const std::string digest = planner::PlanDigest(*plan, staging_bytes);
+  const auto t3 = Clock::now();
+  google::protobuf::Arena arena;  // as the coordinator keeps them
+  std::vector<v1::PrepareRequest*> requests;
+  requests.reserve(schedules->size());
+  for (const planner::Schedule& schedule : *schedules) {
+    requests.push_back(daemon::EncodeSchedule(*plan, schedule, buffer_names, arena));
+  }
+  const auto t4 = Clock::now();
+  int64_t bytes = 0, max_bytes = 0, specs = 0;
+  for (const v1::PrepareRequest* r : requests) {
+    const int64_t n = static_cast<int64_t>(r->ByteSizeLong());
+    bytes += n;
+    max_bytes = std::max(max_bytes, n);
+    specs += r->segments_size();
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf(
+      "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%zu,\"segment_specs\":%lld,\"plan_ms\":%.1f,"
+      "\"schedule_ms\":%.1f,\"digest_ms\":%.1f,\"encode_ms\":%.1f,\"total_ms\":%.1f,\"encoded_bytes\":%lld,"
+      "\"max_rank_encoded_bytes\":%lld,\"digest\":\"%s\",\"peak_rss_mib\":%ld}\n",
+      layers, dense ? " with dense tensors" : ", experts", plan->num_ranks, plan->segments.size(),
+      static_cast<long long>(specs), Ms(t0, t1), Ms(t1, t2), Ms(t2, t3), Ms(t3, t4), Ms(t0, t4),
+      static_cast<long long>(bytes), static_cast<long long>(max_bytes), digest.c_str(), usage.ru_maxrss / 1024);
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardsync::bench
+
+int main(int argc, char** argv) {
+  int layers = 61;
+  bool dense = false;
+  int64_t staging_bytes = int64_t{128} << 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--moe-layers" && i + 1 < argc) {
+      layers = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--dense") {
+      dense = true;
+    } else if (arg == "--staging-bytes" && i + 1 < argc) {
+      staging_bytes = std::atoll(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: coordinator_plan_bench [--moe-layers N] [--dense] [--staging-bytes B]\n"
+                   "  --moe-layers N      MoE layers (61)\n"
+                   "  --dense             the dense tensors too (ZeRO-3 over all ranks; ~10 M segments a layer)\n"
+                   "  --staging-bytes B   staging budget per peer (134217728)\n");
+      return 2;
+    }
+  }
+  return shardsync::bench::Run(layers, dense, staging_bytes);
+}
