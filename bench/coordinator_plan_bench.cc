@@ -56,12 +56,12 @@ int Run(int layers, bool dense, int64_t staging_bytes) {
     const int64_t n = static_cast<int64_t>(r->ByteSizeLong());
     bytes += n;
     max_bytes = std::max(max_bytes, n);
-    specs += r->segments_size();
+    specs += static_cast<int64_t>(r->segment_table().size() / daemon::kSegmentRecordBytes);
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::printf(
-      "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%zu,\"segment_specs\":%lld,\"plan_ms\":%.1f,"
+      "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%zu,\"segment_records\":%lld,\"plan_ms\":%.1f,"
       "\"schedule_ms\":%.1f,\"digest_ms\":%.1f,\"encode_ms\":%.1f,\"total_ms\":%.1f,\"encoded_bytes\":%lld,"
       "\"max_rank_encoded_bytes\":%lld,\"digest\":\"%s\",\"peak_rss_mib\":%ld}\n",
       layers, dense ? " with dense tensors" : ", experts", plan->num_ranks, plan->segments.size(),

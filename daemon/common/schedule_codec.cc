@@ -1,6 +1,7 @@
 #include "daemon/common/schedule_codec.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -13,45 +14,17 @@ absl::Status Malformed(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed schedule: ", what));
 }
 
-// The rank's plan segments, ascending: a segment's position here is its index in the
-// request.
-class Renumbering {
- public:
-  explicit Renumbering(const planner::Schedule& schedule) {
-    for (const planner::Stage& stage : schedule.stages) {
-      plan_index_.insert(plan_index_.end(), stage.local_segments.begin(), stage.local_segments.end());
-      for (const auto* streams : {&stage.sends, &stage.receives}) {
-        for (const planner::PeerStream& stream : *streams) {
-          plan_index_.insert(plan_index_.end(), stream.segments.begin(), stream.segments.end());
-        }
-      }
-    }
-    std::sort(plan_index_.begin(), plan_index_.end());
-    plan_index_.erase(std::unique(plan_index_.begin(), plan_index_.end()), plan_index_.end());
-  }
-  const std::vector<int32_t>& plan_segments() const { return plan_index_; }
-  int32_t operator()(int32_t plan_segment) const {
-    return static_cast<int32_t>(std::lower_bound(plan_index_.begin(), plan_index_.end(), plan_segment) -
-                                plan_index_.begin());
-  }
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "segment records are written in host order");
 
- private:
-  std::vector<int32_t> plan_index_;
-};
-
-void EncodeStream(const planner::PeerStream& stream, const Renumbering& renumber, v1::PeerStreamSpec* out) {
-  out->set_peer(stream.peer);
-  out->set_bytes(stream.bytes);
-  out->mutable_segments()->Reserve(static_cast<int>(stream.segments.size()));
-  for (int32_t s : stream.segments) out->add_segments(renumber(s));
-  for (const planner::Chunk& c : stream.chunks) {
-    v1::ChunkSpec* chunk = out->add_chunks();
-    chunk->set_first(c.first);
-    chunk->set_last(c.last);
-    chunk->set_first_begin(c.first_begin);
-    chunk->set_last_end(c.last_end);
-    chunk->set_bytes(c.bytes);
-  }
+template <typename T>
+char* Put(char* at, const T& value) {
+  std::memcpy(at, &value, sizeof value);
+  return at + sizeof value;
+}
+template <typename T>
+const char* Get(const char* at, T& value) {
+  std::memcpy(&value, at, sizeof value);
+  return at + sizeof value;
 }
 
 absl::StatusOr<planner::PeerStream> DecodeStream(const v1::PeerStreamSpec& in, const planner::Plan& plan) {
@@ -74,34 +47,83 @@ absl::StatusOr<planner::PeerStream> DecodeStream(const v1::PeerStreamSpec& in, c
   return stream;
 }
 
+// Each segment of a rank's schedule is in exactly one place (a local copy, or the one
+// stream between its two ranks), so the table holds them in schedule order and a
+// stream's segments are consecutive records: no renumbering to look up.
 void EncodeInto(const planner::Plan& plan, const planner::Schedule& schedule,
                 const std::vector<std::string>& buffer_names, v1::PrepareRequest& request) {
-  const Renumbering renumber(schedule);
   std::map<int32_t, int32_t> tensors;  // plan tensor -> request tensor
+  int32_t last_tensor = -1, last_request_tensor = -1;  // a plan's segments come tensor by tensor
   const auto tensor_of = [&](int32_t t) {
+    if (t == last_tensor) return last_request_tensor;
     auto [it, added] = tensors.emplace(t, static_cast<int32_t>(tensors.size()));
     if (added) request.add_tensor_names(plan.tensor_names[t]);
-    return it->second;
+    last_tensor = t;
+    return last_request_tensor = it->second;
   };
-  request.mutable_segments()->Reserve(static_cast<int>(renumber.plan_segments().size()));
-  for (int32_t index : renumber.plan_segments()) {
-    const planner::Segment& s = plan.segments[index];
-    v1::SegmentSpec* out = request.add_segments();
-    out->set_tensor(tensor_of(s.tensor));
-    out->set_src_rank(s.src.rank);
-    out->set_src_buffer(buffer_names.at(s.src.buffer));
-    out->set_dst_rank(s.dst.rank);
-    out->set_dst_buffer(buffer_names.at(s.dst.buffer));
-    out->set_src_base(s.src_base);
-    out->set_dst_base(s.dst_base);
-    for (int k = 0; k < s.axes; ++k) {
-      out->add_shape(s.shape[k]);
-      out->add_src_strides(s.src_strides[k]);
-      out->add_dst_strides(s.dst_strides[k]);
+  // Buffers on this rank, each named once; the other side's stay -1 (its agent names them).
+  std::vector<int32_t> named_buffers;  // plan buffer ids, by buffer_names index (a few)
+  const auto buffer_of = [&](planner::Holder h) {
+    if (h.rank != schedule.rank) return -1;
+    auto it = std::find(named_buffers.begin(), named_buffers.end(), h.buffer);
+    if (it != named_buffers.end()) return static_cast<int32_t>(it - named_buffers.begin());
+    named_buffers.push_back(h.buffer);
+    request.add_buffer_names(buffer_names.at(h.buffer));
+    return static_cast<int32_t>(named_buffers.size()) - 1;
+  };
+  size_t total = 0;
+  for (const planner::Stage& stage : schedule.stages) {
+    total += stage.local_segments.size();
+    for (const auto* streams : {&stage.sends, &stage.receives}) {
+      for (const planner::PeerStream& stream : *streams) total += stream.segments.size();
     }
-    out->set_src_dtype(spec::FromDType(s.src_dtype));
-    out->set_dst_dtype(spec::FromDType(s.dst_dtype));
-    out->set_stage(s.stage);
+  }
+  std::string& table = *request.mutable_segment_table();
+  table.reserve(total * kSegmentRecordBytes);
+  int32_t records = 0;
+  const auto add = [&](int32_t index) {
+    const planner::Segment& s = plan.segments[index];
+    SegmentRecord r;
+    r.tensor = tensor_of(s.tensor);
+    r.src_rank = s.src.rank;
+    r.src_buffer = buffer_of(s.src);
+    r.dst_rank = s.dst.rank;
+    r.dst_buffer = buffer_of(s.dst);
+    r.src_base = s.src_base;
+    r.dst_base = s.dst_base;
+    r.src_dtype = static_cast<uint8_t>(spec::FromDType(s.src_dtype));
+    r.dst_dtype = static_cast<uint8_t>(spec::FromDType(s.dst_dtype));
+    r.axes = static_cast<uint8_t>(s.axes);
+    r.stage = static_cast<uint8_t>(s.stage);
+    for (int k = 0; k < s.axes; ++k) {
+      r.shape[k] = s.shape[k];
+      r.src_strides[k] = s.src_strides[k];
+      r.dst_strides[k] = s.dst_strides[k];
+    }
+    AppendSegmentRecord(r, table);
+    return records++;
+  };
+  const auto add_stream = [&](const planner::PeerStream& stream, v1::PeerStreamSpec* out) {
+    out->set_peer(stream.peer);
+    out->set_bytes(stream.bytes);
+    out->mutable_segments()->Reserve(static_cast<int>(stream.segments.size()));
+    for (int32_t index : stream.segments) out->add_segments(add(index));
+    for (const planner::Chunk& c : stream.chunks) {
+      v1::ChunkSpec* chunk = out->add_chunks();
+      chunk->set_first(c.first);
+      chunk->set_last(c.last);
+      chunk->set_first_begin(c.first_begin);
+      chunk->set_last_end(c.last_end);
+      chunk->set_bytes(c.bytes);
+    }
+  };
+  for (const planner::Stage& stage : schedule.stages) {
+    v1::StageSpec* out = request.add_stages();
+    for (int32_t index : stage.local_segments) out->add_local_segments(add(index));
+    for (const planner::PeerStream& stream : stage.sends) add_stream(stream, out->add_sends());
+    for (const planner::PeerStream& stream : stage.receives) add_stream(stream, out->add_receives());
+    out->set_rounds(stage.rounds);
+    out->set_first_round(stage.first_round);
   }
   for (int32_t index : schedule.fills) {
     const planner::FillOp& f = plan.fills[index];
@@ -113,17 +135,35 @@ void EncodeInto(const planner::Plan& plan, const planner::Schedule& schedule,
     for (int64_t v : f.fill.strides) fill->add_strides(v);
     fill->set_dtype(spec::FromDType(f.dtype));
   }
-  for (const planner::Stage& stage : schedule.stages) {
-    v1::StageSpec* out = request.add_stages();
-    for (int32_t index : stage.local_segments) out->add_local_segments(renumber(index));
-    for (const planner::PeerStream& stream : stage.sends) EncodeStream(stream, renumber, out->add_sends());
-    for (const planner::PeerStream& stream : stage.receives) EncodeStream(stream, renumber, out->add_receives());
-    out->set_rounds(stage.rounds);
-    out->set_first_round(stage.first_round);
-  }
 }
 
 }  // namespace
+
+void AppendSegmentRecord(const SegmentRecord& r, std::string& table) {
+  char record[kSegmentRecordBytes];
+  char* at = record;
+  for (int32_t v : {r.tensor, r.src_rank, r.src_buffer, r.dst_rank, r.dst_buffer}) at = Put(at, v);
+  at = Put(at, r.src_base);
+  at = Put(at, r.dst_base);
+  for (uint8_t v : {r.src_dtype, r.dst_dtype, r.axes, r.stage}) at = Put(at, v);
+  for (const auto* axis : {&r.shape, &r.src_strides, &r.dst_strides}) {
+    for (int32_t v : *axis) at = Put(at, v);
+  }
+  table.append(record, kSegmentRecordBytes);
+}
+
+SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index) {
+  SegmentRecord r;
+  const char* at = table.data() + index * kSegmentRecordBytes;
+  for (int32_t* v : {&r.tensor, &r.src_rank, &r.src_buffer, &r.dst_rank, &r.dst_buffer}) at = Get(at, *v);
+  at = Get(at, r.src_base);
+  at = Get(at, r.dst_base);
+  for (uint8_t* v : {&r.src_dtype, &r.dst_dtype, &r.axes, &r.stage}) at = Get(at, *v);
+  for (auto* axis : {&r.shape, &r.src_strides, &r.dst_strides}) {
+    for (int32_t& v : *axis) at = Get(at, v);
+  }
+  return r;
+}
 
 v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
                                   const std::vector<std::string>& buffer_names) {
@@ -149,44 +189,55 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
   };
   local.plan.tensor_names.assign(request.tensor_names().begin(), request.tensor_names().end());
   const int32_t tensors = request.tensor_names_size();
-  for (const v1::SegmentSpec& in : request.segments()) {
+  const std::string& table = request.segment_table();
+  if (table.size() % kSegmentRecordBytes != 0) {
+    return Malformed(absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes,
+                                  ")"));
+  }
+  const auto named = [&](int32_t rank_of_side, int32_t index, int32_t* id) {
+    if (rank_of_side != rank) return *id = -1, true;
+    if (index < 0 || index >= request.buffer_names_size()) return false;
+    *id = id_of(request.buffer_names(index));
+    return true;
+  };
+  for (size_t i = 0; i < table.size() / kSegmentRecordBytes; ++i) {
+    const SegmentRecord in = ReadSegmentRecord(table, i);
     planner::Segment s;
-    if (in.tensor() < 0 || in.tensor() >= tensors) return Malformed("tensor index");
-    if (in.shape_size() < 1 || in.shape_size() > planner::kMaxAxes || in.src_strides_size() != in.shape_size() ||
-        in.dst_strides_size() != in.shape_size()) {
-      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': segment axes"));
+    if (in.tensor < 0 || in.tensor >= tensors) return Malformed("tensor index");
+    const std::string& tensor = request.tensor_names(in.tensor);
+    if (in.axes < 1 || in.axes > planner::kMaxAxes) return Malformed(absl::StrCat("tensor '", tensor, "': segment axes"));
+    if (in.src_rank != rank && in.dst_rank != rank) return Malformed("a segment that does not touch this rank");
+    if (!named(in.src_rank, in.src_buffer, &s.src.buffer) || !named(in.dst_rank, in.dst_buffer, &s.dst.buffer)) {
+      return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
     }
-    if (in.src_rank() != rank && in.dst_rank() != rank) return Malformed("a segment that does not touch this rank");
-    auto src_dtype = spec::ToDType(in.src_dtype());
-    auto dst_dtype = spec::ToDType(in.dst_dtype());
+    auto src_dtype = v1::DType_IsValid(in.src_dtype) ? spec::ToDType(static_cast<v1::DType>(in.src_dtype))
+                                                      : absl::InvalidArgumentError("dtype");
+    auto dst_dtype = v1::DType_IsValid(in.dst_dtype) ? spec::ToDType(static_cast<v1::DType>(in.dst_dtype))
+                                                      : absl::InvalidArgumentError("dtype");
     if (!src_dtype.ok() || !dst_dtype.ok() || !planner::CanConvert(*src_dtype, *dst_dtype)) {
-      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': dtypes"));
+      return Malformed(absl::StrCat("tensor '", tensor, "': dtypes"));
     }
-    if (in.stage() < 0 || in.stage() >= planner::kMaxStages || in.stage() >= request.stages_size()) {
-      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': stage ", in.stage()));
+    if (in.stage >= planner::kMaxStages || in.stage >= request.stages_size()) {
+      return Malformed(absl::StrCat("tensor '", tensor, "': stage ", in.stage));
     }
-    if (in.stage() > 0 && in.src_dtype() != in.dst_dtype()) {
-      return Malformed(absl::StrCat("tensor '", request.tensor_names(in.tensor()), "': a relay converts dtypes"));
+    if (in.stage > 0 && in.src_dtype != in.dst_dtype) {
+      return Malformed(absl::StrCat("tensor '", tensor, "': a relay converts dtypes"));
     }
-    s.tensor = in.tensor();
-    s.stage = static_cast<int8_t>(in.stage());
-    s.src = planner::Holder{in.src_rank(), in.src_rank() == rank ? id_of(in.src_buffer()) : -1};
-    s.dst = planner::Holder{in.dst_rank(), in.dst_rank() == rank ? id_of(in.dst_buffer()) : -1};
-    s.src_base = in.src_base();
-    s.dst_base = in.dst_base();
+    s.tensor = in.tensor;
+    s.stage = static_cast<int8_t>(in.stage);
+    s.src.rank = in.src_rank;
+    s.dst.rank = in.dst_rank;
+    s.src_base = in.src_base;
+    s.dst_base = in.dst_base;
     s.src_dtype = *src_dtype;
     s.dst_dtype = *dst_dtype;
-    s.axes = static_cast<int8_t>(in.shape_size());
+    s.axes = static_cast<int8_t>(in.axes);
     for (int k = 0; k < s.axes; ++k) {
-      if (in.shape(k) <= 0) return Malformed("a segment with an empty axis");
-      if (in.shape(k) > planner::kMaxSegmentAxis || in.src_strides(k) < 0 ||
-          in.src_strides(k) > planner::kMaxSegmentAxis || in.dst_strides(k) < 0 ||
-          in.dst_strides(k) > planner::kMaxSegmentAxis) {
-        return Malformed("a segment axis or stride out of range");
-      }
-      s.shape[k] = static_cast<planner::SegmentAxis>(in.shape(k));
-      s.src_strides[k] = static_cast<planner::SegmentAxis>(in.src_strides(k));
-      s.dst_strides[k] = static_cast<planner::SegmentAxis>(in.dst_strides(k));
+      if (in.shape[k] <= 0) return Malformed("a segment with an empty axis");
+      if (in.src_strides[k] < 0 || in.dst_strides[k] < 0) return Malformed("a segment stride out of range");
+      s.shape[k] = in.shape[k];
+      s.src_strides[k] = in.src_strides[k];
+      s.dst_strides[k] = in.dst_strides[k];
     }
     local.plan.segments.push_back(s);
   }

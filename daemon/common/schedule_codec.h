@@ -3,16 +3,43 @@
 // schedule for the executor, refusing any malformed message.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/arena.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "proto/shardsync.pb.h"
 
 namespace shardsync::daemon {
+
+// A segment in PrepareRequest.segment_table (the proto documents each field): written
+// and read field by field, in declaration order, little-endian, no padding.
+struct SegmentRecord {
+  int32_t tensor = 0;
+  int32_t src_rank = 0;
+  int32_t src_buffer = -1;
+  int32_t dst_rank = 0;
+  int32_t dst_buffer = -1;
+  int64_t src_base = 0;
+  int64_t dst_base = 0;
+  uint8_t src_dtype = 0;
+  uint8_t dst_dtype = 0;
+  uint8_t axes = 0;
+  uint8_t stage = 0;
+  std::array<int32_t, planner::kMaxAxes> shape{};
+  std::array<int32_t, planner::kMaxAxes> src_strides{};
+  std::array<int32_t, planner::kMaxAxes> dst_strides{};
+};
+inline constexpr size_t kSegmentRecordBytes = 5 * 4 + 2 * 8 + 4 + 3 * 4 * planner::kMaxAxes;  // 88
+
+void AppendSegmentRecord(const SegmentRecord& record, std::string& table);
+// Record `index` of `table`; the caller checks that the table holds it.
+SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index);
 
 // `buffer_names[id]` names planner buffer id `id`.
 v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,

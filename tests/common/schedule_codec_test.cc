@@ -2,6 +2,11 @@
 // value the executor cannot hold is refused, never truncated.
 #include <catch2/catch.hpp>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "daemon/common/schedule_codec.h"
 #include "planner/builders.h"
 #include "planner/plan.h"
@@ -51,21 +56,81 @@ TEST_CASE("a decoded segment is the planned one, axes and strides included") {
   CHECK(s.dst_base == planned.dst_base);
 }
 
-TEST_CASE("a segment axis or stride past 32 bits is refused, not truncated") {
+TEST_CASE("a segment record the executor cannot use is refused, naming what is wrong") {
   planner::Segment planned;
   const v1::PrepareRequest request = ScheduleOfRankOne(&planned);
-  const int64_t past = planner::kMaxSegmentAxis + 1;
-  for (int field = 0; field < 4; ++field) {
-    v1::PrepareRequest bad = request;
-    v1::SegmentSpec& spec = *bad.mutable_segments(0);
-    if (field == 0) spec.set_shape(0, past);
-    if (field == 1) spec.set_src_strides(0, past);
-    if (field == 2) spec.set_dst_strides(0, past);
-    if (field == 3) spec.set_src_strides(1, -1);
-    auto decoded = DecodeSchedule(bad, 1);
+  REQUIRE(request.segment_table().size() == kSegmentRecordBytes);
+  const SegmentRecord good = ReadSegmentRecord(request.segment_table(), 0);
+  CHECK(good.src_buffer == -1);  // rank 0's side: its agent names it
+  CHECK(good.dst_buffer == 0);
+  const std::vector<std::pair<std::function<void(SegmentRecord&)>, std::string>> corruptions = {
+      {[](SegmentRecord& r) { r.shape[0] = -1; }, "empty axis"},
+      {[](SegmentRecord& r) { r.shape[1] = 0; }, "empty axis"},
+      {[](SegmentRecord& r) { r.src_strides[0] = -1; }, "stride out of range"},
+      {[](SegmentRecord& r) { r.dst_strides[1] = -7; }, "stride out of range"},
+      {[](SegmentRecord& r) { r.axes = 0; }, "segment axes"},
+      {[](SegmentRecord& r) { r.axes = planner::kMaxAxes + 1; }, "segment axes"},
+      {[](SegmentRecord& r) { r.dst_buffer = 1; }, "buffer index"},
+      {[](SegmentRecord& r) { r.tensor = 1; }, "tensor index"},
+      {[](SegmentRecord& r) { r.src_dtype = 200; }, "dtypes"},
+      {[](SegmentRecord& r) { r.stage = 1; }, "stage 1"},
+      {[](SegmentRecord& r) { r.src_rank = r.dst_rank = 3; }, "does not touch this rank"},
+  };
+  for (const auto& [corrupt, message] : corruptions) {
+    SegmentRecord bad = good;
+    corrupt(bad);
+    v1::PrepareRequest changed = request;
+    changed.clear_segment_table();
+    AppendSegmentRecord(bad, *changed.mutable_segment_table());
+    auto decoded = DecodeSchedule(changed, 1);
+    INFO(message);
     REQUIRE_FALSE(decoded.ok());
-    CHECK_THAT(std::string(decoded.status().message()), Contains("out of range"));
+    CHECK_THAT(std::string(decoded.status().message()), Contains(message));
   }
+  v1::PrepareRequest torn = request;
+  torn.mutable_segment_table()->pop_back();  // not a whole record
+  auto decoded = DecodeSchedule(torn, 1);
+  REQUIRE_FALSE(decoded.ok());
+  CHECK_THAT(std::string(decoded.status().message()), Contains("87 bytes"));
+}
+
+TEST_CASE("a segment record reads back what was written, every field") {
+  SegmentRecord r;
+  r.tensor = 7;
+  r.src_rank = 1023;
+  r.src_buffer = -1;
+  r.dst_rank = 5;
+  r.dst_buffer = 2;
+  r.src_base = int64_t{1} << 40;
+  r.dst_base = 123456789;
+  r.src_dtype = 3;
+  r.dst_dtype = 4;
+  r.axes = 4;
+  r.stage = 1;
+  for (int k = 0; k < planner::kMaxAxes; ++k) {
+    r.shape[k] = 2147483647 - k;
+    r.src_strides[k] = 1000 + k;
+    r.dst_strides[k] = 2000 + k;
+  }
+  std::string table;
+  AppendSegmentRecord(SegmentRecord{}, table);
+  AppendSegmentRecord(r, table);
+  REQUIRE(table.size() == 2 * kSegmentRecordBytes);
+  const SegmentRecord back = ReadSegmentRecord(table, 1);
+  CHECK(back.tensor == r.tensor);
+  CHECK(back.src_rank == r.src_rank);
+  CHECK(back.src_buffer == r.src_buffer);
+  CHECK(back.dst_rank == r.dst_rank);
+  CHECK(back.dst_buffer == r.dst_buffer);
+  CHECK(back.src_base == r.src_base);
+  CHECK(back.dst_base == r.dst_base);
+  CHECK(back.src_dtype == r.src_dtype);
+  CHECK(back.dst_dtype == r.dst_dtype);
+  CHECK(back.axes == r.axes);
+  CHECK(back.stage == r.stage);
+  CHECK(back.shape == r.shape);
+  CHECK(back.src_strides == r.src_strides);
+  CHECK(back.dst_strides == r.dst_strides);
 }
 
 }  // namespace
