@@ -45,11 +45,7 @@ int Run(int layers, bool dense, int64_t staging_bytes) {
   const std::string digest = planner::PlanDigest(*plan, staging_bytes);
   const auto t3 = Clock::now();
   google::protobuf::Arena arena;  // as the coordinator keeps them
-  std::vector<v1::PrepareRequest*> requests;
-  requests.reserve(schedules->size());
-  for (const planner::Schedule& schedule : *schedules) {
-    requests.push_back(daemon::EncodeSchedule(*plan, schedule, buffer_names, arena));
-  }
+  const std::vector<v1::PrepareRequest*> requests = daemon::EncodeSchedules(*plan, *schedules, buffer_names, arena);
   const auto t4 = Clock::now();
   int64_t bytes = 0, max_bytes = 0, specs = 0;
   for (const v1::PrepareRequest* r : requests) {

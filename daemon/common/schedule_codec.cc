@@ -47,48 +47,31 @@ absl::StatusOr<planner::PeerStream> DecodeStream(const v1::PeerStreamSpec& in, c
   return stream;
 }
 
-// Each segment of a rank's schedule is in exactly one place (a local copy, or the one
-// stream between its two ranks), so the table holds them in schedule order and a
-// stream's segments are consecutive records: no renumbering to look up.
-void EncodeInto(const planner::Plan& plan, const planner::Schedule& schedule,
-                const std::vector<std::string>& buffer_names, v1::PrepareRequest& request) {
-  std::map<int32_t, int32_t> tensors;  // plan tensor -> request tensor
-  int32_t last_tensor = -1, last_request_tensor = -1;  // a plan's segments come tensor by tensor
-  const auto tensor_of = [&](int32_t t) {
-    if (t == last_tensor) return last_request_tensor;
-    auto [it, added] = tensors.emplace(t, static_cast<int32_t>(tensors.size()));
-    if (added) request.add_tensor_names(plan.tensor_names[t]);
-    last_tensor = t;
-    return last_request_tensor = it->second;
-  };
-  // Buffers on this rank, each named once; the other side's stay -1 (its agent names them).
-  std::vector<int32_t> named_buffers;  // plan buffer ids, by buffer_names index (a few)
-  const auto buffer_of = [&](planner::Holder h) {
-    if (h.rank != schedule.rank) return -1;
-    auto it = std::find(named_buffers.begin(), named_buffers.end(), h.buffer);
-    if (it != named_buffers.end()) return static_cast<int32_t>(it - named_buffers.begin());
-    named_buffers.push_back(h.buffer);
-    request.add_buffer_names(buffer_names.at(h.buffer));
-    return static_cast<int32_t>(named_buffers.size()) - 1;
-  };
-  size_t total = 0;
-  for (const planner::Stage& stage : schedule.stages) {
-    total += stage.local_segments.size();
-    for (const auto* streams : {&stage.sends, &stage.receives}) {
-      for (const planner::PeerStream& stream : *streams) total += stream.segments.size();
+// One request being encoded: its tensors and buffers, each named once.
+class RequestEncoder {
+ public:
+  RequestEncoder(const planner::Plan& plan, const planner::Schedule& schedule,
+                 const std::vector<std::string>& buffer_names, v1::PrepareRequest* request)
+      : plan_(plan), rank_(schedule.rank), buffer_names_(buffer_names), request_(request) {
+    size_t segments = 0;
+    for (const planner::Stage& stage : schedule.stages) {
+      segments += stage.local_segments.size();
+      for (const auto* streams : {&stage.sends, &stage.receives}) {
+        for (const planner::PeerStream& stream : *streams) segments += stream.segments.size();
+      }
     }
+    request_->mutable_segment_table()->reserve(segments * kSegmentRecordBytes);
   }
-  std::string& table = *request.mutable_segment_table();
-  table.reserve(total * kSegmentRecordBytes);
-  int32_t records = 0;
-  const auto add = [&](int32_t index) {
-    const planner::Segment& s = plan.segments[index];
+  v1::PrepareRequest& request() { return *request_; }
+
+  // Appends the record of `s`; returns its index in the table.
+  int32_t Add(const planner::Segment& s) {
     SegmentRecord r;
-    r.tensor = tensor_of(s.tensor);
+    r.tensor = Tensor(s.tensor);
     r.src_rank = s.src.rank;
-    r.src_buffer = buffer_of(s.src);
+    r.src_buffer = Buffer(s.src);
     r.dst_rank = s.dst.rank;
-    r.dst_buffer = buffer_of(s.dst);
+    r.dst_buffer = Buffer(s.dst);
     r.src_base = s.src_base;
     r.dst_base = s.dst_base;
     r.src_dtype = static_cast<uint8_t>(spec::FromDType(s.src_dtype));
@@ -100,40 +83,49 @@ void EncodeInto(const planner::Plan& plan, const planner::Schedule& schedule,
       r.src_strides[k] = s.src_strides[k];
       r.dst_strides[k] = s.dst_strides[k];
     }
-    AppendSegmentRecord(r, table);
-    return records++;
-  };
-  const auto add_stream = [&](const planner::PeerStream& stream, v1::PeerStreamSpec* out) {
-    out->set_peer(stream.peer);
-    out->set_bytes(stream.bytes);
-    out->mutable_segments()->Reserve(static_cast<int>(stream.segments.size()));
-    for (int32_t index : stream.segments) out->add_segments(add(index));
-    for (const planner::Chunk& c : stream.chunks) {
-      v1::ChunkSpec* chunk = out->add_chunks();
-      chunk->set_first(c.first);
-      chunk->set_last(c.last);
-      chunk->set_first_begin(c.first_begin);
-      chunk->set_last_end(c.last_end);
-      chunk->set_bytes(c.bytes);
-    }
-  };
-  for (const planner::Stage& stage : schedule.stages) {
-    v1::StageSpec* out = request.add_stages();
-    for (int32_t index : stage.local_segments) out->add_local_segments(add(index));
-    for (const planner::PeerStream& stream : stage.sends) add_stream(stream, out->add_sends());
-    for (const planner::PeerStream& stream : stage.receives) add_stream(stream, out->add_receives());
-    out->set_rounds(stage.rounds);
-    out->set_first_round(stage.first_round);
+    AppendSegmentRecord(r, *request_->mutable_segment_table());
+    return records_++;
   }
-  for (int32_t index : schedule.fills) {
-    const planner::FillOp& f = plan.fills[index];
-    v1::FillSpec* fill = request.add_fills();
-    fill->set_tensor(tensor_of(f.tensor));
-    fill->set_buffer(buffer_names.at(f.fill.holder.buffer));
-    fill->set_base(f.fill.base);
-    for (int64_t v : f.fill.shape) fill->add_shape(v);
-    for (int64_t v : f.fill.strides) fill->add_strides(v);
-    fill->set_dtype(spec::FromDType(f.dtype));
+  int32_t Tensor(int32_t t) {
+    if (t == last_tensor_) return last_request_tensor_;  // a plan comes tensor by tensor
+    auto [it, added] = tensors_.emplace(t, static_cast<int32_t>(tensors_.size()));
+    if (added) request_->add_tensor_names(plan_.tensor_names[t]);
+    last_tensor_ = t;
+    return last_request_tensor_ = it->second;
+  }
+  // A buffer of this rank, named once; -1 on the other rank's side (its agent names it).
+  int32_t Buffer(planner::Holder h) {
+    if (h.rank != rank_) return -1;
+    auto it = std::find(named_buffers_.begin(), named_buffers_.end(), h.buffer);  // a rank has a few
+    if (it != named_buffers_.end()) return static_cast<int32_t>(it - named_buffers_.begin());
+    named_buffers_.push_back(h.buffer);
+    request_->add_buffer_names(buffer_names_.at(h.buffer));
+    return static_cast<int32_t>(named_buffers_.size()) - 1;
+  }
+
+ private:
+  const planner::Plan& plan_;
+  int32_t rank_;
+  const std::vector<std::string>& buffer_names_;
+  v1::PrepareRequest* request_;
+  int32_t records_ = 0;
+  std::map<int32_t, int32_t> tensors_;  // plan tensor -> request tensor
+  int32_t last_tensor_ = -1, last_request_tensor_ = -1;
+  std::vector<int32_t> named_buffers_;  // plan buffer ids, by buffer_names index
+};
+
+void EncodeStream(const planner::PeerStream& stream, const std::vector<int32_t>& record_of, v1::PeerStreamSpec* out) {
+  out->set_peer(stream.peer);
+  out->set_bytes(stream.bytes);
+  out->mutable_segments()->Reserve(static_cast<int>(stream.segments.size()));
+  for (int32_t index : stream.segments) out->add_segments(record_of[index]);
+  for (const planner::Chunk& c : stream.chunks) {
+    v1::ChunkSpec* chunk = out->add_chunks();
+    chunk->set_first(c.first);
+    chunk->set_last(c.last);
+    chunk->set_first_begin(c.first_begin);
+    chunk->set_last_end(c.last_end);
+    chunk->set_bytes(c.bytes);
   }
 }
 
@@ -165,18 +157,59 @@ SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index) {
   return r;
 }
 
-v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
-                                  const std::vector<std::string>& buffer_names) {
-  v1::PrepareRequest request;
-  EncodeInto(plan, schedule, buffer_names, request);
-  return request;
+std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
+                                                 absl::Span<const planner::Schedule> schedules,
+                                                 const std::vector<std::string>& buffer_names,
+                                                 google::protobuf::Arena& arena) {
+  std::vector<int32_t> encoder_of(plan.num_ranks, -1);  // by rank
+  std::vector<RequestEncoder> encoders;
+  encoders.reserve(schedules.size());
+  for (const planner::Schedule& schedule : schedules) {
+    encoder_of.at(schedule.rank) = static_cast<int32_t>(encoders.size());
+    encoders.emplace_back(plan, schedule, buffer_names, google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena));
+  }
+  // Records in plan order: one pass over the plan, read where it lies (a rank's segments
+  // are spread over all of it: fetching them rank by rank missed the cache on each).
+  // A segment's record index on its sender's side and on its receiver's.
+  std::vector<int32_t> sender_record(plan.segments.size(), -1), receiver_record(plan.segments.size(), -1);
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    const planner::Segment& s = plan.segments[i];
+    if (const int32_t e = encoder_of[s.src.rank]; e >= 0) sender_record[i] = encoders[e].Add(s);
+    if (s.dst.rank == s.src.rank) continue;  // a local copy: one record
+    if (const int32_t e = encoder_of[s.dst.rank]; e >= 0) receiver_record[i] = encoders[e].Add(s);
+  }
+  std::vector<v1::PrepareRequest*> requests;
+  for (size_t k = 0; k < schedules.size(); ++k) {
+    const planner::Schedule& schedule = schedules[k];
+    RequestEncoder& encoder = encoders[k];
+    v1::PrepareRequest& request = encoder.request();
+    for (const planner::Stage& stage : schedule.stages) {
+      v1::StageSpec* out = request.add_stages();
+      for (int32_t index : stage.local_segments) out->add_local_segments(sender_record[index]);
+      for (const planner::PeerStream& stream : stage.sends) EncodeStream(stream, sender_record, out->add_sends());
+      for (const planner::PeerStream& stream : stage.receives) EncodeStream(stream, receiver_record, out->add_receives());
+      out->set_rounds(stage.rounds);
+      out->set_first_round(stage.first_round);
+    }
+    for (int32_t index : schedule.fills) {
+      const planner::FillOp& f = plan.fills[index];
+      v1::FillSpec* fill = request.add_fills();
+      fill->set_tensor(encoder.Tensor(f.tensor));
+      fill->set_buffer(buffer_names.at(f.fill.holder.buffer));
+      fill->set_base(f.fill.base);
+      for (int64_t v : f.fill.shape) fill->add_shape(v);
+      for (int64_t v : f.fill.strides) fill->add_strides(v);
+      fill->set_dtype(spec::FromDType(f.dtype));
+    }
+    requests.push_back(&request);
+  }
+  return requests;
 }
 
-v1::PrepareRequest* EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
-                                   const std::vector<std::string>& buffer_names, google::protobuf::Arena& arena) {
-  auto* request = google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena);
-  EncodeInto(plan, schedule, buffer_names, *request);
-  return request;
+v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
+                                  const std::vector<std::string>& buffer_names) {
+  google::protobuf::Arena arena;
+  return *EncodeSchedules(plan, absl::MakeConstSpan(&schedule, 1), buffer_names, arena).front();
 }
 
 absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, int32_t rank) {

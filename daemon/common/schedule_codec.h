@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "google/protobuf/arena.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
@@ -41,13 +42,16 @@ void AppendSegmentRecord(const SegmentRecord& record, std::string& table);
 // Record `index` of `table`; the caller checks that the table holds it.
 SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index);
 
-// `buffer_names[id]` names planner buffer id `id`.
+// Every schedule's PrepareRequest, made on `arena`, which owns them, in the order of
+// `schedules`: one pass over the plan writes each segment into the tables of its two
+// ranks. `buffer_names[id]` names planner buffer id `id`.
+std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
+                                                 absl::Span<const planner::Schedule> schedules,
+                                                 const std::vector<std::string>& buffer_names,
+                                                 google::protobuf::Arena& arena);
+// One rank's, as a message of its own (tests, seeds; it passes over the whole plan).
 v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
                                   const std::vector<std::string>& buffer_names);
-// The same, made on `arena`, which owns it: a plan of millions of segments encodes
-// without a heap allocation per field.
-v1::PrepareRequest* EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
-                                   const std::vector<std::string>& buffer_names, google::protobuf::Arena& arena);
 
 struct LocalSchedule {
   planner::Plan plan;
