@@ -227,8 +227,11 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     return Malformed(absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes,
                                   ")"));
   }
+  // The local id of a side's buffer: -1 on the other rank's side (never touched here);
+  // false when this rank's side names no buffer of the request.
   const auto named = [&](int32_t rank_of_side, int32_t index, int32_t* id) {
-    if (rank_of_side != rank) return *id = -1, true;
+    *id = -1;
+    if (rank_of_side != rank) return true;
     if (index < 0 || index >= request.buffer_names_size()) return false;
     *id = id_of(request.buffer_names(index));
     return true;

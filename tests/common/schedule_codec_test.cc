@@ -1,5 +1,5 @@
 // The agent's decoding of a schedule: what the planner made comes back the same, and a
-// value the executor cannot hold is refused, never truncated.
+// segment record the executor cannot use is refused with what is wrong in it.
 #include <catch2/catch.hpp>
 
 #include <functional>
