@@ -17,6 +17,10 @@
 
 namespace shardsync::planner {
 
+// A segment's extents and strides, in elements (see Segment).
+using SegmentAxis = int32_t;
+inline constexpr int64_t kMaxSegmentAxis = std::numeric_limits<SegmentAxis>::max();
+
 // One strided copy: element i of `shape` moves from src_base + sum i_k*src_strides[k]
 // of `src` to dst_base + sum i_k*dst_strides[k] of `dst` (offsets in elements of each
 // side's dtype). Axes contiguous on both sides are merged, extent-1 axes dropped, so
@@ -28,9 +32,6 @@ namespace shardsync::planner {
 // Stage 0 reads sources. Stage 1 is the relay: it reads a target placement that stage
 // 0 wrote (`src` is a target buffer, src_dtype the target dtype) and writes another
 // target of the same node, so each element crosses the network once per node.
-using SegmentAxis = int32_t;
-inline constexpr int64_t kMaxSegmentAxis = std::numeric_limits<SegmentAxis>::max();
-
 struct Segment {
   Holder src;
   Holder dst;

@@ -246,10 +246,11 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     if (!named(in.src_rank, in.src_buffer, &s.src.buffer) || !named(in.dst_rank, in.dst_buffer, &s.dst.buffer)) {
       return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
     }
-    auto src_dtype = v1::DType_IsValid(in.src_dtype) ? spec::ToDType(static_cast<v1::DType>(in.src_dtype))
-                                                      : absl::InvalidArgumentError("dtype");
-    auto dst_dtype = v1::DType_IsValid(in.dst_dtype) ? spec::ToDType(static_cast<v1::DType>(in.dst_dtype))
-                                                      : absl::InvalidArgumentError("dtype");
+    const auto dtype_of = [](uint8_t value) -> absl::StatusOr<planner::DType> {
+      if (!v1::DType_IsValid(value)) return absl::InvalidArgumentError("dtype");
+      return spec::ToDType(static_cast<v1::DType>(value));
+    };
+    const absl::StatusOr<planner::DType> src_dtype = dtype_of(in.src_dtype), dst_dtype = dtype_of(in.dst_dtype);
     if (!src_dtype.ok() || !dst_dtype.ok() || !planner::CanConvert(*src_dtype, *dst_dtype)) {
       return Malformed(absl::StrCat("tensor '", tensor, "': dtypes"));
     }

@@ -182,9 +182,8 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
   cache.target_ranks = target_ranks.empty() ? TargetRanks(published) : target_ranks;
   cache.partial = !target_ranks.empty();
   cache.digest = planner::PlanDigest(*plan, config_.staging_bytes);
-  for (v1::PrepareRequest* request : daemon::EncodeSchedules(*plan, *schedules, ids.names(), *cache.arena)) {
-    cache.requests.push_back(request);
-  }
+  const std::vector<v1::PrepareRequest*> requests = daemon::EncodeSchedules(*plan, *schedules, ids.names(), *cache.arena);
+  cache.requests.assign(requests.begin(), requests.end());
   cache.plan = *std::move(plan);
   cache.schedules = *std::move(schedules);
   cache.floors = floors;

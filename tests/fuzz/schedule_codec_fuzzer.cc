@@ -37,6 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (s.tensor < 0 || s.tensor >= static_cast<int32_t>(plan.tensor_names.size())) Finding("a bad tensor index");
     for (int k = 0; k < s.axes; ++k) {
       if (s.shape[k] <= 0) Finding("an empty axis");
+      if (s.src_strides[k] < 0 || s.dst_strides[k] < 0) Finding("a negative stride");
     }
     if (s.src.rank != rank && s.dst.rank != rank) Finding("a segment of other ranks");
   }
