@@ -102,7 +102,11 @@ class HostDevice final : public Device {
   absl::StatusOr<double> TakeLocalSeconds() override { return std::exchange(local_seconds_, 0); }
 
  private:
-  std::map<std::tuple<int32_t, bool, int>, std::vector<uint8_t>> staging_;
+  struct StagingBuffer {
+    std::unique_ptr<uint8_t[]> data;  // uninitialized: a page costs only once written
+    int64_t bytes = 0;
+  };
+  std::map<std::tuple<int32_t, bool, int>, StagingBuffer> staging_;
   double local_seconds_ = 0;
   std::vector<uint64_t> hash_sums_;  // queued, not collected yet
 };

@@ -8,9 +8,9 @@
 namespace shardsync::executor {
 
 absl::StatusOr<uint8_t*> HostDevice::Staging(int32_t peer, bool send, int slot, int64_t bytes) {
-  std::vector<uint8_t>& staging = staging_[{peer, send, slot}];
-  if (static_cast<int64_t>(staging.size()) != bytes) staging.assign(bytes, 0);
-  return staging.data();
+  StagingBuffer& staging = staging_[{peer, send, slot}];
+  if (staging.bytes != bytes) staging = {std::unique_ptr<uint8_t[]>(new uint8_t[bytes]), bytes};
+  return staging.data.get();
 }
 
 absl::Status HostDevice::ReleaseStaging(int32_t peer, bool send) {
