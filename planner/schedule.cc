@@ -128,6 +128,9 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
     schedules[plan.fills[i].fill.holder.rank].fills.push_back(static_cast<int32_t>(i));
   }
   const int64_t budget = MaxChunkBytes(staging_bytes);
+  // Chunks are at least bytes / budget: more bytes than this make too many.
+  const __int128 most_bytes = static_cast<__int128>(kMaxChunksPerPlan) * std::max<int64_t>(budget, 1);
+  __int128 link_bytes = 0;
   int32_t first_round = 0;
   for (int32_t k = 0; k < plan.stages; ++k) {
     // One pass in plan order, the order both ends derive their streams from; each
@@ -152,6 +155,12 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
                                                        kStagingBuffersPerPeer, " slots of ", budget,
                                                        ") cannot hold one ", DTypeName(s.dst_dtype),
                                                        " element of tensor '", plan.tensor_names[s.tensor], "' per slot"));
+      }
+      link_bytes += SegmentElements(s) * element;
+      if (link_bytes > most_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat("a staging budget of ", staging_bytes,
+                                                         " bytes per peer cuts this plan into more than ",
+                                                         kMaxChunksPerPlan, " chunks; raise the staging budget"));
       }
       const uint64_t pair = (static_cast<uint64_t>(s.src.rank) << 32) | static_cast<uint32_t>(s.dst.rank);
       if (pair != last_pair) {

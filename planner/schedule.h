@@ -46,6 +46,12 @@ std::vector<ChunkPart> ChunkParts(const Plan& plan, const PeerStream& stream, co
 inline constexpr int kStagingSlots = 2;
 inline constexpr int kStagingBuffersPerPeer = 2 * kStagingSlots;  // send and receive
 inline int64_t MaxChunkBytes(int64_t staging_bytes) { return staging_bytes / kStagingBuffersPerPeer; }
+// The smallest staging budget the daemons accept (per peer): 1 KiB chunks. Smaller
+// budgets spend more on rounds than on bytes.
+inline constexpr int64_t kMinStagingBytes = 4096;
+// The most chunks one plan is cut into: a budget too small for the model is refused
+// instead of planning for minutes.
+inline constexpr int64_t kMaxChunksPerPlan = int64_t{1} << 24;
 
 // One stage of a rank's part (Segment::stage). A rank runs its stages in order: the
 // relay stage reads targets the stage before it wrote, so it starts once that one is
@@ -69,7 +75,8 @@ struct Schedule {
 };
 
 // Schedules of every rank in one pass over the plan. `staging_bytes` is the budget per
-// peer (both directions); each of its slots must hold one element of every dtype moved.
+// peer (both directions); each of its slots must hold one element of every dtype moved,
+// and the plan must fit kMaxChunksPerPlan chunks (else RESOURCE_EXHAUSTED).
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
 
 // What an executor checks of a schedule it was sent: every chunk's bytes are its parts'

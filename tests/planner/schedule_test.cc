@@ -63,6 +63,17 @@ TEST_CASE("a budget smaller than one element is refused, naming the tensor") {
   CHECK(MakeSchedules(*plan, 16).ok());
 }
 
+TEST_CASE("a budget that would cut a plan into too many chunks is refused before cutting, naming the budget") {
+  // 2^17 x 2^17 float32 -> bfloat16: 32 GiB on the link, 32 M chunks of 1 KiB.
+  auto plan = MakePlan(OneTransfer(int64_t{1} << 17, int64_t{1} << 17), *LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  const absl::StatusOr<std::vector<Schedule>> refused = MakeSchedules(*plan, kMinStagingBytes);
+  REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(refused.status().message()),
+             Contains("staging budget of 4096 bytes") && Contains("16777216 chunks"));
+  CHECK(MakeSchedules(*plan, int64_t{1} << 30).ok());  // 128 chunks of 256 MiB
+}
+
 TEST_CASE("an executor refuses chunks that do not add up or do not fit a slot") {
   Plan plan;
   const std::vector<Schedule> schedules = Schedules(OneTransfer(3, 5), 32, &plan);
