@@ -364,8 +364,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
       };
       if (pieces == nullptr) {
         absl::Status status = absl::FailedPreconditionError(
-            absl::StrCat("tensor '", t.name, "': target on rank ", target.holder.rank, " buffer ",
-                         target.holder.buffer, " has no source for box ", BoxToString(uncovered)));
+            absl::StrCat("tensor '", t.name, "': the target in ", BufferLabel(input, target.holder),
+                         " has no source for box ", BoxToString(uncovered)));
         status.SetPayload(kUncoveredTensorPayload, absl::Cord(t.name));
         return status;
       }

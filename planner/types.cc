@@ -57,4 +57,11 @@ int64_t ElementsPerIndex(const Index& shape, int axis) {
   return n;
 }
 
+std::string BufferLabel(const PlanInput& input, Holder holder) {
+  for (const Buffer& b : input.buffers) {
+    if (b.holder == holder && !b.name.empty()) return absl::StrCat("buffer '", b.name, "' on rank ", holder.rank);
+  }
+  return absl::StrCat("buffer ", holder.buffer, " on rank ", holder.rank);
+}
+
 }  // namespace shardsync::planner

@@ -50,6 +50,7 @@ struct Holder {
 struct Buffer {
   Holder holder;
   int64_t bytes = 0;
+  std::string name;  // as registered, for messages; empty: named by its id
 };
 
 // Where a box of a tensor lives: element i of the box is at
@@ -92,6 +93,9 @@ struct PlanInput {
   // bytes between nodes cross the network. Empty: every rank on one node.
   std::vector<int32_t> node_of_rank;
 };
+
+// "buffer 'NAME' on rank R" (or "buffer ID on rank R" when it has no name), for messages.
+std::string BufferLabel(const PlanInput& input, Holder holder);
 
 // Row-major contiguous strides of `shape`.
 Index ContiguousStrides(const Index& shape);

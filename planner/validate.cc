@@ -1,6 +1,7 @@
 #include "planner/validate.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -82,10 +83,29 @@ class SpanSink {
   std::vector<ByteSpan> kept_;
 };
 
+// Whether distinct elements of a region land in distinct slots: with the axes of extent
+// above 1 in ascending stride, each stride passes the farthest slot the axes before it
+// reach. Sufficient, and what dense and sliced layouts satisfy; an interleaving that
+// happens to be one-to-one is refused too.
+bool Injective(const Index& extent, const Index& strides) {
+  absl::InlinedVector<std::pair<int64_t, int64_t>, kMaxAxes> axes;  // (stride, extent)
+  for (size_t k = 0; k < extent.size(); ++k) {
+    if (extent[k] > 1) axes.push_back({strides[k], extent[k]});
+  }
+  std::sort(axes.begin(), axes.end());
+  Wide reach = 0;  // the farthest slot the axes so far reach
+  for (const auto& [stride, size] : axes) {
+    if (stride <= reach) return false;
+    reach += static_cast<Wide>(size - 1) * stride;
+  }
+  return true;
+}
+
 // Bytes [first, end) that a strided region occupies, or an error if it leaves `buffer`.
-absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, int64_t base, const Index& extent,
-                       const Index& strides, DType dtype, const BufferTable& buffers, SpanSink& spans) {
-  const auto where = [&] { return absl::StrCat(side, " on rank ", holder.rank, " buffer ", holder.buffer); };
+absl::Status CheckFits(const PlanInput& input, const TensorLayouts& t, const char* side, Holder holder, int64_t base,
+                       const Index& extent, const Index& strides, DType dtype, const BufferTable& buffers,
+                       SpanSink& spans) {
+  const auto where = [&] { return absl::StrCat(side, " in ", BufferLabel(input, holder)); };
   auto it = buffers.index.find(BufferTable::Key(holder));
   if (it == buffers.index.end()) return Invalid(t, absl::StrCat(where(), " names an unregistered buffer"));
   if (base < 0) return Invalid(t, absl::StrCat(where(), " has negative base ", base));
@@ -104,6 +124,11 @@ absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, 
     if (extent[k] > 0) last += static_cast<Wide>(extent[k] - 1) * strides[k];
   }
   if (volume == 0) return absl::OkStatus();
+  // A target written once per element: no two elements may share a slot.
+  if (std::strcmp(side, "source") != 0 && !Injective(extent, strides)) {
+    return Invalid(t, absl::StrCat(where(), " maps two elements to one place (strides ", IndexToString(strides),
+                                   " over extent ", IndexToString(extent), ")"));
+  }
   const Wide element = ElementBytes(dtype);
   const Wide end = (last + 1) * element;
   const int64_t size = buffers.bytes[it->second];
@@ -115,8 +140,8 @@ absl::Status CheckFits(const TensorLayouts& t, const char* side, Holder holder, 
   return absl::OkStatus();
 }
 
-absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const char* side, DType dtype,
-                             const BufferTable& buffers, SpanSink& spans) {
+absl::Status CheckPlacements(const PlanInput& input, const TensorLayouts& t, const Layout& layout, const char* side,
+                             DType dtype, const BufferTable& buffers, SpanSink& spans) {
   for (const Placement& p : layout.placements) {
     if (p.box.lo.size() != t.shape.size() || p.box.hi.size() != t.shape.size()) {
       return Invalid(t, absl::StrCat(side, " box on rank ", p.holder.rank, " has ", p.box.lo.size(),
@@ -128,13 +153,33 @@ absl::Status CheckPlacements(const TensorLayouts& t, const Layout& layout, const
                                        " lies outside the tensor shape ", IndexToString(t.shape)));
       }
     }
-    auto s = CheckFits(t, side, p.holder, p.base, Extent(p.box), p.strides, dtype, buffers, spans);
+    auto s = CheckFits(input, t, side, p.holder, p.base, Extent(p.box), p.strides, dtype, buffers, spans);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+absl::Status ValidateShape(absl::string_view tensor, const Index& shape) {
+  const auto invalid = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': ", what));
+  };
+  if (shape.size() > static_cast<size_t>(kMaxAxes)) {
+    return invalid(absl::StrCat("has ", shape.size(), " axes; at most ", kMaxAxes, " are supported"));
+  }
+  Wide numel = 1;
+  for (int64_t s : shape) {
+    if (s < 0) return invalid(absl::StrCat("has a negative extent in shape ", IndexToString(shape)));
+    if (s > kMaxSegmentAxis) {
+      return invalid(absl::StrCat("has an axis of ", s, " elements in shape ", IndexToString(shape), "; at most ",
+                                  kMaxSegmentAxis, " are supported"));
+    }
+    numel *= s;
+    if (numel > (Wide{1} << 62)) return invalid(absl::StrCat("shape ", IndexToString(shape), " has more than 2^62 elements"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidatePlanInput(const PlanInput& input) {
   for (size_t r = 0; r < input.node_of_rank.size(); ++r) {
@@ -145,29 +190,28 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   BufferTable buffers;
   for (const Buffer& b : input.buffers) {
     if (b.holder.rank < 0 || b.holder.buffer < 0 || b.bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer ", b.holder.buffer, " on rank ", b.holder.rank,
+      return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder),
                                                      " has a negative rank, id or size (", b.bytes, " bytes)"));
     }
     if (!input.node_of_rank.empty() && b.holder.rank >= static_cast<int32_t>(input.node_of_rank.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer ", b.holder.buffer, " is on rank ", b.holder.rank,
-                                                     ", which has no node (nodes are given for ",
+      return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder),
+                                                     " has no node (nodes are given for ",
                                                      input.node_of_rank.size(), " ranks)"));
     }
     if (!buffers.index.emplace(BufferTable::Key(b.holder), static_cast<int32_t>(buffers.bytes.size())).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("buffer ", b.holder.buffer, " on rank ", b.holder.rank, " is registered twice"));
+      return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder), " is registered twice"));
     }
     buffers.bytes.push_back(b.bytes);
   }
   // Every placement and fill of a tensor inside its buffer, its span given to `spans`.
   const auto check_spans = [&](const TensorLayouts& t, SpanSink& spans) {
-    auto s = CheckPlacements(t, t.source, "source", t.source_dtype, buffers, spans);
-    if (s.ok()) s = CheckPlacements(t, t.target, "target", t.target_dtype, buffers, spans);
+    auto s = CheckPlacements(input, t, t.source, "source", t.source_dtype, buffers, spans);
+    if (s.ok()) s = CheckPlacements(input, t, t.target, "target", t.target_dtype, buffers, spans);
     if (!s.ok()) return s;
     if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
     for (const Fill& f : t.target.fills) {
       if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
-      s = CheckFits(t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, spans);
+      s = CheckFits(input, t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, spans);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -177,19 +221,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   for (const TensorLayouts& t : input.tensors) {
     if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
     if (!names.insert(t.name).second) return Invalid(t, "named twice in one batch");
-    if (t.shape.size() > static_cast<size_t>(kMaxAxes)) {
-      return Invalid(t, absl::StrCat("has ", t.shape.size(), " axes; at most ", kMaxAxes, " are supported"));
-    }
-    Wide numel = 1;
-    for (int64_t s : t.shape) {
-      if (s < 0) return Invalid(t, absl::StrCat("has a negative extent in shape ", IndexToString(t.shape)));
-      if (s > kMaxSegmentAxis) {
-        return Invalid(t, absl::StrCat("has an axis of ", s, " elements in shape ", IndexToString(t.shape),
-                                       "; at most ", kMaxSegmentAxis, " are supported"));
-      }
-      numel *= s;
-      if (numel > (Wide{1} << 62)) return Invalid(t, "has more than 2^62 elements");
-    }
+    if (auto s = ValidateShape(t.name, t.shape); !s.ok()) return s;
     if (!CanConvert(t.source_dtype, t.target_dtype)) {
       return Invalid(t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ",
                                      DTypeName(t.target_dtype), " (only equal dtypes or float32 -> bfloat16)"));

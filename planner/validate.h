@@ -12,4 +12,8 @@ namespace shardsync::planner {
 // a byte of a buffer.
 absl::Status ValidatePlanInput(const PlanInput& input);
 
+// A tensor's shape: at most kMaxAxes axes, none negative or past kMaxSegmentAxis, at
+// most 2^62 elements (checked without overflow). Errors name `tensor`.
+absl::Status ValidateShape(absl::string_view tensor, const Index& shape);
+
 }  // namespace shardsync::planner

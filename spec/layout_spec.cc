@@ -1,5 +1,7 @@
 #include "spec/layout_spec.h"
 
+#include "planner/validate.h"
+
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -9,6 +11,7 @@
 #include "planner/box.h"
 #include "planner/model.h"
 #include "planner/models.h"
+#include "planner/validate.h"
 
 namespace shardsync::spec {
 namespace {
@@ -132,6 +135,8 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
                                             : ToIndex(p.strides());
     side.layout.placements.push_back(std::move(placement));
   }
+  // Before anything counts elements: a shape whose count overflows is named as such.
+  if (auto shape = planner::ValidateShape(side.name, side.shape); !shape.ok()) return shape;
   for (const v1::FlatPlacement& f : layout.flat_placements()) {
     const int64_t numel = planner::NumElements(side.shape);
     if (f.begin() < 0 || f.begin() > f.end() || f.end() > numel) {
@@ -211,7 +216,7 @@ absl::StatusOr<planner::PlanInput> ToPlanInput(const v1::LayoutSpec& spec, Buffe
     input = *std::move(expanded);
   }
   for (const v1::BufferInfo& b : spec.buffers()) {
-    input.buffers.push_back(planner::Buffer{planner::Holder{b.rank(), ids.Id(b.name())}, b.bytes()});
+    input.buffers.push_back(planner::Buffer{planner::Holder{b.rank(), ids.Id(b.name())}, b.bytes(), b.name()});
   }
   std::vector<planner::TensorSide> sources, targets;
   for (const auto* side : {&spec.sources(), &spec.targets()}) {

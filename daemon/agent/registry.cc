@@ -21,7 +21,8 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
   spec::BufferIds ids;
   planner::PlanInput input;
   for (const v1::RegisteredBuffer& b : request.buffers()) {
-    input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes()});
+    input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes(),
+                                                   absl::StrCat(request.client_id(), "/", b.name())});
   }
   for (const v1::TensorLayout& t : request.tensors()) {
     auto side = spec::ToTensorSide(t, ids);

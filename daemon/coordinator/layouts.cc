@@ -46,7 +46,8 @@ absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::
   for (const auto& [rank, publication] : published) {
     for (const v1::PublishedLayout& layout : publication.layouts()) {
       for (const v1::BufferInfo& b : layout.buffers()) {
-        input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes()});
+        input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes(),
+                                                       absl::StrCat(layout.client_id(), "/", b.name())});
       }
       // A target is held where it was published: a partial sync leaves out the others.
       if (layout.role() == v1::TARGET && !writes_targets_of(rank)) continue;

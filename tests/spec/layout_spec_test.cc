@@ -110,6 +110,64 @@ TEST_CASE("a flat placement becomes the boxes of its row-major stretch; one outs
   CHECK_THAT(std::string(outside.status().message()), Contains("tensor 'w'") && Contains("[3, 13)"));
 }
 
+// A 4x4 bf16 source on rank 0 and a target of `target_box_and_strides` on rank 1, each in
+// its own 32-byte buffer.
+std::string OneTargetJson(const std::string& target_placement) {
+  return R"({"buffers": [{"rank": 0, "name": "flat", "bytes": 32}, {"rank": 1, "name": "arena", "bytes": 32}],
+    "sources": [{"name": "w", "shape": [4, 4], "dtype": "BFLOAT16", "placements": [
+                 {"rank": 0, "buffer": "flat", "box": {"lo": [0, 0], "hi": [4, 4]}}]}],
+    "targets": [{"name": "w", "shape": [4, 4], "dtype": "BFLOAT16", "placements": [)" +
+         target_placement + "]}]}";
+}
+
+TEST_CASE("a target placement that maps two elements to one place is refused, naming tensor, buffer and rank") {
+  for (const std::string strides : {"[0, 1]", "[2, 1]", "[1, 1]", "[4, 0]"}) {
+    INFO(strides);
+    auto input = FromJson(OneTargetJson(R"({"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [4, 4]},
+                                            "strides": )" + strides + "}"));
+    REQUIRE(input.ok());
+    const absl::Status status = planner::ValidatePlanInput(*input);
+    CHECK_THAT(std::string(status.message()), Contains("tensor 'w'") && Contains("buffer 'arena' on rank 1") &&
+                                                  Contains("maps two elements to one place"));
+  }
+  for (const std::string strides : {"[4, 1]", "[1, 4]", "[8, 2]"}) {  // row-major, column-major, a strided slice
+    INFO(strides);
+    auto input = FromJson(OneTargetJson(R"({"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [4, 4]},
+                                            "strides": )" + strides + "}"));
+    REQUIRE(input.ok());
+    const absl::Status status = planner::ValidatePlanInput(*input);
+    if (strides == "[8, 2]") {  // one-to-one, but past the 32-byte buffer
+      CHECK_THAT(std::string(status.message()), Contains("needs 62 bytes"));
+    } else {
+      CHECK(status.ok());
+    }
+  }
+}
+
+TEST_CASE("errors name a buffer as registered, not by its index") {
+  auto twice = FromJson(OneTargetJson(R"({"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [4, 4]}})"));
+  REQUIRE(twice.ok());
+  twice->buffers.push_back(twice->buffers[0]);  // "flat" on rank 0 once more
+  CHECK_THAT(std::string(planner::ValidatePlanInput(*twice).message()),
+             Contains("buffer 'flat' on rank 0 is registered twice"));
+  auto uncovered = FromJson(OneTargetJson(R"({"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [4, 4]}})"));
+  REQUIRE(uncovered.ok());
+  uncovered->tensors[0].source.placements[0].box.hi = {2, 4};  // rows 2 and 3 have no source
+  const auto plan = planner::MakePlan(*uncovered, *planner::LocalFirstLeastLoaded());
+  CHECK_THAT(std::string(plan.status().message()),
+             Contains("tensor 'w'") && Contains("buffer 'arena' on rank 1") && Contains("has no source"));
+}
+
+TEST_CASE("a shape whose element count overflows is refused as such, before any count") {
+  for (const char* shape : {"[1099511627776, 1099511627776]", "[2147483647, 2147483647, 2147483647]"}) {
+    INFO(shape);
+    const std::string error = ErrorOf(std::string(R"({"sources": [{"name": "w", "dtype": "BFLOAT16", "shape": )") +
+                                      shape + R"(, "flat_placements": [{"rank": 0, "buffer": "flat", "begin": 0, "end": 4}]}]})");
+    CHECK_THAT(error, Contains("tensor 'w'") && !Contains("lies outside"));
+    CHECK_THAT(error, Contains("at most 2147483647") || Contains("more than 2^62 elements"));
+  }
+}
+
 TEST_CASE("a target whose name or shape does not match a source is refused") {
   const std::string buffers = R"("buffers": [{"rank": 0, "name": "b", "bytes": 64}, {"rank": 1, "name": "b", "bytes": 64}])";
   const std::string source =
