@@ -3,10 +3,9 @@
 import threading
 
 import grpc
-import shardsync_pb2
-import shardsync_pb2_grpc
 
 from shardsync import native as native_library
+from shardsync import shardsync_pb2, shardsync_pb2_grpc
 
 
 class ShardsyncError(RuntimeError):

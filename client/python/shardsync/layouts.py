@@ -5,8 +5,7 @@ boxes are in elements unless a name says bytes."""
 import math
 from multiprocessing import shared_memory
 
-import layout_pb2
-import shardsync_pb2
+from shardsync import layout_pb2, shardsync_pb2
 
 DTYPE_BYTES = {
     "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1,

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-import shardsync_pb2
+from shardsync import shardsync_pb2
 from shardsync.client import ShardsyncError
 from shardsync.layouts import ALIGNMENT
 
