@@ -29,7 +29,7 @@ def start_cluster(agent0_serves=False, tls=None, server_name=None, nodes=(), rel
     """A coordinator and WORLD CPU agents; with agent0_serves, no coordinator process: agent
     0 is the coordinator too, and clients sync over its unix socket (as a trainer beside it)."""
     logs = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
-    return LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, staging_bytes=64,
+    return LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, staging_bytes=4096,
                         serving="agent0-unix" if agent0_serves else "process", tls=tls, server_name=server_name,
                         nodes=nodes, relay=relay)
 
@@ -294,16 +294,24 @@ class PythonClientTest(unittest.TestCase):
             self.register_trainer(rank, values)
         for rank in range(WORLD):
             self.register_rollout(rank)
-        self.registrations[1].close()  # the trainer on rank 1 goes away
+        self.registrations[1].close()  # the trainer on rank 1 goes away; close() waits for the drop
         agent = shardsync.AgentClient(self.cluster.socket(1))
-        deadline = time.time() + 10
-        while time.time() < deadline and any(c.role == shardsync.shardsync_pb2.SOURCE for c in agent.status().clients):
-            time.sleep(0.01)
+        self.assertFalse(any(c.role == shardsync.shardsync_pb2.SOURCE for c in agent.status().clients))
         with self.assertRaises(shardsync.ShardsyncError) as refused:
             shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True).sync(timeout=20)
         self.assertEqual(refused.exception.code.name, "FAILED_PRECONDITION")
         self.assertIn("no byte moved", refused.exception.message)
         self.assertIn("rank 1", refused.exception.message)
+
+    def test_the_same_client_registers_again_right_after_close(self):
+        arena = shardsync.WeightArena([("w", (4, 4), "bfloat16")])
+        self.buffers.append(arena.memory)
+        layout = shardsync.tensor_layout("w", (4, 4), "bfloat16", placements=[arena.placement("w", (0, 0), (4, 4))])
+        agent = shardsync.AgentClient(self.cluster.socket(0))
+        for attempt in range(10):
+            registration = agent.register("rollout-0", "target", arena.buffers(), [layout])
+            registration.close()
+            self.assertNotIn("rollout-0", [c.client_id for c in agent.status().clients], f"attempt {attempt}")
 
     def test_a_registration_outside_its_buffer_is_refused_with_the_tensor_named(self):
         small = shardsync.SharedBuffer(8)

@@ -1,6 +1,7 @@
 """gRPC calls to the agent (unix socket) and the coordinator (TCP)."""
 
 import threading
+import time
 
 import grpc
 
@@ -31,10 +32,13 @@ def _read(path):
 
 class Registration:
     """Buffers and layouts the agent holds while this object is open. `close()` (or the
-    process exiting) ends the call and the agent drops them."""
+    process exiting) ends the call; `close()` returns once the agent has dropped them, so
+    the same client id may register again at once."""
 
-    def __init__(self, call, event):
+    def __init__(self, call, event, agent, client_id):
         self._call = call
+        self._agent = agent
+        self._client_id = client_id
         self.rank = event.rank
         self.layout_epoch = event.layout_epoch
         # Drain the stream so a server-side end is noticed; nothing else arrives.
@@ -48,9 +52,17 @@ class Registration:
         except grpc.RpcError:
             pass
 
-    def close(self):
+    def close(self, timeout=5.0):
+        """Ends the registration and waits until the agent no longer lists this client;
+        raises ShardsyncError if it still does after `timeout` seconds."""
         self._call.cancel()
-        self._reader.join(timeout=5)
+        self._reader.join(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while any(c.client_id == self._client_id for c in self._agent.status(timeout=timeout).clients):
+            if time.monotonic() > deadline:
+                raise ShardsyncError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                     f"the agent still holds client '{self._client_id}' {timeout} s after close()")
+            time.sleep(0.005)  # the agent notices a cancelled call within tens of milliseconds
 
     def __enter__(self):
         return self
@@ -101,7 +113,7 @@ class AgentClient:
             raise ShardsyncError(grpc.StatusCode.DEADLINE_EXCEEDED, "the agent did not answer the registration")
         if "error" in first:
             raise first["error"]
-        return Registration(call, first["event"])
+        return Registration(call, first["event"], self, client_id)
 
     def status(self, timeout=5.0):
         return _call(self._stub.Status, shardsync_pb2.AgentStatusRequest(), timeout)
