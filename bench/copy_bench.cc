@@ -146,13 +146,11 @@ void RunCase(const std::string& name, const planner::PlanInput& input, int ordin
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags(argc, argv, 1);
-  const int ordinal = flags.TakeNumber("device", 0);
-  const int repeats = flags.TakeNumber("repeats", 10);
-  if (!flags.error().empty() || !flags.Leftover().empty()) {
-    std::fprintf(stderr, "usage: copy_bench [--device N] [--repeats N]\n");
-    return 2;
-  }
+  int ordinal = 0, repeats = 10;
+  CLI::App app("Local copies of a rank's segments on one device, against the memory floor.", "copy_bench");
+  flags::AddInt(app, "--device", ordinal, "CUDA device ordinal", 0);
+  flags::AddInt(app, "--repeats", repeats, "timed repeats of each case", 1);
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
   // GB/s count read + write, as the floor's memory speed does.
   RunCase("qwen3-8b zero3x2 -> tp2, rank 0", Qwen("qwen3-8b", 3, {{0, 1}}), ordinal, repeats);
   RunCase("qwen3-8b zero3x2 -> tp1x2, rank 0", Qwen("qwen3-8b", 3, {{0}, {1}}), ordinal, repeats);

@@ -76,13 +76,11 @@ bool RawRounds(ncclComm_t comm, cudaStream_t stream, uint8_t* send, uint8_t* rec
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags(argc, argv, 1);
-  const int ordinal = flags.TakeNumber("device", 0);
-  const int rounds = flags.TakeNumber("rounds", 200);
-  if (!flags.error().empty() || !flags.Leftover().empty() || rounds < 1) {
-    std::fprintf(stderr, "usage: round_bench [--rounds N] [--device N]\n");
-    return 2;
-  }
+  int ordinal = 0, rounds = 200;
+  CLI::App app("Rounds of the NCCL transport on one device (a rank sending to itself).", "round_bench");
+  flags::AddInt(app, "--device", ordinal, "CUDA device ordinal", 0);
+  flags::AddInt(app, "--rounds", rounds, "rounds to time", 1);
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
   auto device = executor::CudaDevice::Open(ordinal);
   if (!device.ok()) return Fail(device.status());
   executor::NcclTransport transport(ordinal, (*device)->network_stream());

@@ -16,15 +16,15 @@
 
 int main(int argc, char** argv) {
   using namespace shardsync;
-  Flags flags(argc, argv, 1);
   localsync::ClusterOptions options;
-  options.agents = flags.TakeNumber("agents", 8);
-  const int syncs = flags.TakeNumber("syncs", 200);
-  options.agent0_serves_coordinator = flags.TakeSwitch("agent0-serves-coordinator");
-  if (!flags.error().empty() || !flags.Leftover().empty() || options.agents < 1 || syncs < 1) {
-    std::fprintf(stderr, "usage: sync_overhead [--agents N] [--syncs N] [--agent0-serves-coordinator]\n");
-    return 2;
-  }
+  options.agents = 8;
+  int syncs = 200;
+  CLI::App app("A sync's round trip with no bytes to move, through real daemons.", "sync_overhead");
+  flags::AddInt(app, "--agents", options.agents, "agents", 1, 256);
+  flags::AddInt(app, "--syncs", syncs, "syncs to time", 1);
+  flags::AddSwitch(app, "--agent0-serves-coordinator", options.agent0_serves_coordinator,
+                   "agent 0 is the coordinator too");
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
   std::vector<std::string> ranks;
   for (int r = 0; r < options.agents; ++r) ranks.push_back(std::to_string(r));
   // One zero-element tensor, replicated on every rank on both sides: every rank

@@ -18,34 +18,17 @@ sigset_t StopSignals() {
   return signals;
 }
 
-// The flags every daemon takes, after its own in --help.
-constexpr char kCommonHelp[] = R"(  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics (default: off;
-                         port 0 lets the OS choose)
-  --metrics-port-file P  write the metrics port here once serving
-  --log-level L          trace, debug, info (default), warn, error
-  --config FILE          settings as "name = value" lines, named like these flags (no
-                         "--"); a flag on the command line wins over the file
-The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port.
-TCP security, one of them required (the unix socket of an agent is never encrypted):
-)";
-
 }  // namespace
 
-int HelpAndConfig(Flags& flags, const char* program, const char* help) {
-  if (flags.TakeSwitch("help")) {
-    std::fputs(help, stdout);
-    std::fputs(kCommonHelp, stdout);
-    std::fputs(kTlsHelp, stdout);
-    return 0;
-  }
-  const std::string config = flags.Take("config", "");
-  if (!config.empty() && !flags.MergeConfigFile(config)) return DaemonUsage(program, help, flags.error());
-  return -1;
-}
-
-int DaemonUsage(const char* program, const char* help, const std::string& error) {
-  std::fprintf(stderr, "%s: %s\n\n%s%s%s", program, error.c_str(), help, kCommonHelp, kTlsHelp);
-  return 2;
+void AddDaemonFlags(CLI::App& app, DaemonFlags& flags) {
+  flags::AddAddress(app, "--metrics-listen", flags.metrics_listen,
+                    "serve Prometheus metrics at http://ADDR/metrics (default: off; port 0 lets the OS choose)");
+  app.add_option("--metrics-port-file", flags.metrics_port_file, "write the metrics port here once serving");
+  flags::AddLogLevel(app, flags.log_level);
+  flags::AddConfigFile(app);
+  AddTlsFlags(app, flags.tls);
+  app.footer("The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port. The unix socket "
+             "of an agent is never encrypted.");
 }
 
 void BlockStopSignals() {

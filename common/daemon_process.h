@@ -1,19 +1,23 @@
-// What both daemons' main files do around serving: stop on SIGINT/SIGTERM, and write
-// the bound port for scripts and tests.
+// What both daemons' main files share: the flags every daemon takes, stopping on
+// SIGINT/SIGTERM, and the bound port written for scripts and tests.
 #pragma once
 
 #include <string>
 
 #include "common/flags.h"
+#include "common/tls.h"
 
 namespace shardsync {
 
-// The start of both daemons' main: --help prints `help` and the flags every daemon
-// takes, and returns 0; --config FILE adds the file's settings (a bad file is a usage
-// error, 2). Returns the exit code to stop with, or -1 to go on.
-int HelpAndConfig(Flags& flags, const char* program, const char* help);
-// Prints "program: error", the help, and returns 2 (a usage error).
-int DaemonUsage(const char* program, const char* help, const std::string& error);
+// The flags every daemon takes beside its own.
+struct DaemonFlags {
+  std::string log_level = "info";
+  std::string metrics_listen;     // HOST:PORT of /metrics; empty: not served
+  std::string metrics_port_file;  // where the bound metrics port is written
+  TlsConfig tls;
+};
+// Adds them, with --config FILE (common/flags.h).
+void AddDaemonFlags(CLI::App& app, DaemonFlags& flags);
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started after it, so that
 // WaitForStopSignal alone receives them. Call first in main.

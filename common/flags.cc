@@ -1,75 +1,94 @@
 #include "common/flags.h"
 
+#include <cmath>
 #include <cstdio>
 
-namespace shardsync {
+namespace shardsync::flags {
+namespace {
 
-Flags::Flags(int argc, char** argv, int first) {
-  for (int i = first; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) {
-      error_ = "unexpected argument '" + arg + "'";
-      return;
-    }
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) {
-      values_[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
-    } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
-      values_[arg.substr(2)] = argv[++i];
-    } else {
-      values_[arg.substr(2)] = "";
-    }
+bool AllDigits(const std::string& text, size_t from) {
+  if (text.size() <= from) return false;
+  for (size_t i = from; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return false;
   }
-}
-
-bool Flags::MergeConfigFile(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "r");
-  if (file == nullptr) {
-    error_ = "cannot read the config file '" + path + "'";
-    return false;
-  }
-  char buffer[4096];
-  int number = 0;
-  while (std::fgets(buffer, sizeof(buffer), file) != nullptr) {
-    ++number;
-    std::string line = buffer;
-    line = line.substr(0, line.find('#'));
-    const auto trim = [](std::string text) {
-      const size_t first = text.find_first_not_of(" \t\r\n");
-      if (first == std::string::npos) return std::string();
-      return text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
-    };
-    line = trim(line);
-    if (line.empty()) continue;
-    const size_t eq = line.find('=');
-    const std::string name = trim(line.substr(0, eq));
-    if (name.empty() || name.rfind("--", 0) == 0 || name.find(' ') != std::string::npos) {
-      error_ = path + ":" + std::to_string(number) + ": expected 'name = value'";
-      std::fclose(file);
-      return false;
-    }
-    if (!values_.count(name)) values_[name] = eq == std::string::npos ? "" : trim(line.substr(eq + 1));
-  }
-  std::fclose(file);
   return true;
 }
 
-std::string Flags::Take(const std::string& name, const std::string& fallback) {
-  return TakeRaw(name).value_or(fallback);
+}  // namespace
+
+const CLI::Validator kDecimal(
+    [](std::string& text) {
+      return AllDigits(text, text.rfind('-', 0) == 0 ? 1 : 0) ? std::string() : "takes a whole decimal number, got '" + text + "'";
+    },
+    "", "decimal");
+
+const CLI::Validator kStrictBool(
+    [](std::string& text) {
+      return text == "true" || text == "false" || text == "1" || text == "0"
+                 ? std::string()
+                 : "takes true, false, 1 or 0, got '" + text + "'";
+    },
+    "", "bool");
+
+const CLI::Validator kAddress(
+    [](std::string& text) {
+      const size_t colon = text.rfind(':');
+      if (colon == std::string::npos || !AllDigits(text, colon + 1) || text.size() - colon > 6 ||
+          std::stoi(text.substr(colon + 1)) > 65535) {
+        return "takes HOST:PORT with a port in 0..65535, got '" + text + "'";
+      }
+      return std::string();
+    },
+    "HOST:PORT", "address");
+
+const CLI::Validator kPositive(
+    [](std::string& text) {
+      double parsed = 0;
+      return CLI::detail::lexical_cast(text, parsed) && std::isfinite(parsed) && parsed > 0
+                 ? std::string()
+                 : "takes a number above 0, got '" + text + "'";
+    },
+    "", "positive");
+
+CLI::Option* AddPositive(CLI::App& app, const std::string& name, double& value, const std::string& help) {
+  return app.add_option(name, value, help)->check(kPositive)->capture_default_str();
 }
 
-bool Flags::TakeSwitch(const std::string& name) { return TakeRaw(name).has_value(); }
-
-std::string Flags::Leftover() const {
-  return values_.empty() ? "" : "unknown flag --" + values_.begin()->first;
+CLI::Option* AddSwitch(CLI::App& app, const std::string& name, bool& value, const std::string& help) {
+  return app.add_flag(name, value, help)->check(kStrictBool);
 }
 
-std::optional<std::string> Flags::TakeRaw(const std::string& name) {
-  auto it = values_.find(name);
-  if (it == values_.end()) return std::nullopt;
-  std::string value = it->second;
-  values_.erase(it);
-  return value;
+CLI::Option* AddAddress(CLI::App& app, const std::string& name, std::string& value, const std::string& help) {
+  return app.add_option(name, value, help)->check(kAddress)->capture_default_str();
 }
 
-}  // namespace shardsync
+CLI::Option* AddLogLevel(CLI::App& app, std::string& level) {
+  return app.add_option("--log-level", level, "log level")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
+}
+
+void AddConfigFile(CLI::App& app) {
+  app.set_config("--config", "", "settings as 'name = value' lines, named like these flags (no '--'); a flag on "
+                                 "the command line wins over the file");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+}
+
+int Parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& error) {
+    return UsageError(app, error.what());
+  }
+  return -1;
+}
+
+int UsageError(const CLI::App& app, const std::string& error) {
+  std::fprintf(stderr, "%s: %s\nRun with --help for the flags.\n", app.get_name().c_str(), error.c_str());
+  return 2;
+}
+
+}  // namespace shardsync::flags

@@ -1,46 +1,57 @@
-// Command-line flags for main.cc files: "--name value", "--name=value" and bare
-// "--switch", and a config file of the same names. Each main takes the flags it knows
-// into its typed config; anything left over is an error.
+// Flags of every main, on CLI11: "--name value" or "--name=value", and for the daemons
+// --config FILE, one "name = value" per line named like the flags ("#" starts a
+// comment; a bare "name" sets a switch); a flag on the command line wins over the file.
+// Strict: a number is whole and decimal, inside the flag's range; a switch takes true,
+// false, 1 or 0 (bare: true); an unknown name, on the command line or in the file, is
+// an error. Flags are parsed in main.cc files only, into their typed configs.
 #pragma once
 
-#include <cstdlib>
-#include <map>
-#include <optional>
+#include <cstdint>
+#include <limits>
 #include <string>
 
-namespace shardsync {
+#include "CLI/CLI.hpp"
 
-class Flags {
- public:
-  // Parses argv[first..argc).
-  Flags(int argc, char** argv, int first);
+namespace shardsync::flags {
 
-  const std::string& error() const { return error_; }
-  // Adds the settings of a config file: one "name = value" per line (a bare "name" is a
-  // switch), names as the flags have them without "--", "#" starts a comment. A flag
-  // given on the command line wins over the file.
-  bool MergeConfigFile(const std::string& path);
-  std::string Take(const std::string& name, const std::string& fallback);
-  bool TakeSwitch(const std::string& name);
-  template <typename T>
-  T TakeNumber(const std::string& name, T fallback) {
-    const std::optional<std::string> raw = TakeRaw(name);
-    if (!raw) return fallback;
-    char* end = nullptr;
-    const double value = std::strtod(raw->c_str(), &end);
-    if (raw->empty() || *end != '\0') {
-      error_ = "--" + name + " needs a number, got '" + *raw + "'";
-      return fallback;
-    }
-    return static_cast<T>(value);
-  }
-  // The first flag nobody took, as an error message; empty when all were taken.
-  std::string Leftover() const;
+// A whole decimal number (no sign unless negative values are allowed, no hex, no
+// fraction).
+extern const CLI::Validator kDecimal;
+// true, false, 1 or 0.
+extern const CLI::Validator kStrictBool;
+// A finite real number above 0.
+extern const CLI::Validator kPositive;
+// HOST:PORT with a port in 0..65535 (0: the system chooses); HOST may be empty.
+extern const CLI::Validator kAddress;
 
- private:
-  std::optional<std::string> TakeRaw(const std::string& name);
-  std::map<std::string, std::string> values_;
-  std::string error_;
-};
+// An integer flag inside [min, max].
+template <typename T>
+CLI::Option* AddInt(CLI::App& app, const std::string& name, T& value, const std::string& help, T min,
+                    T max = std::numeric_limits<T>::max()) {
+  return app.add_option(name, value, help)->check(kDecimal)->check(CLI::Range(min, max))->capture_default_str();
+}
 
-}  // namespace shardsync
+// A finite real number above 0.
+CLI::Option* AddPositive(CLI::App& app, const std::string& name, double& value, const std::string& help);
+
+// A switch: bare is true, or =true|false|1|0.
+CLI::Option* AddSwitch(CLI::App& app, const std::string& name, bool& value, const std::string& help);
+
+// A HOST:PORT flag (kAddress).
+CLI::Option* AddAddress(CLI::App& app, const std::string& name, std::string& value, const std::string& help);
+
+// --log-level: trace, debug, info, warn or error.
+CLI::Option* AddLogLevel(CLI::App& app, std::string& level);
+
+// --config FILE, as above.
+void AddConfigFile(CLI::App& app);
+
+// Parses argv. --help prints the help to stdout and returns 0; a usage error prints
+// "program: error" and a hint to stderr and returns 2; otherwise returns -1 (go on).
+int Parse(CLI::App& app, int argc, char** argv);
+
+// A usage error found after parsing (flags that exclude each other, say): printed as
+// Parse prints its own; returns 2.
+int UsageError(const CLI::App& app, const std::string& error);
+
+}  // namespace shardsync::flags

@@ -25,22 +25,20 @@ absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& 
 
 }  // namespace
 
-const char kTlsHelp[] = R"(  --tls-ca FILE          PEM CA: every peer must present a certificate it signed
-  --tls-cert FILE        PEM certificate of this process (names its host or IP)
-  --tls-key FILE         PEM private key of that certificate
-  --tls-server-name N    the name (SAN) every daemon's certificate carries, checked
-                         instead of the dialed host (default: the dialed host or IP)
-  --insecure             plaintext TCP, no authentication (only when asked; logged)
-)";
-
-TlsConfig TakeTlsFlags(Flags& flags) {
-  TlsConfig config;
-  config.ca_file = flags.Take("tls-ca", "");
-  config.cert_file = flags.Take("tls-cert", "");
-  config.key_file = flags.Take("tls-key", "");
-  config.server_name = flags.Take("tls-server-name", "");
-  config.insecure = flags.TakeSwitch("insecure");
-  return config;
+void AddTlsFlags(CLI::App& app, TlsConfig& config) {
+  constexpr char kGroup[] = "TCP security (mutual TLS, or --insecure: one of them is required)";
+  app.add_option("--tls-ca", config.ca_file, "PEM CA: every peer must present a certificate it signed")
+      ->group(kGroup);
+  app.add_option("--tls-cert", config.cert_file, "PEM certificate of this process (names its host or IP)")
+      ->group(kGroup);
+  app.add_option("--tls-key", config.key_file, "PEM private key of that certificate")
+      ->group(kGroup);
+  app.add_option("--tls-server-name", config.server_name,
+                 "the name (SAN) every daemon's certificate carries, checked instead of the dialed host "
+                 "(default: the dialed host or IP)")
+      ->group(kGroup);
+  flags::AddSwitch(app, "--insecure", config.insecure, "plaintext TCP, no authentication (only when asked; logged)")
+      ->group(kGroup);
 }
 
 absl::StatusOr<Credentials> LoadCredentials(const TlsConfig& config) {

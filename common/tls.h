@@ -24,11 +24,9 @@ struct TlsConfig {
   bool insecure = false;  // plaintext, asked for explicitly
 };
 
-// Takes --tls-ca, --tls-cert, --tls-key, --tls-server-name and --insecure.
-TlsConfig TakeTlsFlags(Flags& flags);
-
-// The help lines of those flags, for --help.
-extern const char kTlsHelp[];
+// Adds --tls-ca, --tls-cert, --tls-key, --tls-server-name and --insecure, parsed into
+// `config`.
+void AddTlsFlags(CLI::App& app, TlsConfig& config);
 
 struct Credentials {
   std::shared_ptr<grpc::ServerCredentials> server;   // requires and verifies client certificates

@@ -1,219 +1,155 @@
 // shardsyncctl: the operator's command line. Flags are parsed here only, into one
 // typed config per command.
-//   shardsyncctl sync | status | explain [--coordinator ADDR] [--json]
-//   shardsyncctl plan [--spec FILE | --model NAME ...] [--json]
-#include <cstdlib>
+//   shardsyncctl sync | status | agents | explain [--coordinator ADDR] [--json]
+//   shardsyncctl plan (--spec FILE | --model NAME ...) [--json]
 #include <iostream>
+#include <map>
 #include <string>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "client/cli/plan_command.h"
 #include "client/cli/rpc_commands.h"
 #include "common/flags.h"
 #include "common/tls.h"
 #include "common/version.h"
-#include "planner/models.h"
+#include "daemon/coordinator/coordinator_flags.h"
+#include "planner/schedule.h"
 
 namespace {
 
-constexpr char kUsage[] = R"(usage: shardsyncctl COMMAND [FLAGS]
+namespace flags = shardsync::flags;
 
-Commands:
-  sync      Run one sync through the coordinator; print bytes, rounds and time per rank.
-  status    Agents, layout epoch and the last sync, as the coordinator sees them.
-  agents    The agents: rank, address, host, device, state, last seen, clients.
-  explain   The current plan's bytes per rank (and link), imbalance and floor; moves nothing.
-  plan      Plan a layout spec offline (no daemons); print bytes per rank and the floor.
-  version   This build's version (--json: as JSON).
+constexpr char kExitCodes[] =
+    "Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing agent; no byte moved), "
+    "4 failed (a peer died or timed out, or --verify found a difference; targets are invalid).";
 
-Exit codes: 0 ok, 2 usage error, 3 refused (bad layout or input).
-Run `shardsyncctl COMMAND --help` for a command's flags.
-)";
-
-constexpr char kPlanHelp[] = R"(usage: shardsyncctl plan (--spec FILE | --model NAME [model flags]) [FLAGS]
-
-Plans every tensor of a layout once, as the coordinator would, and prints per rank the
-bytes sent, received, copied locally and zero-filled, the segments, chunks and rounds,
-the plan digest and the cost floor. Nothing is moved.
-
-Layout (one of):
-  --spec FILE           a layout spec: JSON of shardsync.v1.LayoutSpec (docs/layout-spec.md)
-  --model NAME          a preset model: qwen3-0.6b, qwen3-1.7b, qwen3-8b
-Model flags (with --model):
-  --zero N              trainer ZeRO stage: 1, 2 or 3 (default 3)
-  --dp N                trainer DP ranks 0..N-1 (default 8)
-  --tp N                rollout TP size of each replica (default 4)
-  --replicas N          rollout replicas on ranks R..R+tp*replicas-1 (default 2)
-  --rollout-rank R      the rollout's first rank, R above (default 0: beside the trainer)
-  --fused               rollout holds fused qkv and gate_up shards
-Flags:
-  --staging-bytes B     staging budget per peer, both directions, bytes (default 134217728)
-  --link-gbps X         link speed for the floor, GB/s one direction per rank (default 360)
-  --memory-gbps X       device memory speed for the floor, GB/s read + write (default 4200)
-  --ranks-per-node K    ranks r and s share a node when r/K == s/K (default 0: one node);
-                        bytes between nodes count at the network's speed
-  --network-gbps X      network speed between nodes, GB/s one direction per rank (default 50)
-  --relay MODE          auto (default: relay when its floor is lower), always, never
-  --policy P            replica policy: least_loaded (default) or first_holder
-  --json                one JSON object instead of tables
-)";
-
-constexpr char kRpcHelp[] = R"(usage: shardsyncctl (sync | status | agents | explain) [FLAGS]
-
-  sync      Plans (once per layout epoch) and runs one sync on every agent: Prepare
-            everywhere, Execute only if every agent agreed. Waits for the end and
-            prints per rank the bytes sent, received and copied locally, rounds,
-            chunks, peak staging, seconds and effective GB/s. With --watch, prints
-            every rank's bytes and rounds done every 100 ms while it runs.
-  status    The agents (rank, address, host, device, state, clients), the layout
-            epoch, the last sync and whether the targets are valid.
-  agents    One line per agent: rank, address, host, device, joined or silent, seconds
-            since its last heartbeat, clients registered; and who has not joined.
-  explain   The plan of the current layouts: bytes per rank, the imbalance (busiest
-            rank's link bytes over the mean) and the cost floor at the given speeds;
-            with --layout, the bytes of every link too. Nothing is moved.
-
-Flags:
-  --coordinator ADDR    the coordinator's host:port (default 127.0.0.1:7070)
-  --timeout-ms N        deadline of the call; for sync also the sync's (default 60000)
-  --link-gbps X         explain: link speed within a node, GB/s one direction per rank
-  --memory-gbps X       explain: memory speed, GB/s read + write
-  --network-gbps X      explain: network speed between nodes, GB/s one direction per
-                        rank (each default: the coordinator's cost model)
-  --json                the response as JSON (proto field names)
-  --watch               sync: live progress per rank
-  --verify              sync: afterwards every agent checksums each target placement
-                        and the source bytes it came from; any difference fails the
-                        sync (exit 4) naming tensor and rank
-  --target-ranks R,R    sync, explain: only the targets on these ranks (a rank whose
-                        inference engine restarted, or that status calls invalid);
-                        every other target keeps its bytes
-  --layout              explain: bytes per link
-TCP security, as the coordinator has it (one of them required):
-
-Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing
-agent; no byte moved), 4 failed (a peer died or timed out, or --verify found a
-difference; targets are invalid).
-)";
-
-std::string RpcHelp() {
-  const std::string help = kRpcHelp;
-  const size_t split = help.find("\nExit codes");
-  return help.substr(0, split) + shardsync::kTlsHelp + help.substr(split);
+void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
+  CLI::Option* spec = plan.add_option("--spec", config.spec_path,
+                                      "a layout spec: JSON of shardsync.v1.LayoutSpec (docs/layout-spec.md)");
+  CLI::Option* model = plan.add_option("--model", config.model, "a preset model: qwen3-0.6b, qwen3-1.7b, qwen3-8b");
+  spec->excludes(model);
+  flags::AddInt(plan, "--zero", config.zero_stage, "with --model: trainer ZeRO stage", 1, 3);
+  flags::AddInt(plan, "--dp", config.dp, "with --model: trainer DP ranks 0..N-1", 1, shardsync::coordinator::kMaxWorld);
+  flags::AddInt(plan, "--tp", config.tp, "with --model: rollout TP size of each replica", 1,
+                shardsync::coordinator::kMaxWorld);
+  flags::AddInt(plan, "--replicas", config.replicas, "with --model: rollout replicas on ranks R..R+tp*replicas-1", 1,
+                shardsync::coordinator::kMaxWorld);
+  flags::AddInt(plan, "--rollout-rank", config.rollout_rank,
+                "with --model: the rollout's first rank, R above (0: beside the trainer)", 0,
+                shardsync::coordinator::kMaxWorld - 1);
+  flags::AddSwitch(plan, "--fused", config.fused, "with --model: the rollout holds fused qkv and gate_up shards");
+  flags::AddInt(plan, "--staging-bytes", config.staging_bytes, "staging budget per peer, both directions, bytes",
+                shardsync::planner::kMinStagingBytes);
+  flags::AddPositive(plan, "--link-gbps", config.link_gbps, "link speed for the floor, GB/s one direction per rank");
+  flags::AddPositive(plan, "--memory-gbps", config.memory_gbps, "device memory speed for the floor, GB/s read + write");
+  flags::AddInt(plan, "--ranks-per-node", config.ranks_per_node,
+                "ranks r and s share a node when r/K == s/K (0: one node); bytes between nodes count at the "
+                "network's speed",
+                0, shardsync::coordinator::kMaxWorld);
+  flags::AddPositive(plan, "--network-gbps", config.network_gbps,
+                     "network speed between nodes, GB/s one direction per rank");
+  const std::map<std::string, shardsync::planner::RelayMode> relay_modes{
+      {"auto", shardsync::planner::RelayMode::kAuto},
+      {"always", shardsync::planner::RelayMode::kAlways},
+      {"never", shardsync::planner::RelayMode::kNever}};
+  plan.add_option("--relay", config.relay, "auto (relay when its floor is lower), always, never")
+      ->transform(CLI::CheckedTransformer(relay_modes))
+      ->default_str("auto");
+  plan.add_option("--policy", config.policy, "replica policy")
+      ->check(CLI::IsMember({"least_loaded", "first_holder"}))
+      ->capture_default_str();
+  flags::AddSwitch(plan, "--json", config.json, "one JSON object instead of tables");
 }
 
-int Usage(const std::string& error, const char* help) {
-  std::cerr << "shardsyncctl: " << error << "\n\n" << help;
-  return 2;
-}
-
-int Plan(shardsync::Flags& flags) {
-  if (flags.TakeSwitch("help")) {
-    std::cout << kPlanHelp;
-    return 0;
+// The flags of the commands that call the coordinator; `command` is one of them.
+void AddRpcFlags(CLI::App& command, shardsync::cli::RpcCommandConfig& config, shardsync::TlsConfig& tls) {
+  const std::string name = command.get_name();
+  flags::AddAddress(command, "--coordinator", config.coordinator, "the coordinator's host:port");
+  flags::AddInt<int64_t>(command, "--timeout-ms", config.timeout_ms,
+                         "deadline of the call; for sync also the sync's", 1, 86400000);
+  flags::AddSwitch(command, "--json", config.json, "the response as JSON (proto field names)");
+  shardsync::AddTlsFlags(command, tls);
+  if (name == "sync" || name == "explain") {
+    command.add_option("--target-ranks", config.target_ranks,
+                       "only the targets on these ranks (a rank whose inference engine restarted, or that status "
+                       "calls invalid); every other target keeps its bytes")
+        ->delimiter(',')
+        ->check(flags::kDecimal);
   }
-  shardsync::cli::PlanCommandConfig config;
-  config.spec_path = flags.Take("spec", "");
-  config.model = flags.Take("model", "");
-  config.fused = flags.TakeSwitch("fused");
-  config.zero_stage = flags.TakeNumber("zero", config.zero_stage);
-  config.dp = flags.TakeNumber("dp", config.dp);
-  config.tp = flags.TakeNumber("tp", config.tp);
-  config.replicas = flags.TakeNumber("replicas", config.replicas);
-  config.rollout_rank = flags.TakeNumber("rollout-rank", config.rollout_rank);
-  config.staging_bytes = flags.TakeNumber("staging-bytes", config.staging_bytes);
-  config.link_gbps = flags.TakeNumber("link-gbps", config.link_gbps);
-  config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
-  config.network_gbps = flags.TakeNumber("network-gbps", config.network_gbps);
-  config.ranks_per_node = flags.TakeNumber("ranks-per-node", config.ranks_per_node);
-  const absl::StatusOr<shardsync::planner::RelayMode> relay = shardsync::planner::ParseRelayMode(flags.Take("relay", "auto"));
-  config.policy = flags.Take("policy", config.policy);
-  config.json = flags.TakeSwitch("json");
-  if (!flags.error().empty()) return Usage(flags.error(), kPlanHelp);
-  if (!flags.Leftover().empty()) return Usage(flags.Leftover(), kPlanHelp);
-  if (config.spec_path.empty() == config.model.empty()) return Usage("give exactly one of --spec and --model", kPlanHelp);
-  if (config.policy != "least_loaded" && config.policy != "first_holder") {
-    return Usage("--policy must be least_loaded or first_holder", kPlanHelp);
+  if (name == "sync") {
+    flags::AddSwitch(command, "--watch", config.watch, "live progress per rank every 100 ms");
+    flags::AddSwitch(command, "--verify", config.verify,
+                     "afterwards every agent checksums each target placement and the source bytes it came from; any "
+                     "difference fails the sync (exit 4) naming tensor and rank");
   }
-  if (config.dp < 1 || config.tp < 1 || config.replicas < 1 || config.link_gbps <= 0 || config.memory_gbps <= 0 ||
-      config.network_gbps <= 0 || config.rollout_rank < 0 || config.ranks_per_node < 0) {
-    return Usage("--dp, --tp, --replicas and the speeds must be positive, --rollout-rank and --ranks-per-node not "
-                 "negative", kPlanHelp);
+  if (name == "explain") {
+    flags::AddSwitch(command, "--layout", config.layout, "bytes per link too");
+    const std::string of_coordinator = " (default: the coordinator's cost model)";
+    command.add_option("--link-gbps", config.link_gbps, "link speed within a node, GB/s one direction per rank" +
+                                                            of_coordinator)
+        ->check(flags::kPositive);
+    command.add_option("--memory-gbps", config.memory_gbps, "memory speed, GB/s read + write" + of_coordinator)
+        ->check(flags::kPositive);
+    command.add_option("--network-gbps", config.network_gbps,
+                       "network speed between nodes, GB/s one direction per rank" + of_coordinator)
+        ->check(flags::kPositive);
   }
-  if (!relay.ok()) return Usage(std::string(relay.status().message()), kPlanHelp);
-  config.relay = *relay;
-  return shardsync::cli::RunPlanCommand(config, std::cout, std::cerr);
-}
-
-int Rpc(const std::string& command, shardsync::Flags& flags) {
-  const std::string help = RpcHelp();
-  if (flags.TakeSwitch("help")) {
-    std::cout << help;
-    return 0;
-  }
-  shardsync::cli::RpcCommandConfig config;
-  config.coordinator = flags.Take("coordinator", config.coordinator);
-  const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
-  config.timeout_ms = flags.TakeNumber("timeout-ms", config.timeout_ms);
-  config.link_gbps = flags.TakeNumber("link-gbps", config.link_gbps);
-  config.memory_gbps = flags.TakeNumber("memory-gbps", config.memory_gbps);
-  config.network_gbps = flags.TakeNumber("network-gbps", config.network_gbps);
-  config.json = flags.TakeSwitch("json");
-  config.watch = flags.TakeSwitch("watch");
-  config.verify = flags.TakeSwitch("verify");
-  config.layout = flags.TakeSwitch("layout");
-  const std::string target_ranks = flags.Take("target-ranks", "");
-  for (absl::string_view rank : absl::StrSplit(target_ranks, ',', absl::SkipEmpty())) {
-    int32_t parsed = -1;
-    if (!absl::SimpleAtoi(rank, &parsed) || parsed < 0) {
-      return Usage("--target-ranks takes ranks separated by commas, like 1,3", help.c_str());
-    }
-    config.target_ranks.push_back(parsed);
-  }
-  if (!flags.error().empty()) return Usage(flags.error(), help.c_str());
-  if (!flags.Leftover().empty()) return Usage(flags.Leftover(), help.c_str());
-  if (((config.watch || config.verify) && command != "sync") || (config.layout && command != "explain")) {
-    return Usage("--watch and --verify go with sync, --layout with explain", help.c_str());
-  }
-  if (!config.target_ranks.empty() && command != "sync" && command != "explain") {
-    return Usage("--target-ranks goes with sync and explain", help.c_str());
-  }
-  if (config.timeout_ms <= 0 || config.link_gbps < 0 || config.memory_gbps < 0 || config.network_gbps < 0) {
-    return Usage("--timeout-ms must be positive and the speeds not negative", help.c_str());
-  }
-  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(tls);
-  if (!credentials.ok()) return Usage(std::string(credentials.status().message()), help.c_str());
-  config.credentials = *credentials;
-  if (command == "sync") return shardsync::cli::RunSyncCommand(config, std::cout, std::cerr);
-  if (command == "status") return shardsync::cli::RunStatusCommand(config, std::cout, std::cerr);
-  if (command == "agents") return shardsync::cli::RunAgentsCommand(config, std::cout, std::cerr);
-  return shardsync::cli::RunExplainCommand(config, std::cout, std::cerr);
+  command.footer(kExitCodes);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
-    std::cout << kUsage;
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string command = argv[1];
-  shardsync::Flags flags(argc, argv, 2);
-  if (!flags.error().empty()) return Usage(flags.error(), kUsage);
-  if (command == "plan") return Plan(flags);
-  if (command == "sync" || command == "status" || command == "agents" || command == "explain") {
-    return Rpc(command, flags);
-  }
+  CLI::App app("The operator's command line of shardsync.", "shardsyncctl");
+  app.require_subcommand(1);
+  app.footer(std::string(kExitCodes) + "\nRun `shardsyncctl COMMAND --help` for a command's flags.");
+
+  shardsync::cli::PlanCommandConfig plan_config;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Plan a layout offline (no daemons), as the coordinator would; print per rank the bytes sent, "
+              "received, copied locally and zero-filled, the segments, chunks and rounds, the digest and the floor.");
+  AddPlanFlags(*plan, plan_config);
+
+  shardsync::cli::RpcCommandConfig rpc_config;
+  shardsync::TlsConfig tls;
+  const std::map<std::string, std::string> rpc_commands{
+      {"sync", "Run one sync through the coordinator: Prepare everywhere, Execute only if every agent agreed; "
+               "print per rank the bytes sent, received and copied locally, rounds, chunks, peak staging, "
+               "seconds and GB/s."},
+      {"status", "Agents, layout epoch and the last sync, as the coordinator sees them; whether targets are valid."},
+      {"agents", "One line per agent: rank, address, host, device, joined or silent, seconds since its last "
+                 "heartbeat, clients registered; and who has not joined."},
+      {"explain", "The plan of the current layouts: bytes per rank, the imbalance and the cost floor; with "
+                  "--layout, the bytes of every link. Nothing is moved."}};
+  for (const auto& [name, description] : rpc_commands) AddRpcFlags(*app.add_subcommand(name, description), rpc_config, tls);
+
+  bool version_json = false;
+  CLI::App* version = app.add_subcommand("version", "This build's version.");
+  flags::AddSwitch(*version, "--json", version_json, "as JSON");
+
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
+  const std::string command = app.get_subcommands().front()->get_name();
   if (command == "version") {
-    const bool json = flags.TakeSwitch("json");
-    if (!flags.Leftover().empty()) return Usage(flags.Leftover(), kUsage);
-    if (json) {
+    if (version_json) {
       std::cout << "{\"version\": \"" << shardsync::kVersion << "\", \"api\": \"shardsync.v1\"}\n";
     } else {
       std::cout << "shardsyncctl " << shardsync::kVersion << " (API shardsync.v1)\n";
     }
     return 0;
   }
-  return Usage("unknown command '" + command + "'", kUsage);
+  if (command == "plan") {
+    if (plan_config.spec_path.empty() == plan_config.model.empty()) {
+      return flags::UsageError(*plan, "give exactly one of --spec and --model");
+    }
+    return shardsync::cli::RunPlanCommand(plan_config, std::cout, std::cerr);
+  }
+  for (int32_t rank : rpc_config.target_ranks) {
+    if (rank < 0) return flags::UsageError(app, "--target-ranks takes ranks separated by commas, like 1,3");
+  }
+  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(tls);
+  if (!credentials.ok()) return flags::UsageError(app, std::string(credentials.status().message()));
+  rpc_config.credentials = *credentials;
+  if (command == "sync") return shardsync::cli::RunSyncCommand(rpc_config, std::cout, std::cerr);
+  if (command == "status") return shardsync::cli::RunStatusCommand(rpc_config, std::cout, std::cerr);
+  if (command == "agents") return shardsync::cli::RunAgentsCommand(rpc_config, std::cout, std::cerr);
+  return shardsync::cli::RunExplainCommand(rpc_config, std::cout, std::cerr);
 }

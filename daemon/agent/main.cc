@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/local_agent_link.h"
-#include "daemon/coordinator/planning_flags.h"
+#include "daemon/coordinator/coordinator_flags.h"
 #include "daemon/coordinator/services.h"
 #include "daemon/agent/services.h"
 #include "daemon/agent/grpc_transport.h"
@@ -28,117 +28,84 @@
 
 namespace {
 
-constexpr char kHelp[] = R"(usage: shardsync-agent --rank N --coordinator HOST:PORT --socket PATH [FLAGS]
-
-The per-device sidecar: local trainer and rollout clients register their buffers on the
-unix socket; the coordinator prepares and executes syncs over TCP; peer agents send
-chunks to each other.
-
-  --rank N               global rank of this agent (one per device), required
-  --coordinator ADDR     the coordinator's host:port, required unless --serve-coordinator
-  --serve-coordinator    this agent also is the coordinator, on its --listen port (the
-                         others join it there) and on --socket (local clients sync
-                         there: unix:PATH); its own part of every sync is a direct
-                         call, not an RPC (one daemon for a single GPU). With it:
-  --world N                number of agents, required
-  --staging-bytes B        staging budget per peer, both directions (default 134217728)
-  --sync-timeout-ms N      default deadline of a sync's Execute (default 60000)
-                           and the coordinator's --relay and cost model flags (below)
-  --socket PATH          unix socket for local clients, required (replaced if stale)
-  --listen ADDR          TCP address for the coordinator and peers (default 127.0.0.1:0;
-                         port 0 lets the OS choose)
-  --advertise ADDR       address peers and the coordinator use (default: the listen host
-                         with the bound port)
-  --port-file PATH       write the bound TCP port here once serving (for scripts, tests)
-  --device D             cpu (default: host shared memory, the agents' gRPC channels) or
-                         a CUDA device ordinal (CUDA IPC buffers, copy kernels, NCCL)
-  --rpc-deadline-ms N    deadline of every control RPC this agent makes (default 5000)
-  --max-staging-bytes B  largest staging budget accepted per peer
-                         (default 268435456); also bounds a Transfer message
-  --max-message-bytes B  largest registration or control message accepted (default
-                         67108864: the layouts of a large model)
-  --socket-group NAME    group of the unix socket (mode 0660): its members may register
-                         (default: the agent's own group)
-  --node NAME            the node of this agent's device: agents of one node share fast
-                         links (NVLink), bytes between nodes cross the network and the
-                         coordinator may relay them (default: the host name)
-)";
-
 struct Config {
   shardsync::agent::AgentConfig agent;
+  shardsync::DaemonFlags daemon;
   bool serve_coordinator = false;
   shardsync::coordinator::CoordinatorConfig coordinator_config;
-  std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, log_level = "info";
-  std::string metrics_listen, metrics_port_file, socket_group, node;
+  std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, socket_group, node;
+  std::string device = "cpu";
+  int64_t rpc_deadline_ms = 5000;
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
-const char* Help() {
-  static const std::string help =
-      std::string(kHelp) + "With --serve-coordinator, the coordinator's planning:\n" + shardsync::coordinator::kPlanningHelp;
-  return help.c_str();
+// Every flag, into `c`.
+void AddFlags(CLI::App& app, Config& c) {
+  namespace flags = shardsync::flags;
+  flags::AddInt(app, "--rank", c.agent.rank, "global rank of this agent (one per device)", 0,
+                shardsync::coordinator::kMaxWorld - 1)
+      ->required();
+  CLI::Option* coordinator = app.add_option("--coordinator", c.coordinator, "the coordinator's host:port");
+  CLI::Option* serve = flags::AddSwitch(
+      app, "--serve-coordinator", c.serve_coordinator,
+      "this agent also is the coordinator, on its --listen port (the others join it there) and on --socket (local "
+      "clients sync there: unix:PATH); its own part of every sync is a direct call, not an RPC (one daemon for a "
+      "single GPU). Takes the Coordinator flags below.");
+  coordinator->excludes(serve);
+  for (CLI::Option* option : shardsync::coordinator::AddCoordinatorFlags(app, c.coordinator_config)) option->needs(serve);
+  app.add_option("--socket", c.socket, "unix socket for local clients (replaced if stale)")->required();
+  flags::AddAddress(app, "--listen", c.listen, "TCP address for the coordinator and peers (port 0 lets the OS choose)");
+  flags::AddAddress(app, "--advertise", c.advertise,
+                    "address peers and the coordinator use (default: the listen host with the bound port)");
+  app.add_option("--port-file", c.port_file, "write the bound TCP port here once serving (for scripts, tests)");
+  app.add_option("--device", c.device,
+                 "cpu (host shared memory, the agents' gRPC channels) or a CUDA device ordinal (CUDA IPC buffers, "
+                 "copy kernels, NCCL)")
+      ->check(CLI::IsMember({"cpu"}) | flags::kDecimal)
+      ->capture_default_str();
+  flags::AddInt<int64_t>(app, "--rpc-deadline-ms", c.rpc_deadline_ms, "deadline of every control RPC this agent makes",
+                         1, 3600000);
+  flags::AddInt(app, "--max-staging-bytes", c.agent.max_staging_bytes,
+                "largest staging budget accepted per peer; also bounds a Transfer message",
+                shardsync::planner::kMinStagingBytes, int64_t{1} << 40);
+  flags::AddInt(app, "--max-message-bytes", c.max_message_bytes,
+                "largest registration or control message accepted (the layouts of a large model)", int64_t{1} << 20,
+                int64_t{INT32_MAX});
+  app.add_option("--socket-group", c.socket_group,
+                 "group of the unix socket (mode 0660): its members may register (default: the agent's own group)");
+  app.add_option("--node", c.node,
+                 "the node of this agent's device: agents of one node share fast links (NVLink), bytes between nodes "
+                 "cross the network and the coordinator may relay them (default: the host name)");
+  shardsync::AddDaemonFlags(app, c.daemon);
 }
-
-int Usage(const std::string& error) { return shardsync::DaemonUsage("shardsync-agent", Help(), error); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  shardsync::Flags flags(argc, argv, 1);
-  if (const int code = shardsync::HelpAndConfig(flags, "shardsync-agent", Help()); code >= 0) return code;
   Config c;
-  const shardsync::TlsConfig tls = shardsync::TakeTlsFlags(flags);
-  c.agent.rank = flags.TakeNumber("rank", -1);
-  c.coordinator = flags.Take("coordinator", "");
-  c.serve_coordinator = flags.TakeSwitch("serve-coordinator");
-  const int32_t world = flags.TakeNumber("world", 0);  // 0: not given
-  const int64_t staging_bytes = flags.TakeNumber<int64_t>("staging-bytes", 0);
-  const int64_t sync_timeout_ms = flags.TakeNumber<int64_t>("sync-timeout-ms", 0);
-  c.socket = flags.Take("socket", "");
-  c.listen = flags.Take("listen", c.listen);
-  c.advertise = flags.Take("advertise", "");
-  c.port_file = flags.Take("port-file", "");
-  c.agent.device = flags.Take("device", "cpu");
-  c.agent.rpc_deadline = absl::Milliseconds(flags.TakeNumber("rpc-deadline-ms", 5000));
-  c.agent.max_staging_bytes = flags.TakeNumber("max-staging-bytes", c.agent.max_staging_bytes);
-  c.log_level = flags.Take("log-level", c.log_level);
-  c.metrics_listen = flags.Take("metrics-listen", "");
-  c.socket_group = flags.Take("socket-group", "");
-  c.max_message_bytes = flags.TakeNumber("max-message-bytes", c.max_message_bytes);
-  c.metrics_port_file = flags.Take("metrics-port-file", "");
-  c.node = flags.Take("node", "");
-  // Only a coordinator plans: without --serve-coordinator these flags are left over.
-  const std::string planning =
-      c.serve_coordinator ? shardsync::coordinator::TakePlanningFlags(flags, c.coordinator_config) : "";
-  if (!flags.error().empty()) return Usage(flags.error());
-  if (!planning.empty()) return Usage(planning);
-  if (!flags.Leftover().empty()) return Usage(flags.Leftover());
-  if (c.agent.rank < 0 || c.coordinator.empty() == !c.serve_coordinator || c.socket.empty()) {
-    return Usage("--rank, --socket and one of --coordinator and --serve-coordinator are required");
+  CLI::App app(
+      "The per-device sidecar: local trainer and rollout clients register their buffers on the unix socket; the "
+      "coordinator prepares and executes syncs over TCP; peer agents send chunks to each other.",
+      "shardsync-agent");
+  AddFlags(app, c);
+  if (const int code = shardsync::flags::Parse(app, argc, argv); code >= 0) return code;
+  if (c.coordinator.empty() == !c.serve_coordinator) {
+    return shardsync::flags::UsageError(app, "give one of --coordinator and --serve-coordinator");
   }
-  if (!c.serve_coordinator && (world != 0 || staging_bytes != 0 || sync_timeout_ms != 0)) {
-    return Usage("--world, --staging-bytes and --sync-timeout-ms go with --serve-coordinator");
+  if (c.serve_coordinator && app.count("--world") == 0) {
+    return shardsync::flags::UsageError(app, "--serve-coordinator needs --world");
   }
-  if (c.serve_coordinator) {
-    if (world <= c.agent.rank || staging_bytes < 0 || sync_timeout_ms < 0) {
-      return Usage("--serve-coordinator needs --world above --rank; budgets and timeouts are positive");
-    }
-    c.coordinator_config.world_size = world;
-    if (staging_bytes > 0) c.coordinator_config.staging_bytes = staging_bytes;
-    if (sync_timeout_ms > 0) c.coordinator_config.sync_timeout = absl::Milliseconds(sync_timeout_ms);
-    c.coordinator_config.rpc_deadline = c.agent.rpc_deadline;
+  if (c.serve_coordinator && c.coordinator_config.world_size <= c.agent.rank) {
+    return shardsync::flags::UsageError(app, "--world must be above --rank");
   }
-  int ordinal = -1;
-  if (c.agent.device != "cpu") {
-    char* end = nullptr;
-    ordinal = static_cast<int>(std::strtol(c.agent.device.c_str(), &end, 10));
-    if (c.agent.device.empty() || *end != '\0' || ordinal < 0) return Usage("--device must be cpu or a CUDA ordinal");
-    c.agent.device = "cuda:" + c.agent.device;
-  }
-  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(tls);
-  if (!credentials.ok()) return Usage(std::string(credentials.status().message()));
+  c.agent.rpc_deadline = absl::Milliseconds(c.rpc_deadline_ms);
+  c.coordinator_config.rpc_deadline = c.agent.rpc_deadline;
+  const int ordinal = c.device == "cpu" ? -1 : std::stoi(c.device);
+  c.agent.device = ordinal < 0 ? "cpu" : "cuda:" + c.device;
+  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(c.daemon.tls);
+  if (!credentials.ok()) return shardsync::flags::UsageError(app, std::string(credentials.status().message()));
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));  // stdout is not the log
-  spdlog::set_level(spdlog::level::from_str(c.log_level));
+  spdlog::set_level(spdlog::level::from_str(c.daemon.log_level));
   spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
   if (credentials->insecure) spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
 
@@ -231,7 +198,7 @@ int main(int argc, char** argv) {
     spdlog::error("cannot write the port file {}", c.port_file);
     return 1;
   }
-  auto metrics = shardsync::StartMetricsIfAsked(c.metrics_listen, c.metrics_port_file, [&] {
+  auto metrics = shardsync::StartMetricsIfAsked(c.daemon.metrics_listen, c.daemon.metrics_port_file, [&] {
     return coordinator ? coordinator->Metrics() + agent.Metrics() : agent.Metrics();
   });
   if (!metrics.ok()) {

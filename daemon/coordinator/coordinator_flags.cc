@@ -1,28 +1,52 @@
-#include "daemon/coordinator/planning_flags.h"
+#include "daemon/coordinator/coordinator_flags.h"
+
+#include <map>
+#include <string>
+
+#include "planner/schedule.h"
 
 namespace shardsync::coordinator {
+namespace {
 
-const char kPlanningHelp[] = R"(  --relay MODE           bytes between nodes (agents' --node): auto (default) relays when
-                         the cost model's floor is lower: each piece crosses the network
-                         once into one replica on a node, the others copy it there;
-                         always; never
-  --link-gbps G          the cost model: GB/s one way per rank within a node (default 360)
-  --network-gbps G       GB/s one way per rank between nodes (default 50)
-  --memory-gbps G        GB/s of device memory, read + write (default 4200)
-)";
+// A speed flag in GB/s, kept in bytes per second.
+CLI::Option* AddSpeed(CLI::App& app, const std::string& name, double& bytes_per_s, const std::string& help) {
+  return app
+      .add_option_function<double>(
+          name, [&bytes_per_s](double gbps) { bytes_per_s = gbps * 1e9; }, help)
+      ->check(flags::kPositive)
+      ->default_str(std::to_string(static_cast<int64_t>(bytes_per_s / 1e9)));
+}
 
-std::string TakePlanningFlags(Flags& flags, CoordinatorConfig& config) {
-  const absl::StatusOr<planner::RelayMode> relay = planner::ParseRelayMode(flags.Take("relay", "auto"));
-  planner::Bandwidths& bw = config.bandwidths;
-  bw.link_bytes_per_s = flags.TakeNumber<double>("link-gbps", bw.link_bytes_per_s / 1e9) * 1e9;
-  bw.network_bytes_per_s = flags.TakeNumber<double>("network-gbps", bw.network_bytes_per_s / 1e9) * 1e9;
-  bw.memory_bytes_per_s = flags.TakeNumber<double>("memory-gbps", bw.memory_bytes_per_s / 1e9) * 1e9;
-  if (!relay.ok()) return "--relay: " + std::string(relay.status().message());
-  config.relay = *relay;
-  if (!(bw.link_bytes_per_s > 0 && bw.network_bytes_per_s > 0 && bw.memory_bytes_per_s > 0)) {
-    return "--link-gbps, --network-gbps and --memory-gbps must be positive";
-  }
-  return "";
+}  // namespace
+
+std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& config) {
+  std::vector<CLI::Option*> options;
+  options.push_back(flags::AddInt(app, "--world", config.world_size, "number of agents (ranks 0..N-1)", 1, kMaxWorld));
+  options.push_back(flags::AddInt(app, "--staging-bytes", config.staging_bytes,
+                                  "staging budget per peer, both directions, bytes", planner::kMinStagingBytes));
+  options.push_back(app.add_option_function<int64_t>(
+                           "--sync-timeout-ms",
+                           [&config](int64_t ms) { config.sync_timeout = absl::Milliseconds(ms); },
+                           "default deadline of a sync's Execute")
+                        ->check(flags::kDecimal)
+                        ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
+                        ->default_str(std::to_string(absl::ToInt64Milliseconds(config.sync_timeout))));
+  const std::map<std::string, planner::RelayMode> relay_modes{
+      {"auto", planner::RelayMode::kAuto}, {"always", planner::RelayMode::kAlways}, {"never", planner::RelayMode::kNever}};
+  options.push_back(app.add_option("--relay", config.relay,
+                                   "bytes between nodes (agents' --node): auto relays when the cost model's floor is "
+                                   "lower (each piece crosses the network once into one replica on a node, the others "
+                                   "copy it there); always; never")
+                        ->transform(CLI::CheckedTransformer(relay_modes))
+                        ->default_str("auto"));
+  options.push_back(AddSpeed(app, "--link-gbps", config.bandwidths.link_bytes_per_s,
+                             "the cost model: GB/s one way per rank within a node"));
+  options.push_back(AddSpeed(app, "--network-gbps", config.bandwidths.network_bytes_per_s,
+                             "the cost model: GB/s one way per rank between nodes"));
+  options.push_back(AddSpeed(app, "--memory-gbps", config.bandwidths.memory_bytes_per_s,
+                             "the cost model: GB/s of device memory, read + write"));
+  for (CLI::Option* option : options) option->group("Coordinator");
+  return options;
 }
 
 }  // namespace shardsync::coordinator

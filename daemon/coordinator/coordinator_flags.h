@@ -1,20 +1,21 @@
-// The coordinator's planning flags, for both mains that host a coordinator
-// (shardsync-coordinator, shardsync-agent --serve-coordinator): the relay across nodes
-// and the cost model that decides it.
+// The coordinator's flags, for both mains that host a coordinator
+// (shardsync-coordinator, shardsync-agent --serve-coordinator): the world, the staging
+// budget, the sync deadline, the relay across nodes and the cost model that decides it.
 #pragma once
 
-#include <string>
+#include <vector>
 
 #include "common/flags.h"
 #include "daemon/coordinator/coordinator.h"
 
 namespace shardsync::coordinator {
 
-// Their lines for --help.
-extern const char kPlanningHelp[];
+// The most agents one coordinator serves.
+inline constexpr int32_t kMaxWorld = 8192;
 
-// Takes --relay, --link-gbps, --network-gbps and --memory-gbps into `config`. Returns
-// what is wrong with them, or an empty string.
-std::string TakePlanningFlags(Flags& flags, CoordinatorConfig& config);
+// Adds --world, --staging-bytes, --sync-timeout-ms, --relay, --link-gbps,
+// --network-gbps and --memory-gbps, parsed into `config`. Returns the options, for a
+// main that accepts them only with another flag.
+std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& config);
 
 }  // namespace shardsync::coordinator

@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "planner/schedule.h"
 #include "absl/strings/str_join.h"
 #include "client/cpp/client.h"
 #include "grpcpp/grpcpp.h"
@@ -103,8 +104,8 @@ TEST_CASE("a rank that lacks one of its shards: the sync is refused, naming it, 
 
 TEST_CASE("one agent refusing at Prepare stops every agent: nothing is written anywhere") {
   ClusterOptions options;
-  options.staging_bytes = 4096;
-  options.agent_max_staging_bytes[3] = 1024;  // rank 3 will refuse the budget
+  options.staging_bytes = 8192;
+  options.agent_max_staging_bytes[3] = 4096;  // rank 3 will refuse the budget
   Cluster cluster(options);
   Deployment deployment(cluster, "refuse", ModelJson(3, kLayouts[1].replicas), 9);
   RequireReady(deployment);
@@ -118,7 +119,7 @@ TEST_CASE("one agent refusing at Prepare stops every agent: nothing is written a
 
 TEST_CASE("a staging budget smaller than a parameter syncs exactly and stays within the budget") {
   ClusterOptions options;
-  options.staging_bytes = 96;  // a parameter here is up to 3,200 bytes
+  options.staging_bytes = planner::kMinStagingBytes;  // chunks of 1 KiB; a parameter here is up to 3,200 bytes
   Cluster cluster(options);
   Deployment deployment(cluster, "small-staging", ModelJson(3, kLayouts[0].replicas), 11);
   RequireReady(deployment);
@@ -126,9 +127,9 @@ TEST_CASE("a staging budget smaller than a parameter syncs exactly and stays wit
   REQUIRE(sync.ok());
   CHECK(deployment.CheckTargets(11).empty());
   for (const v1::RankStats& r : sync->ranks()) {
-    CHECK(r.peak_peer_staging_bytes() <= 96);
+    CHECK(r.peak_peer_staging_bytes() <= planner::kMinStagingBytes);
     CHECK(r.peak_peer_staging_bytes() > 0);
-    CHECK(r.peak_staging_bytes() <= 96 * 3);  // 3 peers at once
+    CHECK(r.peak_staging_bytes() <= planner::kMinStagingBytes * 3);  // 3 peers at once
     CHECK(r.rounds() > 1);
   }
 }
@@ -244,17 +245,17 @@ TEST_CASE("both daemons answer the standard health check and serve Prometheus me
   }
 }
 
-// A model big enough that an 8-byte staging budget makes a sync last seconds.
+// A model big enough that the smallest staging budget makes a sync last seconds.
 std::string BigModelJson() {
   return R"({"model": {"tensors": [
-      {"name": "big", "shape": [512, 64], "style": "COLUMN"},
-      {"name": "wide", "shape": [64, 512], "style": "ROW"}],
+      {"name": "big", "shape": [4096, 2048], "style": "COLUMN"},
+      {"name": "wide", "shape": [2048, 4096], "style": "ROW"}],
     "zero_stage": 3, "dp_ranks": [0, 1, 2, 3], "replicas": [{"ranks": [0, 1, 2, 3]}]}})";
 }
 
 TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn invalid; restarted, it syncs again") {
   ClusterOptions options;
-  options.staging_bytes = 16;  // slots of 4 bytes: thousands of rounds
+  options.staging_bytes = planner::kMinStagingBytes;  // slots of 1 KiB: thousands of rounds
   options.sync_timeout_ms = 5000;
   Cluster cluster(options);
   Deployment deployment(cluster, "killed", BigModelJson(), 25);

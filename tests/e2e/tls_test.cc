@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -176,7 +177,7 @@ TEST_CASE("--tls-server-name: every daemon's certificate carries one service nam
   std::filesystem::remove_all(certs);
 }
 
-TEST_CASE("plaintext only when asked: a daemon with neither TLS nor --insecure refuses to start; --insecure warns") {
+TEST_CASE("plaintext only when asked: a daemon with neither TLS nor --insecure (true) refuses to start; --insecure warns") {
   Process bare({"daemon/coordinator/shardsync-coordinator", "--world", "1"}, "/tmp/shardsync-tls-bare.log");
   CHECK(bare.Wait(absl::Seconds(10)) == 2);
   const std::string said = ReadFile("/tmp/shardsync-tls-bare.log");
@@ -188,6 +189,31 @@ TEST_CASE("plaintext only when asked: a daemon with neither TLS nor --insecure r
   CHECK(half.Wait(absl::Seconds(10)) == 2);
   CHECK_THAT(ReadFile("/tmp/shardsync-tls-half.log"), Contains("TLS needs all of"));
   unlink("/tmp/shardsync-tls-half.log");
+
+  // --insecure set to false, on the command line or in a config file, is no TLS at all.
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  std::FILE* config = std::fopen((dir + "/insecure-false.conf").c_str(), "w");
+  REQUIRE(config != nullptr);
+  std::fputs("world = 1\ninsecure = false\n", config);
+  std::fclose(config);
+  const std::vector<std::vector<std::string>> not_insecure = {
+      {"--insecure=false"}, {"--insecure=0"}, {"--config", dir + "/insecure-false.conf"}};
+  for (const std::vector<std::string>& flags : not_insecure) {
+    std::vector<std::string> argv = {"daemon/coordinator/shardsync-coordinator", "--listen", "127.0.0.1:0"};
+    if (flags.size() == 1) argv.insert(argv.end(), {"--world", "1"});
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Process daemon(argv, dir + "/not-insecure.log");
+    INFO(flags.back());
+    CHECK(daemon.Wait(absl::Seconds(10)) == 2);
+    CHECK_THAT(ReadFile(dir + "/not-insecure.log"), Contains("no transport security configured"));
+  }
+  // A value that is not a boolean is a usage error, never plaintext.
+  for (const std::string bad : {"--insecure=no", "--insecure=2"}) {
+    Process daemon({"daemon/coordinator/shardsync-coordinator", "--world", "1", bad}, dir + "/bad-insecure.log");
+    INFO(bad);
+    CHECK(daemon.Wait(absl::Seconds(10)) == 2);
+    CHECK_THAT(ReadFile(dir + "/bad-insecure.log"), Contains("--insecure"));
+  }
 
   ClusterOptions options;
   options.agents = 1;

@@ -226,18 +226,17 @@ Outcome SyncOnce(uint64_t seed, const Options& options, SelfRank* self) {
 
 int main(int argc, char** argv) {
   using namespace shardsync::executor;
-  shardsync::Flags flags(argc, argv, 1);
-  const int64_t seeds = flags.TakeNumber<int64_t>("seeds", 200);
-  const std::string transport = flags.Take("transport", "copy");
+  namespace flags = shardsync::flags;
+  int64_t seeds = 200;
+  std::string transport = "copy";
   Options options;
+  CLI::App app("The round engine on one GPU over random layouts, every byte checked.", "engine_check");
+  flags::AddInt<int64_t>(app, "--seeds", seeds, "random layouts", 1);
+  app.add_option("--transport", transport, "copy or nccl-self")->check(CLI::IsMember({"copy", "nccl-self"}));
+  flags::AddInt<int64_t>(app, "--slow-link-us", options.link_us, "hold each transfer this long", 0);
+  flags::AddInt<int64_t>(app, "--slow-unpack-us", options.unpack_us, "hold each unpack this long", 0);
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
   options.nccl_self = transport == "nccl-self";
-  options.link_us = flags.TakeNumber<int64_t>("slow-link-us", 0);
-  options.unpack_us = flags.TakeNumber<int64_t>("slow-unpack-us", 0);
-  if (!flags.error().empty() || !flags.Leftover().empty() || (transport != "copy" && !options.nccl_self)) {
-    std::fprintf(stderr, "usage: engine_check [--seeds N] [--transport copy|nccl-self] [--slow-link-us U] "
-                         "[--slow-unpack-us U]\n");
-    return 2;
-  }
   SelfRank self;
   if (options.nccl_self) {
     auto opened = OpenSelfRank();

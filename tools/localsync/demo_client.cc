@@ -21,19 +21,21 @@
 
 int main(int argc, char** argv) {
   using namespace shardsync;
-  Flags flags(argc, argv, 1);
-  const std::string socket = flags.Take("socket", "");
-  const std::string spec_path = flags.Take("spec", "");
-  const int32_t rank = flags.TakeNumber("rank", -1);
-  const bool sources = flags.Take("role", "source") == "source";
-  const uint64_t seed = flags.TakeNumber<uint64_t>("seed", 1);
-  const std::string prefix = flags.Take("shm-prefix", "/shardsync-demo");
-  const std::string client_id = flags.Take("client-id", "client");
-  const std::string drop = flags.Take("drop-tensor", "");
-  if (!flags.error().empty() || !flags.Leftover().empty() || socket.empty() || spec_path.empty() || rank < 0) {
-    std::cerr << "demo_client: bad flags " << flags.error() << flags.Leftover() << "\n";
-    return 2;
-  }
+  std::string socket, spec_path, role = "source", prefix = "/shardsync-demo", client_id = "client", drop;
+  int32_t rank = 0;
+  uint64_t seed = 1;
+  CLI::App app("A trainer or rollout client of the local cluster: registers one rank's side of a layout spec.",
+               "demo_client");
+  app.add_option("--socket", socket, "the agent's unix socket")->required();
+  app.add_option("--spec", spec_path, "the layout spec")->required();
+  flags::AddInt(app, "--rank", rank, "the rank whose side is registered", 0)->required();
+  app.add_option("--role", role, "source or target")->check(CLI::IsMember({"source", "target"}))->capture_default_str();
+  flags::AddInt<uint64_t>(app, "--seed", seed, "seed of the source values", 0);
+  app.add_option("--shm-prefix", prefix, "prefix of the shared memory objects")->capture_default_str();
+  app.add_option("--client-id", client_id, "the registration's client id")->capture_default_str();
+  app.add_option("--drop-tensor", drop, "leave this tensor out of the registration");
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
+  const bool sources = role == "source";
   auto spec = spec::ReadLayoutSpecFile(spec_path);
   spec::BufferIds ids;
   auto input = spec.ok() ? spec::ToPlanInput(*spec, ids) : spec.status();

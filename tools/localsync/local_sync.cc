@@ -11,20 +11,10 @@
 #include "absl/strings/str_split.h"
 #include "client/cli/sync_table.h"
 #include "common/flags.h"
+#include "planner/schedule.h"
 #include "tools/localsync/deployment.h"
 
 namespace {
-
-constexpr char kHelp[] = R"(usage: local_sync [FLAGS]
-
-  --model NAME        preset model: qwen3-0.6b (default), qwen3-1.7b, qwen3-8b
-  --agents N          agents (ranks 0..N-1), every one a trainer DP rank (default 4)
-  --zero N            trainer ZeRO stage 1, 2 or 3 (default 3)
-  --tp N              rollout TP size (default 2)
-  --replicas N        rollout replicas on ranks 0..tp*replicas-1 (default 2)
-  --syncs N           syncs, with new source values before each (default 2)
-  --staging-bytes B   staging per peer, both directions (default 8388608)
-)";
 
 int Fail(const std::string& why) {
   std::cout << "{\"status\": \"failed\", \"error\": \"" << absl::StrJoin(absl::StrSplit(why, '"'), "'") << "\"}"
@@ -36,26 +26,27 @@ int Fail(const std::string& why) {
 
 int main(int argc, char** argv) {
   using namespace shardsync;
-  Flags flags(argc, argv, 1);
-  if (flags.TakeSwitch("help")) {
-    std::cout << kHelp;
-    return 0;
-  }
-  const std::string model = flags.Take("model", "qwen3-0.6b");
+  std::string model = "qwen3-0.6b";
   localsync::ClusterOptions options;
-  options.agents = flags.TakeNumber("agents", 4);
-  const int zero = flags.TakeNumber("zero", 3);
-  const int tp = flags.TakeNumber("tp", 2);
-  const int replicas = flags.TakeNumber("replicas", 2);
-  const int syncs = flags.TakeNumber("syncs", 2);
-  options.staging_bytes = flags.TakeNumber("staging-bytes", int64_t{8} << 20);
+  options.agents = 4;
+  options.staging_bytes = int64_t{8} << 20;
   options.sync_timeout_ms = 600000;
-  if (!flags.error().empty() || !flags.Leftover().empty() || tp * replicas > options.agents || syncs < 1) {
-    std::cerr << "local_sync: " << flags.error() << flags.Leftover()
-              << (tp * replicas > options.agents ? "tp * replicas exceeds the agents" : "") << "\n\n"
-              << kHelp;
-    return 2;
-  }
+  int zero = 3, tp = 2, replicas = 2, syncs = 2;
+  CLI::App app("A whole shardsync on this machine: a coordinator, agents, trainer and rollout clients; syncs a "
+               "preset model's shapes and checks every target byte.",
+               "local_sync");
+  app.add_option("--model", model, "preset model")
+      ->check(CLI::IsMember({"qwen3-0.6b", "qwen3-1.7b", "qwen3-8b"}))
+      ->capture_default_str();
+  flags::AddInt(app, "--agents", options.agents, "agents (ranks 0..N-1), every one a trainer DP rank", 1, 64);
+  flags::AddInt(app, "--zero", zero, "trainer ZeRO stage", 1, 3);
+  flags::AddInt(app, "--tp", tp, "rollout TP size", 1, 64);
+  flags::AddInt(app, "--replicas", replicas, "rollout replicas on ranks 0..tp*replicas-1", 1, 64);
+  flags::AddInt(app, "--syncs", syncs, "syncs, with new source values before each", 1, 1000);
+  flags::AddInt(app, "--staging-bytes", options.staging_bytes, "staging per peer, both directions",
+                planner::kMinStagingBytes);
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
+  if (tp * replicas > options.agents) return flags::UsageError(app, "tp * replicas exceeds the agents");
   std::vector<std::string> dp, groups;
   for (int r = 0; r < options.agents; ++r) dp.push_back(std::to_string(r));
   for (int k = 0; k < replicas; ++k) {
