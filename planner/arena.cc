@@ -21,7 +21,7 @@ int64_t ArenaPacker::ReserveCommon(const std::vector<int32_t>& ranks, int64_t el
 
 std::vector<Buffer> ArenaPacker::Buffers() const {
   std::vector<Buffer> buffers;
-  for (const auto& [rank, bytes] : used_bytes_) buffers.push_back(Buffer{Holder{rank, buffer_id_}, bytes});
+  for (const auto& [rank, bytes] : used_bytes_) buffers.push_back(Buffer{Holder{rank, buffer_id_}, bytes, {}});
   return buffers;
 }
 

@@ -139,7 +139,7 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
   }
   if (!sourced.empty()) {
     for (int32_t rank : spec.dp_ranks) {
-      input.buffers.push_back(Buffer{Holder{rank, spec.source_buffer}, offsets.back() * ElementBytes(sourced[0]->dtype)});
+      input.buffers.push_back(Buffer{Holder{rank, spec.source_buffer}, offsets.back() * ElementBytes(sourced[0]->dtype), {}});
     }
   }
 
