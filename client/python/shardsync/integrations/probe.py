@@ -1,0 +1,202 @@
+"""Where a framework's own weight-loading code puts each checkpoint element, learned by
+running that code once on encoded values: never a second copy of its rules.
+
+Every parameter's memory is swapped, for the duration of the probe, for a float64 CPU
+tensor of zeros; the loader is then given each checkpoint tensor filled with codes:
+element k of the n-th tensor is number ``g = offset[n] + k + 1``, encoded as
+``g * 256 + check(g)`` with an 8-bit hash ``check`` (exact in float64 up to 2^45
+elements in all). Afterwards each parameter element holds the code of the checkpoint
+element it was loaded from, or 0 where no checkpoint element reached it (padding, which
+becomes an explicit zero fill). A value that is no code (not whole, out of range, or
+failing its check, as a scaled, summed or converted value does) means the loader
+computed it rather than copied it: that parameter is refused by name. The parameters' own memory is
+never written, and each gets its data back when the probe ends, also on error.
+
+The result is compressed into boxes: runs along a parameter's last axis that take
+consecutive elements of one checkpoint row, stacked into 2-D boxes where consecutive
+runs take consecutive rows at a fixed distance.
+"""
+
+from dataclasses import dataclass, field
+import math
+
+import numpy as np
+import torch
+
+
+class ProbeError(ValueError):
+    """A loader that does not copy checkpoint elements, or a probe that cannot run."""
+
+
+@dataclass
+class Piece:
+    """Box [lo, hi) of checkpoint tensor `tensor` lies in parameter `param` at element
+    `base`, axis k of the box stepping `strides[k]` elements (row-major of the box)."""
+    tensor: str
+    lo: tuple
+    hi: tuple
+    param: str
+    base: int
+    strides: tuple
+
+
+@dataclass
+class FillRegion:
+    """Elements of `param` no checkpoint element reaches: `shape` at `base`, `strides`."""
+    param: str
+    base: int
+    shape: tuple
+    strides: tuple
+
+
+@dataclass
+class ProbeResult:
+    pieces: list = field(default_factory=list)    # Piece
+    fills: list = field(default_factory=list)     # FillRegion
+    unreached: list = field(default_factory=list)  # parameters no checkpoint element reaches
+
+
+CHECK_BITS = 8
+
+
+def _check(numbers):
+    """The 8-bit check of element numbers (int64 array): a multiplicative hash's top bits."""
+    mixed = numbers.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return (mixed >> np.uint64(64 - CHECK_BITS)).astype(np.int64)
+
+
+def encode(numbers):
+    """Codes (float64) of element numbers (int64 array, from 1)."""
+    return (numbers * (1 << CHECK_BITS) + _check(numbers)).astype(np.float64)
+
+
+def encoded_checkpoint(shapes):
+    """(offsets, an iterator of (name, float64 tensor of codes)) for checkpoint tensors
+    `shapes` ({name: shape}, in a fixed order)."""
+    offsets, total = {}, 0
+    for name, shape in shapes.items():
+        offsets[name] = total
+        total += math.prod(shape)
+    if (total + 1) << CHECK_BITS >= 2 ** 53:
+        raise ProbeError(f"{total} checkpoint elements: their codes would pass 2^53, past float64's whole numbers")
+
+    def tensors():
+        for name, shape in shapes.items():
+            start = offsets[name] + 1
+            numbers = np.arange(start, start + math.prod(shape), dtype=np.int64)
+            yield name, torch.from_numpy(encode(numbers)).reshape(shape)
+
+    return offsets, tensors()
+
+
+def probe(params, shapes, load):
+    """Runs `load(weights)` once with `params` ({name: Parameter}) swapped for float64
+    probes; `weights` iterates (checkpoint name, tensor) over `shapes` ({name: shape}).
+    Returns a ProbeResult naming parameters by their keys in `params`."""
+    offsets, weights = encoded_checkpoint(shapes)
+    originals = {}
+    try:
+        for name, param in params.items():
+            originals[name] = param.data
+            param.data = torch.zeros(param.shape, dtype=torch.float64)
+        load(weights)
+        probed = {name: param.data.numpy().copy() for name, param in params.items()}
+    finally:
+        for name, data in originals.items():
+            params[name].data = data
+    names = list(shapes)
+    starts = np.array([offsets[n] for n in names], dtype=np.int64)
+    result = ProbeResult()
+    for param_name, values in probed.items():
+        _compress(param_name, values, names, starts, shapes, result)
+    return result
+
+
+def _decode(param_name, flat, total):
+    """Element numbers (int64, 0 where nothing was loaded) of a parameter's probe values;
+    refuses a value that is no checkpoint element's code."""
+    whole = np.isfinite(flat) & (flat == np.floor(flat)) & (flat >= 0) & (flat < float((total + 1) << CHECK_BITS))
+    codes = np.where(whole, flat, 0).astype(np.int64)
+    numbers = codes >> CHECK_BITS
+    bad = ~whole | ((codes != 0) & ((numbers == 0) | (_check(numbers) != (codes & ((1 << CHECK_BITS) - 1)))))
+    if bad.any():
+        at = int(np.argmax(bad))
+        raise ProbeError(f"the loader of parameter '{param_name}' wrote {flat[at]!r} at element {at}, which is no "
+                         "checkpoint element's code: it changes values instead of copying them")
+    return numbers
+
+
+class _Stacker:
+    """Stacks runs of equal length into 2-D regions: a run that continues a region (the
+    next checkpoint row, at the region's distance) extends it; a region of one run takes
+    the distance of the first run that continues it."""
+
+    def __init__(self):
+        self.regions = []   # every region, in order: [head, base, rows, length, stride, first]
+        self._single = {}   # (head, next row) -> region of one run
+        self._stacked = {}  # (head, next row, next base) -> region of two or more runs
+
+    def add(self, head, row, base, length, first=None):
+        """A run of `length` at `base`, row `row` of what `head` names; `first` is kept
+        for the region it starts."""
+        region = self._stacked.pop((head, row, base), None)
+        if region is None:
+            single = self._single.get((head, row))
+            if single is not None and base > single[1]:
+                del self._single[(head, row)]
+                region, single[4] = single, base - single[1]
+        if region is None:
+            region = [head, base, 1, length, None, first]
+            self.regions.append(region)
+            self._single[(head, row + 1)] = region
+            return
+        region[2] += 1
+        self._stacked[(head, row + 1, region[1] + region[4] * region[2])] = region
+
+
+def _compress(param_name, values, names, starts, shapes, result):
+    """Adds one parameter's pieces and fills to `result`."""
+    total = int(starts[-1]) + math.prod(shapes[names[-1]])
+    numbers = _decode(param_name, values.reshape(-1), total)
+    if not numbers.any():
+        result.unreached.append(param_name)
+        return
+    cols = values.shape[-1] if values.ndim else 1
+    rows = numbers.size // cols
+    grid = numbers.reshape(rows, cols)
+    filled = grid == 0
+    tensor_id = np.searchsorted(starts, np.maximum(grid - 1, 0), side="right") - 1
+    index = np.maximum(grid - 1, 0) - starts[tensor_id]
+    last_axis = np.array([shapes[n][-1] if len(shapes[n]) else 1 for n in names], dtype=np.int64)[tensor_id]
+    # A run ends where the tensor changes, the element is not the next one, a fill starts
+    # or stops, or a checkpoint row ends.
+    breaks = np.ones((rows, cols), dtype=bool)
+    breaks[:, 1:] = (filled[:, 1:] != filled[:, :-1]) | (~filled[:, 1:] & (
+        (tensor_id[:, 1:] != tensor_id[:, :-1]) | (index[:, 1:] != index[:, :-1] + 1) |
+        (index[:, 1:] % last_axis[:, 1:] == 0)))
+    run_rows, run_starts = np.nonzero(breaks)
+    ends = np.append(run_starts[1:], cols)
+    ends[np.append(run_rows[1:] != run_rows[:-1], True)] = cols
+    pieces, fills = _Stacker(), _Stacker()
+    for r, start, end in zip(run_rows.tolist(), run_starts.tolist(), ends.tolist()):
+        base = r * cols + start
+        if filled[r, start]:
+            fills.add(("fill", end - start), r, base, end - start)
+            continue
+        t = int(tensor_id[r, start])
+        tshape = shapes[names[t]]
+        coord = tuple(int(c) for c in np.unravel_index(int(index[r, start]), tshape)) if tshape else ()
+        if len(coord) >= 2:  # stacks along the checkpoint's second-to-last axis
+            pieces.add((t, coord[:-2], coord[-1], end - start), coord[-2], base, end - start, coord)
+        else:
+            pieces.regions.append([(t,), base, 1, end - start, None, coord])
+    for head, base, count, length, stride, coord in pieces.regions:
+        name = names[head[0]]
+        if len(coord) >= 2:
+            hi = coord[:-2] + (coord[-2] + count, coord[-1] + length)
+            strides = (1,) * (len(coord) - 2) + (stride if stride is not None else length, 1)
+        else:
+            hi, strides = ((coord[0] + length,), (1,)) if coord else ((), ())
+        result.pieces.append(Piece(name, coord, hi, param_name, base, strides))
+    for _, base, count, length, stride, _ in fills.regions:
+        result.fills.append(FillRegion(param_name, base, (count, length), (stride if stride is not None else cols, 1)))

@@ -1,0 +1,47 @@
+"""SGLang: each tensor-parallel worker's live weights as shardsync targets, placements
+learned by running the worker's own ``model.load_weights`` once.
+
+SGLang calls a custom weight loader inside every TP worker with the worker's model:
+start the server with ``--custom-weight-loader shardsync.integrations.sglang.register``
+and call, from the driver, ``engine.update_weights_from_tensor(named_tensors=[],
+load_format="shardsync.integrations.sglang.register", flush_cache=False)`` once the
+agents run. Around each sync: ``engine.pause_generation()``, the trainer's sync, then
+``engine.flush_cache()`` and ``engine.continue_generation()``.
+
+The agent's socket and the client id come from the environment of the SGLang process
+(SHARDSYNC_SOCKET, formatted with ``device``; SHARDSYNC_CLIENT_ID), since SGLang's hook
+passes only the model; the checkpoint's shapes from its safetensors files.
+After ``release_memory_occupation``/``resume_memory_occupation`` the weights keep their
+addresses but, without ``--enable-weights-cpu-backup``, not their contents: sync again.
+"""
+
+import os
+
+import torch
+
+from shardsync.client import AgentClient
+from shardsync.integrations.modules import safetensors_shapes
+from shardsync.integrations.targets import EngineTarget, loader_targets
+
+_targets = {}  # by device: this process's registration, kept alive
+
+
+def register(model, named_tensors):
+    """SGLang's custom-weight-loader hook: registers `model`'s weights (the call's
+    `named_tensors` are not used)."""
+    device = next(model.parameters()).device
+    index = device.index if device.type == "cuda" else 0
+    socket = os.environ["SHARDSYNC_SOCKET"].format(device=index)
+    client_id = f"{os.environ.get('SHARDSYNC_CLIENT_ID', 'sglang')}-{index}"
+    shapes = safetensors_shapes(os.environ["SHARDSYNC_CHECKPOINT"])
+    if index in _targets:
+        _targets[index].reregister()
+        return
+    _targets[index] = EngineTarget(AgentClient(socket), client_id,
+                                   lambda: loader_targets(model, model.load_weights, shapes))
+
+
+def current(device=None):
+    """The EngineTarget this process registered for `device` (default: the current CUDA
+    device)."""
+    return _targets[torch.cuda.current_device() if device is None else device]

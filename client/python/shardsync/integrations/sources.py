@@ -1,0 +1,157 @@
+"""Trainer adapters: the shards a trainer holds, read from the framework's own partition
+metadata, as shardsync sources in checkpoint (Hugging Face) names. Each ``*_sources``
+function returns (buffers, layouts) for ``AgentClient.register``; ``TrainerSource``
+registers them and registers again when the memory moved.
+
+- ``module_sources``: every parameter whole on this rank (a plain module, a Hugging Face
+  model, DeepSpeed ZeRO-1/2, whose bf16 parameters are views of a flat that every DP rank
+  holds whole after each step).
+- ``fsdp2_sources``: each DTensor's local shard, where the DTensor itself says it lies
+  (Shard(0) and Replicate placements, HSDP's replicate x shard included; an uneven last
+  shard and empty shards as torch.chunk makes them).
+- ``zero3_sources``: each DeepSpeed ZeRO-3 parameter's ``ds_tensor`` partition: rank r of
+  the parameter's process group holds elements [r*P, min((r+1)*P, ds_numel)) of its
+  row-major elements, P the partition's size.
+"""
+
+
+from shardsync.integrations.memory import tensor_buffer
+from shardsync.integrations.modules import checkpoint_name, flat_pieces, segments
+from shardsync.layouts import tensor_layout
+from shardsync.torch_support import TORCH_DTYPES
+
+
+def _dtype_name(tensor, name):
+    if tensor.dtype not in TORCH_DTYPES:
+        raise ValueError(f"parameter '{name}' has dtype {tensor.dtype}, which shardsync does not move")
+    return TORCH_DTYPES[tensor.dtype]
+
+
+class Layouts:
+    """Buffers and TensorLayouts of one side, built a stretch at a time."""
+
+    def __init__(self):
+        self.buffers = {}
+        self._tensors = {}
+
+    def add_stretch(self, buffer_name, tensor, param_name, param_shape, begin, end):
+        """`tensor` (contiguous, registered as `buffer_name`) holds elements [begin, end)
+        of the row-major elements of parameter `param_name` (a checkpoint-style name) of
+        global `param_shape`."""
+        if end <= begin:
+            return
+        if buffer_name not in self.buffers:
+            self.buffers[buffer_name] = tensor_buffer(tensor)
+        dtype = _dtype_name(tensor, param_name)
+        for seg, first, last, offset in flat_pieces(segments(param_name, param_shape), begin, end):
+            layout = self._tensors.get(seg.name)
+            if layout is None:
+                layout = self._tensors[seg.name] = tensor_layout(seg.name, seg.shape, dtype)
+            layout.flat_placements.add(buffer=buffer_name, base=offset, begin=first, end=last)
+
+    def result(self):
+        return self.buffers, list(self._tensors.values())
+
+
+def module_sources(module, rename=None):
+    """Every parameter of `module` whole, from its own memory."""
+    out = Layouts()
+    for name, param in module.named_parameters():
+        ckpt = checkpoint_name(name, rename)
+        out.add_stretch(ckpt, param.data, ckpt, param.shape, 0, param.numel())
+    return out.result()
+
+
+def _dtensor_api():
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+    except ImportError:  # torch < 2.4
+        from torch.distributed._tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    return DTensor, Replicate, Shard, compute_local_shape_and_global_offset
+
+
+def fsdp2_sources(module, rename=None):
+    """Each parameter's local shard as FSDP2 (fully_shard) holds it: a DTensor whose
+    placements are Shard(0) or Replicate on each mesh dimension. A parameter that is no
+    DTensor (left out of sharding) counts whole. Other placements are refused by name."""
+    DTensor, Replicate, Shard, local_shape_and_offset = _dtensor_api()
+    out = Layouts()
+    for name, param in module.named_parameters():
+        ckpt = checkpoint_name(name, rename)
+        if not isinstance(param, DTensor):
+            out.add_stretch(ckpt, param.data, ckpt, param.shape, 0, param.numel())
+            continue
+        for placement in param.placements:
+            if not (isinstance(placement, Replicate) or (isinstance(placement, Shard) and placement.dim == 0)):
+                raise ValueError(f"parameter '{name}' has placement {placement}: shardsync reads Shard(0) and "
+                                 "Replicate placements only")
+        local = param.to_local()
+        if local.numel() == 0:
+            continue
+        local_shape, offset = local_shape_and_offset(param.shape, param.device_mesh, param.placements)
+        if tuple(local_shape) != tuple(local.shape):
+            raise ValueError(f"parameter '{name}': the local tensor is {list(local.shape)}, its placements say "
+                             f"{list(local_shape)}")
+        row = local.numel() // local.shape[0] if local.dim() else 1
+        begin = offset[0] * row if local.dim() else 0
+        out.add_stretch(ckpt, local, ckpt, param.shape, begin, begin + local.numel())
+    return out.result()
+
+
+def zero3_sources(module, rename=None, rank_of=None):
+    """Each parameter's ZeRO-3 partition (``ds_tensor``), placed by DeepSpeed's own
+    partition arithmetic: the partition's size P and this rank's index in the
+    parameter's ``ds_process_group`` (``rank_of(group)``; default
+    ``torch.distributed.get_rank(group=group)``)."""
+    if rank_of is None:
+        import torch.distributed as dist
+        rank_of = lambda group: dist.get_rank(group=group)  # noqa: E731
+    out = Layouts()
+    for name, param in module.named_parameters():
+        ckpt = checkpoint_name(name, rename)
+        partition = getattr(param, "ds_tensor", None)
+        if partition is None:
+            raise ValueError(f"parameter '{name}' has no ds_tensor: not partitioned by ZeRO-3")
+        size = partition.numel()
+        rank = rank_of(param.ds_process_group)
+        begin = rank * size
+        end = min(begin + size, param.ds_numel)
+        if end > begin:
+            out.add_stretch(ckpt, partition.narrow(0, 0, end - begin), ckpt, tuple(param.ds_shape), begin, end)
+    return out.result()
+
+
+def namespaced(buffers, layouts, prefix):
+    """`buffers` and `layouts` with every buffer name prefixed by ``prefix + "/"``: buffer
+    names are unique among all clients of an agent."""
+    renamed = {f"{prefix}/{name}": buffer for name, buffer in buffers.items()}
+    for layout in layouts:
+        for placement in list(layout.placements) + list(layout.flat_placements) + list(layout.fills):
+            placement.buffer = f"{prefix}/{placement.buffer}"
+    return renamed, layouts
+
+
+class TrainerSource:
+    """A trainer's shards registered with its agent as sources. `describe()` returns
+    (buffers, layouts), e.g. ``lambda: fsdp2_sources(model)``. ``reregister()`` after the
+    trainer's memory moved (offload and reload, ``load_state_dict(assign=True)``); the
+    layout is the same, so the coordinator keeps its plan. `ready_event`: as
+    ``AgentClient.register``'s."""
+
+    def __init__(self, agent, client_id, describe, ready_event=None):
+        self._agent, self._client_id, self._describe, self._ready_event = agent, client_id, describe, ready_event
+        self.registration = None
+        self.reregister()
+
+    def reregister(self):
+        if self.registration is not None:
+            self.registration.close()
+        buffers, layouts = namespaced(*self._describe(), self._client_id)
+        self.registration = self._agent.register(self._client_id, "source", buffers, layouts,
+                                                 ready_event=self._ready_event)
+
+    def close(self):
+        if self.registration is not None:
+            self.registration.close()
+            self.registration = None

@@ -1,0 +1,254 @@
+"""Trainers and engines joined through shardsync.integrations against real daemons (CPU
+agents): no placement is written by hand here. The oracle is independent of shardsync's
+layout code: an engine instance loaded by its own loader from the trainer's full
+checkpoint must equal, parameter by parameter and byte by byte, the instance a sync
+filled from the sharded trainer.
+
+What ran against what: the engine is the vLLM stand-in (tests/python/standins/
+vllm_qwen3.py, vLLM's Qwen3 and Qwen3-MoE loading code paths; vLLM cannot be installed
+here); the ZeRO trainers are the DeepSpeed stand-in (tests/python/standins/
+deepspeed_zero.py); the plain-module trainer is a real torch module named as Hugging Face
+names a checkpoint.
+"""
+
+import math
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+
+from shardsync.client import AgentClient, CoordinatorClient
+from shardsync.integrations import (EngineTarget, ProbeError, TrainerSource, loader_targets, module_sources,
+                                    module_targets, zero3_sources)
+from shardsync.integrations.modules import checkpoint_name, safetensors_shapes, segments
+from shardsync.local_cluster import LocalCluster
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from standins import deepspeed_zero, vllm_qwen3  # noqa: E402
+
+AGENT = "daemon/agent/shardsync-agent"
+COORDINATOR = "daemon/coordinator/shardsync-coordinator"
+WORLD = 4  # agents; trainer DP ranks and engine TP ranks both live on them
+
+DENSE = vllm_qwen3.Qwen3Config(vocab_size=150, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+TIED = vllm_qwen3.Qwen3Config(**{**DENSE.__dict__, "tie_word_embeddings": True})
+MOE = vllm_qwen3.Qwen3Config(**{**DENSE.__dict__, "num_experts": 4, "moe_intermediate_size": 16})
+
+
+class CheckpointModule(torch.nn.Module):
+    """A module whose parameters are a checkpoint's tensors, under their names (as a
+    Hugging Face model's are)."""
+
+    def __init__(self, shapes, dtype=torch.bfloat16):
+        super().__init__()
+        for name, shape in shapes.items():
+            *path, leaf = name.split(".")
+            owner = self
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, torch.nn.Module())
+                owner = getattr(owner, part)
+            owner.register_parameter(leaf, torch.nn.Parameter(torch.empty(shape, dtype=dtype)))
+
+
+def random_checkpoint(shapes, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=generator).to(torch.bfloat16) for name, shape in shapes.items()}
+
+
+def loaded_engine(config, tp_rank, tp, checkpoint, load_weights=None, **options):
+    """The oracle: a stand-in engine rank loaded by its own loader from the full checkpoint."""
+    engine = vllm_qwen3.Qwen3ForCausalLM(config, tp_rank=tp_rank, tp_size=tp, **options)
+    (load_weights or engine.load_weights)(checkpoint.items())
+    return engine
+
+
+def differences(engine, oracle):
+    """Parameters whose bytes differ between two engine instances."""
+    theirs = dict(oracle.named_parameters())
+    return [name for name, param in engine.named_parameters()
+            if not torch.equal(param.data.view(torch.int16), theirs[name].data.view(torch.int16))]
+
+
+class IntegrationsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        logs = tempfile.mkdtemp(prefix="ss-integrations-", dir="/tmp")
+        cls.cluster = LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR,
+                                   staging_bytes=1 << 20)
+        cls.coordinator = CoordinatorClient(cls.cluster.coordinator, insecure=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def setUp(self):
+        self.handles = []
+
+    def tearDown(self):
+        for handle in self.handles:
+            handle.close()
+
+    def agent(self, rank):
+        return AgentClient(self.cluster.socket(rank))
+
+    def zero3_trainer(self, shapes, checkpoint, dp):
+        """DeepSpeed ZeRO-3 (stand-in) over DP ranks 0..dp-1, each registered with its agent."""
+        modules = []
+        for rank in range(dp):
+            module = CheckpointModule(shapes)
+            deepspeed_zero.partition_zero3(module, rank, dp, checkpoint)
+            self.handles.append(TrainerSource(self.agent(rank), f"trainer-{rank}",
+                                              lambda m=module: zero3_sources(m, rank_of=lambda g: g.rank)))
+            modules.append(module)
+        return modules
+
+    def engines(self, config, tp, **options):
+        """Stand-in vLLM engine ranks 0..tp-1 on agents 0..tp-1, registered through their loader."""
+        shapes = vllm_qwen3.checkpoint_shapes(config)
+        out = []
+        for rank in range(tp):
+            engine = vllm_qwen3.Qwen3ForCausalLM(config, tp_rank=rank, tp_size=tp, **options)
+            for param in engine.parameters():
+                param.data.fill_(float("nan"))  # poison: every byte must come from the sync
+            self.handles.append(EngineTarget(self.agent(rank), f"rollout-{rank}",
+                                             lambda e=engine: loader_targets(e, e.load_weights, shapes)))
+            out.append(engine)
+        return out
+
+    def sync(self):
+        response = self.coordinator.sync(timeout=60, verify=True)
+        self.assertTrue(response.ranks, "the sync reports its ranks")
+        return response
+
+    def check_engine_pair(self, config, tp, **options):
+        """ZeRO-3 over 4 ranks into one TP=tp engine replica: exact against the oracle after
+        two syncs with new values."""
+        shapes = vllm_qwen3.checkpoint_shapes(config)
+        first = random_checkpoint(shapes, 1)
+        trainers = self.zero3_trainer(shapes, first, WORLD)
+        engines = self.engines(config, tp, **options)
+        for seed, checkpoint in ((1, first), (2, random_checkpoint(shapes, 2))):
+            for module in trainers:
+                deepspeed_zero.refill_zero3(module, checkpoint)
+            self.sync()
+            for rank, engine in enumerate(engines):
+                with self.subTest(seed=seed, tp_rank=rank):
+                    self.assertEqual(differences(engine, loaded_engine(config, rank, tp, checkpoint, **options)), [])
+
+    def test_zero3_into_vllm_dense_at_tp_1_2_4(self):
+        for tp in (1, 2, 4):
+            with self.subTest(tp=tp):
+                self.check_engine_pair(DENSE, tp)
+                self.tearDown()
+                self.setUp()
+
+    def test_zero3_into_vllm_tied_embeddings_at_tp_2(self):
+        self.check_engine_pair(TIED, 2)
+
+    def test_zero3_into_vllm_moe_at_tp_2_and_with_expert_parallel(self):
+        self.check_engine_pair(MOE, 2)
+        self.tearDown()
+        self.setUp()
+        self.check_engine_pair(MOE, 4, enable_expert_parallel=True)
+
+    def test_a_wrong_derivation_is_caught_by_the_oracle(self):
+        """Placements derived from a loader that takes the wrong k/v heads (a broken
+        derivation) sync without error, and the oracle names the parameters they
+        corrupted."""
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        checkpoint = random_checkpoint(shapes, 3)
+        self.zero3_trainer(shapes, checkpoint, WORLD)
+        tp = 4  # 2 kv heads over 4 ranks: rank r takes kv head r // 2
+        engines = []
+        for rank in range(tp):
+            engine = vllm_qwen3.Qwen3ForCausalLM(DENSE, tp_rank=rank, tp_size=tp)
+            broken = vllm_qwen3.Qwen3ForCausalLM(DENSE, tp_rank=(rank + 2) % tp, tp_size=tp)
+            # The broken instance's parameters, with their loaders, derive the placements of
+            # this rank's memory: rank r receives the heads of rank r + 2.
+            for (name, param), (_, other) in zip(engine.named_parameters(), broken.named_parameters()):
+                other.data = param.data
+            self.handles.append(EngineTarget(self.agent(rank), f"rollout-{rank}",
+                                             lambda b=broken: loader_targets(b, b.load_weights, shapes)))
+            engines.append(engine)
+        self.sync()
+        wrong = [name for rank, engine in enumerate(engines)
+                 for name in differences(engine, loaded_engine(DENSE, rank, tp, checkpoint))]
+        self.assertTrue(any("qkv_proj" in name for name in wrong), wrong)
+
+    def test_a_plain_module_trainer_into_a_module_engine(self):
+        """A whole module on rank 0 (a plain trainer) into a whole module on rank 1 (a
+        Hugging Face model as the rollout), with fused MoE experts on the engine side as
+        transformers 5 stores them."""
+        shapes = vllm_qwen3.checkpoint_shapes(MOE)
+        checkpoint = random_checkpoint(shapes, 4)
+        trainer = CheckpointModule(shapes)
+        for name, param in trainer.named_parameters():
+            param.data.copy_(checkpoint[name])
+        self.handles.append(TrainerSource(self.agent(0), "trainer-0", lambda: module_sources(trainer)))
+        fused = {}
+        for name, shape in shapes.items():
+            stem, _, rest = name.partition(".mlp.experts.")
+            if not rest:
+                fused[name] = shape
+            elif rest.startswith("0.gate_proj"):
+                fused[stem + ".mlp.experts.gate_up_proj"] = (MOE.num_experts, 2 * shape[0], shape[1])
+            elif rest.startswith("0.down_proj"):
+                fused[stem + ".mlp.experts.down_proj"] = (MOE.num_experts,) + shape
+        engine = CheckpointModule(fused)
+        for param in engine.parameters():
+            param.data.fill_(float("nan"))
+        self.handles.append(EngineTarget(self.agent(1), "rollout-1", lambda: module_targets(engine)))
+        self.sync()
+        for name, param in engine.named_parameters():
+            expected = torch.cat([checkpoint[s.name].reshape(-1) for s in segments(name, param.shape)])
+            self.assertTrue(torch.equal(param.data.reshape(-1).view(torch.int16), expected.view(torch.int16)), name)
+
+    def test_a_loader_that_changes_values_is_refused_naming_the_parameter(self):
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        engine = vllm_qwen3.Qwen3ForCausalLM(DENSE)
+
+        def scaled(weights):
+            engine.load_weights((name, t * 2 if name.endswith("o_proj.weight") else t) for name, t in weights)
+
+        with self.assertRaises(ProbeError) as refused:
+            loader_targets(engine, scaled, shapes)
+        self.assertIn("o_proj", str(refused.exception))
+        for param in engine.parameters():
+            self.assertEqual(param.dtype, torch.bfloat16)  # every parameter got its memory back
+
+
+class NamesTest(unittest.TestCase):
+    def test_wrapper_components_leave_checkpoint_names(self):
+        self.assertEqual(checkpoint_name("module._orig_mod.model.layers.0._checkpoint_wrapped_module.mlp.weight"),
+                         "model.layers.0.mlp.weight")
+        self.assertEqual(checkpoint_name("model.norm.weight", rename=lambda n: "x." + n), "x.model.norm.weight")
+
+    def test_fused_experts_are_each_experts_checkpoint_tensors_in_order(self):
+        parts = segments("model.layers.3.mlp.experts.gate_up_proj", (2, 6, 5))
+        self.assertEqual([(s.name, s.shape, s.offset) for s in parts], [
+            ("model.layers.3.mlp.experts.0.gate_proj.weight", (3, 5), 0),
+            ("model.layers.3.mlp.experts.0.up_proj.weight", (3, 5), 15),
+            ("model.layers.3.mlp.experts.1.gate_proj.weight", (3, 5), 30),
+            ("model.layers.3.mlp.experts.1.up_proj.weight", (3, 5), 45)])
+        self.assertEqual(segments("model.norm.weight", (5,))[0].offset, 0)
+
+    def test_safetensors_headers_give_the_shapes(self):
+        import json
+        import struct
+        folder = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        header = json.dumps({"a.weight": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+                             "__metadata__": {"format": "pt"}}).encode()
+        with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + bytes(12))
+        self.assertEqual(safetensors_shapes(folder), {"a.weight": (2, 3)})
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=2).result
+    failed = len(result.failures) + len(result.errors)
+    print(f"{result.testsRun - failed} passed, {failed} failed")
+    sys.exit(1 if failed or result.testsRun == 0 else 0)
