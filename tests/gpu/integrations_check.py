@@ -1,0 +1,198 @@
+"""FSDP2 trainers (real torch FSDP2) into a Hugging Face engine (real transformers) and
+the vLLM stand-in (tests/python/standins/vllm_qwen3.py) at TP = the trainer's world,
+through real daemons, for Qwen3 and Qwen3-MoE small configs (random weights). No
+placement is written here: every side comes from shardsync.integrations.
+
+  --device cuda: world 1, one CUDA agent on GPU 0
+  --device cpu --world W: W processes on gloo (a CPU device mesh), W CPU agents
+
+Oracles, each independent of shardsync's layout code: the trainer's full weights saved
+with save_pretrained and loaded back by transformers' own from_pretrained (the HF engine
+must equal it byte for byte, and give the FSDP2 trainer's logits); the same checkpoint
+loaded by the stand-in's own loader (each stand-in rank must equal it). Two syncs, new values
+before the second. Prints "ok ..." / "FAIL ..." and "N passed, N failed".
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+MODELS = ("qwen3", "qwen3-moe")
+
+
+def hf_model(kind):
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
+    if kind == "qwen3":
+        return Qwen3ForCausalLM, Qwen3Config(intermediate_size=96, **common)
+    return Qwen3MoeForCausalLM, Qwen3MoeConfig(intermediate_size=96, num_experts=4, num_experts_per_tok=2,
+                                               moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[],
+                                               **common)
+
+
+def standin_config(config):
+    from standins import vllm_qwen3
+    return vllm_qwen3.Qwen3Config(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+        tie_word_embeddings=config.tie_word_embeddings, num_experts=getattr(config, "num_experts", 0),
+        moe_intermediate_size=getattr(config, "moe_intermediate_size", 0))
+
+
+def same_bytes(a, b):
+    return a.shape == b.shape and torch.equal(a.detach().cpu().view(torch.int16), b.detach().cpu().view(torch.int16))
+
+
+class Report:
+    def __init__(self, rank):
+        self.rank, self.passed, self.failed = rank, 0, 0
+
+    def check(self, ok, what):
+        print(f"{'ok' if ok else 'FAIL'} [rank {self.rank}] {what}", flush=True)
+        self.passed += bool(ok)
+        self.failed += not ok
+
+
+def run(rank, world, device_kind, sockets, coordinator, port, folder, results):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from safetensors.torch import load_file
+    from shardsync.client import AgentClient, CoordinatorClient
+    from shardsync.integrations import EngineTarget, TrainerSource, fsdp2_sources, loader_targets, module_targets
+    from standins import vllm_qwen3
+
+    report = Report(rank)
+    dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", rank=rank, world_size=world,
+                            init_method=f"tcp://127.0.0.1:{port}")
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    if device_kind == "cuda":
+        torch.cuda.set_device(0)
+    mesh = init_device_mesh(device_kind, (world,))
+    agent = AgentClient(sockets[rank])
+    try:
+        for kind in MODELS:
+            cls, config = hf_model(kind)
+            torch.manual_seed(0)  # the same initial weights on every rank
+            trainer = cls(config).to(torch.bfloat16).to(device)
+            for layer in trainer.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(trainer, mesh=mesh)
+            handles = [TrainerSource(agent, f"trainer-{rank}", lambda: fsdp2_sources(trainer))]
+            hf = None
+            if rank == 0:
+                hf = cls(config).to(torch.bfloat16).to(device)
+                for p in hf.parameters():
+                    p.data.fill_(float("nan"))
+                handles.append(EngineTarget(agent, "hf-0", lambda: module_targets(hf)))
+            scfg = standin_config(config)
+            shapes = vllm_qwen3.checkpoint_shapes(scfg)
+            standin = vllm_qwen3.Qwen3ForCausalLM(scfg, tp_rank=rank, tp_size=world, device=device)
+            for p in standin.parameters():
+                p.data.fill_(float("nan"))
+            handles.append(EngineTarget(agent, f"vllm-{rank}", lambda: loader_targets(standin, standin.load_weights,
+                                                                                    shapes)))
+            for step in (1, 2):
+                if step == 2:  # new values, in place, as an optimizer step leaves them
+                    with torch.no_grad():
+                        for p in trainer.parameters():
+                            local = p.to_local()
+                            local.add_(torch.randn(local.shape, device=device).to(local.dtype) * 0.01)
+                if device_kind == "cuda":
+                    torch.cuda.synchronize()  # the trainer's writes complete before the sync reads them
+                dist.barrier()
+                if rank == 0:
+                    response = CoordinatorClient(coordinator, insecure=True).sync(timeout=120, verify=True)
+                    report.check(len(response.ranks) == world, f"{kind} sync {step}: every rank took part, verified")
+                dist.barrier()
+                full = {name: p.full_tensor() for name, p in trainer.named_parameters()}
+                ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(step))
+                with torch.no_grad():
+                    expected_logits = trainer(ids.to(device)).logits  # FSDP2's forward: every rank takes part
+                trainer.reshard()  # a forward without backward leaves the root's parameters unsharded
+                if rank == 0:
+                    reference = cls(config).to(torch.bfloat16)
+                    reference.load_state_dict({k: v.cpu() for k, v in full.items()})
+                    reference.save_pretrained(folder)
+                dist.barrier()
+                checkpoint = {}
+                for name in sorted(os.listdir(folder)):
+                    if name.endswith(".safetensors"):
+                        checkpoint.update(load_file(os.path.join(folder, name)))
+                report.check(set(checkpoint) == set(shapes),
+                             f"{kind} sync {step}: the saved checkpoint has the stand-in's tensor names")
+                if rank == 0:
+                    oracle = cls.from_pretrained(folder, dtype=torch.bfloat16).to(device)
+                    theirs = dict(oracle.named_parameters())
+                    wrong = [n for n, p in hf.named_parameters() if not same_bytes(p, theirs[n])]
+                    report.check(not wrong, f"{kind} sync {step}: the HF engine equals from_pretrained's model {wrong}")
+                    with torch.no_grad():
+                        logits = hf(ids.to(device)).logits
+                    difference = (logits.float() - expected_logits.float()).abs().max().item()
+                    report.check(same_bytes(logits, expected_logits),
+                                 f"{kind} sync {step}: the HF engine's logits are the trainer's (largest difference "
+                                 f"{difference})")
+                loaded = vllm_qwen3.Qwen3ForCausalLM(scfg, tp_rank=rank, tp_size=world, device=device)
+                loaded.load_weights((n, t.to(device)) for n, t in checkpoint.items())
+                theirs = dict(loaded.named_parameters())
+                wrong = [n for n, p in standin.named_parameters() if not same_bytes(p, theirs[n])]
+                report.check(not wrong, f"{kind} sync {step}: vLLM stand-in TP rank {rank} of {world} equals its own "
+                                        f"load of the checkpoint {wrong}")
+            for handle in handles:
+                handle.close()
+            dist.barrier()
+    except Exception:
+        traceback.print_exc()
+        report.check(False, "no exception")
+    finally:
+        dist.destroy_process_group()
+    results.put((report.passed, report.failed))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True, help="folder of shardsync-agent and shardsync-coordinator")
+    parser.add_argument("--device", choices=["cuda", "cpu"], required=True)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--logs", default=tempfile.mkdtemp(prefix="ss-integrations-"))
+    args = parser.parse_args()
+    if args.device == "cuda" and args.world != 1:
+        parser.error("--device cuda runs world 1 (several agents on one GPU need the direct path)")
+    from shardsync.local_cluster import LocalCluster
+    cluster = LocalCluster(args.bin, args.world, args.logs, cuda=args.device == "cuda", staging_bytes=1 << 20)
+    try:
+        context = mp.get_context("spawn")
+        results = context.Queue()
+        port = 29500 + os.getpid() % 1000
+        folder = tempfile.mkdtemp(prefix="ss-checkpoint-")  # rank 0 saves the oracle's checkpoint, all read it
+        workers = [context.Process(target=run, args=(r, args.world, args.device,
+                                                     [cluster.socket(i) for i in range(args.world)],
+                                                     cluster.coordinator, port, folder, results))
+                   for r in range(args.world)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=600)
+        passed = failed = 0
+        while not results.empty():
+            p, f = results.get()
+            passed, failed = passed + p, failed + f
+        failed += sum(1 for w in workers if w.exitcode != 0)
+    finally:
+        cluster.stop()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed or not passed else 0)
+
+
+if __name__ == "__main__":
+    main()
