@@ -5,6 +5,7 @@ placement is written here: every side comes from shardsync.integrations.
 
   --device cuda: world 1, one CUDA agent on GPU 0
   --device cpu --world W: W processes on gloo (a CPU device mesh), W CPU agents
+  --hsdp: HSDP, a (2, W/2) mesh of replicate x shard
 
 Oracles, each independent of shardsync's layout code: the trainer's full weights saved
 with save_pretrained and loaded back by transformers' own from_pretrained (the HF engine
@@ -26,18 +27,21 @@ import torch.multiprocessing as mp
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
-MODELS = ("qwen3", "qwen3-moe")
+# The vocabulary (250) splits unevenly over 4 ranks (63, 63, 63, 61) and pads to 256 on
+# the engine (zero fills); 3 experts leave FSDP2's 4th rank an empty router shard.
+MODELS = ("qwen3", "qwen3-tied", "qwen3-moe", "qwen3-moe-3-experts")
 
 
 def hf_model(kind):
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
-    if kind == "qwen3":
-        return Qwen3ForCausalLM, Qwen3Config(intermediate_size=96, **common)
-    return Qwen3MoeForCausalLM, Qwen3MoeConfig(intermediate_size=96, num_experts=4, num_experts_per_tok=2,
-                                               moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[],
-                                               **common)
+    common = dict(vocab_size=250, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, max_position_embeddings=64, tie_word_embeddings=kind == "qwen3-tied")
+    if kind.startswith("qwen3-moe"):
+        experts = 3 if kind.endswith("3-experts") else 4
+        return Qwen3MoeForCausalLM, Qwen3MoeConfig(intermediate_size=96, num_experts=experts, num_experts_per_tok=2,
+                                                   moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[],
+                                                   **common)
+    return Qwen3ForCausalLM, Qwen3Config(intermediate_size=96, **common)
 
 
 def standin_config(config):
@@ -64,7 +68,7 @@ class Report:
         self.failed += not ok
 
 
-def run(rank, world, device_kind, sockets, coordinator, port, folder, results):
+def run(rank, world, device_kind, hsdp, sockets, coordinator, port, folder, results):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from safetensors.torch import load_file
@@ -78,7 +82,9 @@ def run(rank, world, device_kind, sockets, coordinator, port, folder, results):
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     if device_kind == "cuda":
         torch.cuda.set_device(0)
-    mesh = init_device_mesh(device_kind, (world,))
+    # HSDP: two replicas, each sharded over half the ranks.
+    mesh = (init_device_mesh(device_kind, (2, world // 2), mesh_dim_names=("replicate", "shard")) if hsdp
+            else init_device_mesh(device_kind, (world,)))
     agent = AgentClient(sockets[rank])
     try:
         for kind in MODELS:
@@ -97,17 +103,19 @@ def run(rank, world, device_kind, sockets, coordinator, port, folder, results):
                 handles.append(EngineTarget(agent, "hf-0", lambda: module_targets(hf)))
             scfg = standin_config(config)
             shapes = vllm_qwen3.checkpoint_shapes(scfg)
-            standin = vllm_qwen3.Qwen3ForCausalLM(scfg, tp_rank=rank, tp_size=world, device=device)
-            for p in standin.parameters():
-                p.data.fill_(float("nan"))
-            handles.append(EngineTarget(agent, f"vllm-{rank}", lambda: loader_targets(standin, standin.load_weights,
-                                                                                    shapes)))
+            # vLLM refuses a MoE with fewer experts than TP ranks; the HF engine still runs.
+            standin = None
+            if scfg.num_experts == 0 or world <= scfg.num_experts:
+                standin = vllm_qwen3.Qwen3ForCausalLM(scfg, tp_rank=rank, tp_size=world, device=device)
+                for p in standin.parameters():
+                    p.data.fill_(float("nan"))
+                handles.append(EngineTarget(agent, f"vllm-{rank}",
+                                            lambda: loader_targets(standin, standin.load_weights, shapes)))
             for step in (1, 2):
-                if step == 2:  # new values, in place, as an optimizer step leaves them
+                if step == 2:  # new values, in place, the same on every replica of a shard (HSDP)
                     with torch.no_grad():
                         for p in trainer.parameters():
-                            local = p.to_local()
-                            local.add_(torch.randn(local.shape, device=device).to(local.dtype) * 0.01)
+                            p.to_local().mul_(-0.5).add_(0.25)
                 if device_kind == "cuda":
                     torch.cuda.synchronize()  # the trainer's writes complete before the sync reads them
                 dist.barrier()
@@ -122,7 +130,10 @@ def run(rank, world, device_kind, sockets, coordinator, port, folder, results):
                 trainer.reshard()  # a forward without backward leaves the root's parameters unsharded
                 if rank == 0:
                     reference = cls(config).to(torch.bfloat16)
-                    reference.load_state_dict({k: v.cpu() for k, v in full.items()})
+                    # Tied weights: named_parameters() has the embedding once; the module ties lm_head to it.
+                    missing, unexpected = reference.load_state_dict({k: v.cpu() for k, v in full.items()}, strict=False)
+                    report.check(set(missing) <= {"lm_head.weight"} and not unexpected,
+                                 f"{kind} sync {step}: the trainer's weights are the model's {missing} {unexpected}")
                     reference.save_pretrained(folder)
                 dist.barrier()
                 checkpoint = {}
@@ -142,12 +153,13 @@ def run(rank, world, device_kind, sockets, coordinator, port, folder, results):
                     report.check(same_bytes(logits, expected_logits),
                                  f"{kind} sync {step}: the HF engine's logits are the trainer's (largest difference "
                                  f"{difference})")
-                loaded = vllm_qwen3.Qwen3ForCausalLM(scfg, tp_rank=rank, tp_size=world, device=device)
-                loaded.load_weights((n, t.to(device)) for n, t in checkpoint.items())
-                theirs = dict(loaded.named_parameters())
-                wrong = [n for n, p in standin.named_parameters() if not same_bytes(p, theirs[n])]
-                report.check(not wrong, f"{kind} sync {step}: vLLM stand-in TP rank {rank} of {world} equals its own "
-                                        f"load of the checkpoint {wrong}")
+                if standin is not None:
+                    loaded = vllm_qwen3.Qwen3ForCausalLM(scfg, tp_rank=rank, tp_size=world, device=device)
+                    loaded.load_weights((n, t.to(device)) for n, t in checkpoint.items())
+                    theirs = dict(loaded.named_parameters())
+                    wrong = [n for n, p in standin.named_parameters() if not same_bytes(p, theirs[n])]
+                    report.check(not wrong, f"{kind} sync {step}: vLLM stand-in TP rank {rank} of {world} equals its "
+                                            f"own load of the checkpoint {wrong}")
             for handle in handles:
                 handle.close()
             dist.barrier()
@@ -164,10 +176,13 @@ def main():
     parser.add_argument("--bin", required=True, help="folder of shardsync-agent and shardsync-coordinator")
     parser.add_argument("--device", choices=["cuda", "cpu"], required=True)
     parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--hsdp", action="store_true", help="a (2, world/2) mesh: replicate x shard")
     parser.add_argument("--logs", default=tempfile.mkdtemp(prefix="ss-integrations-"))
     args = parser.parse_args()
     if args.device == "cuda" and args.world != 1:
         parser.error("--device cuda runs world 1 (several agents on one GPU need the direct path)")
+    if args.hsdp and args.world % 2:
+        parser.error("--hsdp needs an even world")
     from shardsync.local_cluster import LocalCluster
     cluster = LocalCluster(args.bin, args.world, args.logs, cuda=args.device == "cuda", staging_bytes=1 << 20)
     try:
@@ -175,7 +190,7 @@ def main():
         results = context.Queue()
         port = 29500 + os.getpid() % 1000
         folder = tempfile.mkdtemp(prefix="ss-checkpoint-")  # rank 0 saves the oracle's checkpoint, all read it
-        workers = [context.Process(target=run, args=(r, args.world, args.device,
+        workers = [context.Process(target=run, args=(r, args.world, args.device, args.hsdp,
                                                      [cluster.socket(i) for i in range(args.world)],
                                                      cluster.coordinator, port, folder, results))
                    for r in range(args.world)]

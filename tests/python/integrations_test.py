@@ -21,7 +21,7 @@ import torch
 
 from shardsync.client import AgentClient, CoordinatorClient
 from shardsync.integrations import (EngineTarget, ProbeError, TrainerSource, loader_targets, module_sources,
-                                    module_targets, zero3_sources)
+                                    module_targets, zero3_sources, zero12_master_sources)
 from shardsync.integrations.modules import checkpoint_name, safetensors_shapes, segments
 from shardsync.local_cluster import LocalCluster
 
@@ -154,6 +154,58 @@ class IntegrationsTest(unittest.TestCase):
         self.tearDown()
         self.setUp()
         self.check_engine_pair(MOE, 4, enable_expert_parallel=True)
+
+    def test_zero12_bf16_flats_on_every_rank_into_vllm_at_tp_2(self):
+        """ZeRO-1/2 (stand-in): every DP rank holds the whole bf16 flat; the planner picks
+        which replica sends each piece."""
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        checkpoint = random_checkpoint(shapes, 5)
+        for rank in range(WORLD):
+            module = CheckpointModule(shapes)
+            deepspeed_zero.Zero12Optimizer(module, rank, WORLD, checkpoint)
+            self.handles.append(TrainerSource(self.agent(rank), f"trainer-{rank}", lambda m=module: module_sources(m)))
+        engines = self.engines(DENSE, 2)
+        self.sync()
+        for rank, engine in enumerate(engines):
+            self.assertEqual(differences(engine, loaded_engine(DENSE, rank, 2, checkpoint)), [])
+
+    def test_zero12_fp32_masters_into_bf16_targets_the_sender_converting(self):
+        """ZeRO-2 (stand-in, round-robin order) fp32 master partitions into the bf16
+        stand-in at TP 2: equal to the stand-in loading the masters converted by torch."""
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        generator = torch.Generator().manual_seed(6)
+        masters = {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+        for rank in range(WORLD):
+            module = CheckpointModule(shapes)
+            optimizer = deepspeed_zero.Zero12Optimizer(module, rank, WORLD, masters, round_robin=True)
+            self.handles.append(TrainerSource(
+                self.agent(rank), f"trainer-{rank}",
+                lambda o=optimizer, m=module: zero12_master_sources(o, m, rank_of=lambda g: g.rank)))
+        engines = self.engines(DENSE, 2)
+        self.sync()
+        converted = {name: value.to(torch.bfloat16) for name, value in masters.items()}
+        for rank, engine in enumerate(engines):
+            self.assertEqual(differences(engine, loaded_engine(DENSE, rank, 2, converted)), [])
+
+    def test_an_engine_whose_memory_moved_registers_again_and_says_its_version(self):
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        checkpoint = random_checkpoint(shapes, 7)
+        self.zero3_trainer(shapes, checkpoint, WORLD)
+        engine = self.engines(DENSE, 1)[0]
+        target = self.handles[-1]
+        first = self.sync()
+        target.resume(first.sync_id)
+        self.assertEqual(target.version, first.sync_id)
+        self.assertEqual(target.weight_version(), first.sync_id)
+        old = {name: param.data for name, param in engine.named_parameters()}
+        for param in engine.parameters():  # the engine's memory moves (sleep and wake, say)
+            param.data = torch.full_like(param.data, float("nan"))
+        target.reregister()
+        second = self.sync()
+        self.assertEqual(target.weight_version(), second.sync_id)
+        self.assertEqual(differences(engine, loaded_engine(DENSE, 0, 1, checkpoint)), [])
+        for name, data in old.items():  # the old memory is no target any more; it kept the first sync's bytes
+            self.assertFalse(torch.isnan(data.float()).any(), name)
 
     def test_a_wrong_derivation_is_caught_by_the_oracle(self):
         """Placements derived from a loader that takes the wrong k/v heads (a broken

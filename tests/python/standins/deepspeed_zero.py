@@ -9,8 +9,12 @@ one DP rank, without DeepSpeed's engine:
   of the partition padding (left uninitialized, as DeepSpeed's torch.empty leaves it).
   The partitions of all parameters are views of one flat buffer, back to back (stage3's
   defragmented ``lp_param_buffer``), and ``param.data`` is an empty tensor.
-- ZeRO-1/2: every parameter becomes a view of one flat holding all of them, in order,
-  padded to a multiple of 2 * W (``bit16_groups_flat``); every rank holds it whole.
+- ZeRO-1/2: every parameter becomes a view of one flat holding all of them, padded at
+  its end to a multiple of 2 * W (``bit16_groups_flat``); every rank holds it whole. With
+  round_robin_gradients the parameters are reordered first (``_round_robin_reorder``:
+  parameter i goes to list i % W, the lists joined in order). The optimizer keeps this
+  rank's fp32 master partition of the flat, [r*P, (r+1)*P) with P = len / W
+  (``single_partition_of_fp32_groups``).
 """
 
 import math
@@ -58,17 +62,34 @@ def refill_zero3(module, values):
             param.ds_tensor.narrow(0, 0, end - begin).copy_(values[name].reshape(-1)[begin:end])
 
 
-def flatten_zero12(module, dp_world, values):
-    """ZeRO-1/2: every parameter a view of one flat padded to a multiple of 2 * W,
-    filled from `values`. Returns the flat."""
-    params = list(module.named_parameters())
-    numel = sum(p.numel() for _, p in params)
-    padded = math.ceil(numel / (2 * dp_world)) * (2 * dp_world)
-    flat = torch.zeros(padded, dtype=params[0][1].dtype)
-    at = 0
-    for name, param in params:
-        view = flat.narrow(0, at, param.numel()).view(param.shape)
-        view.copy_(values[name])
-        param.data = view
-        at += param.numel()
-    return flat
+class Zero12Optimizer:
+    """What ZeRO-1/2's optimizer holds for one DP rank and one parameter group: the bf16
+    flat (every parameter a view of it), the order the flat follows, and this rank's fp32
+    master partition, filled from `values` (fp32 masters; the bf16 copy is their
+    conversion)."""
+
+    def __init__(self, module, dp_rank, dp_world, values, round_robin=False):
+        self.dp_process_group = DpGroup(dp_rank, dp_world)
+        params = list(module.parameters())
+        names = {id(p): n for n, p in module.named_parameters()}
+        if round_robin:
+            lists = [params[j::dp_world] for j in range(dp_world)]
+            params = [p for part in lists for p in part]
+        self.bit16_groups = [list(module.parameters())]
+        self.round_robin_bit16_groups = [params]
+        numel = sum(p.numel() for p in params)
+        padded = math.ceil(numel / (2 * dp_world)) * (2 * dp_world)
+        flat = torch.zeros(padded, dtype=params[0].dtype)
+        master = torch.zeros(padded, dtype=torch.float32)
+        at = 0
+        for param in params:
+            value = values[names[id(param)]].to(torch.float32).reshape(-1)
+            master.narrow(0, at, param.numel()).copy_(value)
+            view = flat.narrow(0, at, param.numel()).view(param.shape)
+            view.copy_(value.view(param.shape))
+            param.data = view
+            at += param.numel()
+        self.bit16_groups_flat = [flat]
+        self.partition_size = [padded // dp_world]
+        self.single_partition_of_fp32_groups = [master.narrow(0, dp_rank * self.partition_size[0],
+                                                              self.partition_size[0]).clone()]

@@ -3,7 +3,8 @@ frameworks themselves; no user writes placement math. Needs torch.
 
 Trainer side (sources, shardsync.integrations.sources): ``module_sources`` (a whole
 module: a plain trainer, Hugging Face, DeepSpeed ZeRO-1/2), ``fsdp2_sources`` (FSDP2's
-DTensors), ``zero3_sources`` (DeepSpeed ZeRO-3's ``ds_tensor`` partitions), registered by
+DTensors), ``zero3_sources`` (DeepSpeed ZeRO-3's ``ds_tensor`` partitions),
+``zero12_master_sources`` (ZeRO-1/2's fp32 master partitions), registered by
 ``TrainerSource``.
 
 Engine side (targets, shardsync.integrations.targets): ``loader_targets`` (placements
@@ -15,8 +16,9 @@ Names on both sides are checkpoint (Hugging Face) names.
 """
 
 from shardsync.integrations.probe import ProbeError
-from shardsync.integrations.sources import TrainerSource, fsdp2_sources, module_sources, zero3_sources
+from shardsync.integrations.sources import (TrainerSource, fsdp2_sources, module_sources, zero3_sources,
+                                            zero12_master_sources)
 from shardsync.integrations.targets import EngineTarget, loader_targets, module_targets
 
 __all__ = ["EngineTarget", "ProbeError", "TrainerSource", "fsdp2_sources", "loader_targets", "module_sources",
-           "module_targets", "zero3_sources"]
+           "module_targets", "zero3_sources", "zero12_master_sources"]

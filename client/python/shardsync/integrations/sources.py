@@ -12,6 +12,8 @@ registers them and registers again when the memory moved.
 - ``zero3_sources``: each DeepSpeed ZeRO-3 parameter's ``ds_tensor`` partition: rank r of
   the parameter's process group holds elements [r*P, min((r+1)*P, ds_numel)) of its
   row-major elements, P the partition's size.
+- ``zero12_master_sources``: DeepSpeed ZeRO-1/2's fp32 master partitions instead of the
+  bf16 copy (targets in bf16: the sender converts).
 """
 
 
@@ -34,10 +36,10 @@ class Layouts:
         self.buffers = {}
         self._tensors = {}
 
-    def add_stretch(self, buffer_name, tensor, param_name, param_shape, begin, end):
-        """`tensor` (contiguous, registered as `buffer_name`) holds elements [begin, end)
-        of the row-major elements of parameter `param_name` (a checkpoint-style name) of
-        global `param_shape`."""
+    def add_stretch(self, buffer_name, tensor, param_name, param_shape, begin, end, base=0):
+        """`tensor` (contiguous, registered as `buffer_name`) holds, from its element
+        `base` on, elements [begin, end) of the row-major elements of parameter
+        `param_name` (a checkpoint-style name) of global `param_shape`."""
         if end <= begin:
             return
         if buffer_name not in self.buffers:
@@ -47,7 +49,7 @@ class Layouts:
             layout = self._tensors.get(seg.name)
             if layout is None:
                 layout = self._tensors[seg.name] = tensor_layout(seg.name, seg.shape, dtype)
-            layout.flat_placements.add(buffer=buffer_name, base=offset, begin=first, end=last)
+            layout.flat_placements.add(buffer=buffer_name, base=base + offset, begin=first, end=last)
 
     def result(self):
         return self.buffers, list(self._tensors.values())
@@ -130,6 +132,32 @@ def namespaced(buffers, layouts, prefix):
         for placement in list(layout.placements) + list(layout.flat_placements) + list(layout.fills):
             placement.buffer = f"{prefix}/{placement.buffer}"
     return renamed, layouts
+
+
+def zero12_master_sources(optimizer, module, rename=None, rank_of=None):
+    """DeepSpeed ZeRO-1/2's fp32 master partitions (synced into bf16 targets, the sender
+    converting): parameter group g's flat is its parameters back to back in the order of
+    ``round_robin_bit16_groups[g]`` (padded at its end only), and this rank holds
+    elements [r*P, (r+1)*P) of it in ``single_partition_of_fp32_groups[g]``, P =
+    ``partition_size[g]``, r this rank's index in ``dp_process_group`` (``rank_of``, as
+    for zero3_sources)."""
+    if rank_of is None:
+        import torch.distributed as dist
+        rank_of = lambda group: dist.get_rank(group=group)  # noqa: E731
+    names = {id(param): name for name, param in module.named_parameters()}
+    rank = rank_of(optimizer.dp_process_group)
+    out = Layouts()
+    for g, params in enumerate(optimizer.round_robin_bit16_groups):
+        partition, size = optimizer.single_partition_of_fp32_groups[g], optimizer.partition_size[g]
+        first, offset = rank * size, 0
+        for param in params:
+            ckpt = checkpoint_name(names[id(param)], rename)
+            lo, hi = max(offset, first), min(offset + param.numel(), first + size)
+            if lo < hi:
+                out.add_stretch(f"fp32-group-{g}", partition, ckpt, param.shape, lo - offset, hi - offset,
+                                base=lo - first)
+            offset += param.numel()
+    return out.result()
 
 
 class TrainerSource:
