@@ -23,7 +23,8 @@ from shardsync.layouts import tensor_layout
 from shardsync.torch_support import TORCH_DTYPES
 
 
-def _dtype_name(tensor, name):
+def dtype_name(tensor, name):
+    """shardsync's name of `tensor`'s dtype; parameter `name` is named if it has none."""
     if tensor.dtype not in TORCH_DTYPES:
         raise ValueError(f"parameter '{name}' has dtype {tensor.dtype}, which shardsync does not move")
     return TORCH_DTYPES[tensor.dtype]
@@ -44,7 +45,7 @@ class Layouts:
             return
         if buffer_name not in self.buffers:
             self.buffers[buffer_name] = tensor_buffer(tensor)
-        dtype = _dtype_name(tensor, param_name)
+        dtype = dtype_name(tensor, param_name)
         for seg, first, last, offset in flat_pieces(segments(param_name, param_shape), begin, end):
             layout = self._tensors.get(seg.name)
             if layout is None:
@@ -160,15 +161,14 @@ def zero12_master_sources(optimizer, module, rename=None, rank_of=None):
     return out.result()
 
 
-class TrainerSource:
-    """A trainer's shards registered with its agent as sources. `describe()` returns
-    (buffers, layouts), e.g. ``lambda: fsdp2_sources(model)``. ``reregister()`` after the
-    trainer's memory moved (offload and reload, ``load_state_dict(assign=True)``); the
-    layout is the same, so the coordinator keeps its plan. `ready_event`: as
-    ``AgentClient.register``'s."""
+class Registered:
+    """One client's registration with its agent, remade from `describe()` (returning
+    (buffers, layouts)) by ``reregister()`` after its memory moved: the layout is the
+    same, so the coordinator keeps its plan. Buffer names get the client id as prefix."""
 
-    def __init__(self, agent, client_id, describe, ready_event=None):
-        self._agent, self._client_id, self._describe, self._ready_event = agent, client_id, describe, ready_event
+    def __init__(self, agent, client_id, role, describe, ready_event=None):
+        self._agent, self._client_id, self._role = agent, client_id, role
+        self._describe, self._ready_event = describe, ready_event
         self.registration = None
         self.reregister()
 
@@ -176,10 +176,20 @@ class TrainerSource:
         if self.registration is not None:
             self.registration.close()
         buffers, layouts = namespaced(*self._describe(), self._client_id)
-        self.registration = self._agent.register(self._client_id, "source", buffers, layouts,
+        self.registration = self._agent.register(self._client_id, self._role, buffers, layouts,
                                                  ready_event=self._ready_event)
 
     def close(self):
         if self.registration is not None:
             self.registration.close()
             self.registration = None
+
+
+class TrainerSource(Registered):
+    """A trainer's shards registered with its agent as sources: `describe()` is e.g.
+    ``lambda: fsdp2_sources(model)``; ``reregister()`` after the trainer's memory moved
+    (offload and reload, ``load_state_dict(assign=True)``). `ready_event`: as
+    ``AgentClient.register``'s."""
+
+    def __init__(self, agent, client_id, describe, ready_event=None):
+        super().__init__(agent, client_id, "source", describe, ready_event)

@@ -11,8 +11,7 @@ device). ``EngineTarget`` keeps the registration through the engine's lifecycle.
 from shardsync import layout_pb2
 from shardsync.integrations.memory import tensor_buffer
 from shardsync.integrations.probe import probe
-from shardsync.integrations.sources import Layouts, _dtype_name, namespaced
-from shardsync.integrations.modules import checkpoint_name
+from shardsync.integrations.sources import Registered, dtype_name, module_sources
 from shardsync.layouts import tensor_layout
 
 
@@ -32,7 +31,7 @@ def loader_targets(model, load_weights, checkpoint_shapes):
         layout = layouts.get(piece.tensor)
         if layout is None:
             layout = layouts[piece.tensor] = tensor_layout(piece.tensor, checkpoint_shapes[piece.tensor],
-                                                           _dtype_name(param.data, piece.param))
+                                                           dtype_name(param.data, piece.param))
         layout.placements.add(box=layout_pb2.Box(lo=list(piece.lo), hi=list(piece.hi)), buffer=piece.param,
                               base=piece.base, strides=list(piece.strides))
         first_tensor.setdefault(piece.param, layout)
@@ -44,15 +43,12 @@ def loader_targets(model, load_weights, checkpoint_shapes):
 
 
 def module_targets(module, rename=None):
-    """(buffers, layouts) of every parameter of `module` whole, as targets."""
-    out = Layouts()
-    for name, param in module.named_parameters():
-        ckpt = checkpoint_name(name, rename)
-        out.add_stretch(ckpt, param.data, ckpt, param.shape, 0, param.numel())
-    return out.result()
+    """(buffers, layouts) of every parameter of `module` whole, as targets: the layouts
+    module_sources makes."""
+    return module_sources(module, rename)
 
 
-class EngineTarget:
+class EngineTarget(Registered):
     """An engine's weights registered with the agent of its device as targets.
 
     `describe()` returns (buffers, layouts), e.g. ``lambda: loader_targets(model,
@@ -64,17 +60,9 @@ class EngineTarget:
     that completed into these targets, None while they are invalid."""
 
     def __init__(self, agent, client_id, describe, *, pause_engine=None, resume_engine=None, post_load=None):
-        self._agent, self._client_id, self._describe = agent, client_id, describe
         self._pause, self._resume, self._post_load = pause_engine, resume_engine, post_load
         self.version = None
-        self.registration = None
-        self.reregister()
-
-    def reregister(self):
-        if self.registration is not None:
-            self.registration.close()
-        buffers, layouts = namespaced(*self._describe(), self._client_id)
-        self.registration = self._agent.register(self._client_id, "target", buffers, layouts)
+        super().__init__(agent, client_id, "target", describe)
 
     def pause(self):
         if self._pause:
@@ -90,8 +78,3 @@ class EngineTarget:
     def weight_version(self):
         status = self._agent.status()
         return status.last_sync_id if status.target_valid and status.last_sync_id else None
-
-    def close(self):
-        if self.registration is not None:
-            self.registration.close()
-            self.registration = None
