@@ -14,11 +14,53 @@ bool AllDigits(const std::string& text, size_t from) {
   return true;
 }
 
+// A decimal number as CLI11 converts it (strtoll with base 0): digits, no leading zero
+// (which would make it octal) unless it is 0, a sign only before a non-zero number.
+bool IsDecimal(const std::string& text) {
+  const size_t digits = text.rfind('-', 0) == 0 ? 1 : 0;
+  if (!AllDigits(text, digits)) return false;
+  return text.size() == digits + 1 ? !(digits == 1 && text[1] == '0') : text[digits] != '0';
+}
+
+std::string Trim(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t\r");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
+}
+
+// The --config format: one "name = value" per line, "#" to the end of a line a comment,
+// a bare "name" a switch set to true. A section, an empty value or a name that is no
+// flag's is an error; a value is the whole rest of its line (spaces, brackets and
+// commas included).
+class ConfigFile : public CLI::Config {
+ public:
+  std::string to_config(const CLI::App*, bool, bool, std::string) const override { return ""; }
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    std::vector<CLI::ConfigItem> items;
+    std::string line;
+    for (int number = 1; std::getline(input, line); ++number) {
+      line = Trim(line.substr(0, line.find('#')));
+      if (line.empty()) continue;
+      const size_t eq = line.find('=');
+      CLI::ConfigItem item;
+      item.name = Trim(line.substr(0, eq));
+      const std::string value = eq == std::string::npos ? "true" : Trim(line.substr(eq + 1));
+      if (item.name.empty() || item.name.find_first_of(" \t[]") != std::string::npos || item.name[0] == '-' ||
+          value.empty() || value == "{}") {
+        throw CLI::ConfigError("line " + std::to_string(number) + ": expected 'name = value', got '" + line + "'");
+      }
+      item.inputs = {value};
+      items.push_back(std::move(item));
+    }
+    return items;
+  }
+};
+
 }  // namespace
 
 const CLI::Validator kDecimal(
     [](std::string& text) {
-      return AllDigits(text, text.rfind('-', 0) == 0 ? 1 : 0) ? std::string() : "takes a whole decimal number, got '" + text + "'";
+      return IsDecimal(text) ? std::string() : "takes a whole decimal number, got '" + text + "'";
     },
     "", "decimal");
 
@@ -71,10 +113,19 @@ CLI::Option* AddLogLevel(CLI::App& app, std::string& level) {
 void AddConfigFile(CLI::App& app) {
   app.set_config("--config", "", "settings as 'name = value' lines, named like these flags (no '--'); a flag on "
                                  "the command line wins over the file");
+  app.config_formatter(std::make_shared<ConfigFile>());
   app.allow_config_extras(CLI::config_extras_mode::error);
 }
 
 int Parse(CLI::App& app, int argc, char** argv) {
+  // CLI11 reads "--name=" and "--name={}" as a switch set to true: they are no value.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos && (eq + 1 == arg.size() || arg.substr(eq + 1) == "{}")) {
+      return UsageError(app, arg + " has no value");
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

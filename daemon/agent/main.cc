@@ -12,8 +12,8 @@
 #include "common/tls.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/agent/agent.h"
+#include "daemon/agent/agent_flags.h"
 #include "daemon/agent/local_agent_link.h"
-#include "daemon/coordinator/coordinator_flags.h"
 #include "daemon/coordinator/services.h"
 #include "daemon/agent/services.h"
 #include "daemon/agent/grpc_transport.h"
@@ -26,82 +26,18 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
-namespace {
-
-struct Config {
-  shardsync::agent::AgentConfig agent;
-  shardsync::DaemonFlags daemon;
-  bool serve_coordinator = false;
-  shardsync::coordinator::CoordinatorConfig coordinator_config;
-  std::string coordinator, socket, listen = "127.0.0.1:0", advertise, port_file, socket_group, node;
-  std::string device = "cpu";
-  int64_t rpc_deadline_ms = 5000;
-  int64_t max_message_bytes = int64_t{64} << 20;
-};
-
-// Every flag, into `c`.
-void AddFlags(CLI::App& app, Config& c) {
-  namespace flags = shardsync::flags;
-  flags::AddInt(app, "--rank", c.agent.rank, "global rank of this agent (one per device)", 0,
-                shardsync::coordinator::kMaxWorld - 1)
-      ->required();
-  CLI::Option* coordinator = app.add_option("--coordinator", c.coordinator, "the coordinator's host:port");
-  CLI::Option* serve = flags::AddSwitch(
-      app, "--serve-coordinator", c.serve_coordinator,
-      "this agent also is the coordinator, on its --listen port (the others join it there) and on --socket (local "
-      "clients sync there: unix:PATH); its own part of every sync is a direct call, not an RPC (one daemon for a "
-      "single GPU). Takes the Coordinator flags below.");
-  coordinator->excludes(serve);
-  for (CLI::Option* option : shardsync::coordinator::AddCoordinatorFlags(app, c.coordinator_config)) option->needs(serve);
-  app.add_option("--socket", c.socket, "unix socket for local clients (replaced if stale)")->required();
-  flags::AddAddress(app, "--listen", c.listen, "TCP address for the coordinator and peers (port 0 lets the OS choose)");
-  flags::AddAddress(app, "--advertise", c.advertise,
-                    "address peers and the coordinator use (default: the listen host with the bound port)");
-  app.add_option("--port-file", c.port_file, "write the bound TCP port here once serving (for scripts, tests)");
-  app.add_option("--device", c.device,
-                 "cpu (host shared memory, the agents' gRPC channels) or a CUDA device ordinal (CUDA IPC buffers, "
-                 "copy kernels, NCCL)")
-      ->check(CLI::IsMember({"cpu"}) | flags::kDecimal)
-      ->capture_default_str();
-  flags::AddInt<int64_t>(app, "--rpc-deadline-ms", c.rpc_deadline_ms, "deadline of every control RPC this agent makes",
-                         1, 3600000);
-  flags::AddInt(app, "--max-staging-bytes", c.agent.max_staging_bytes,
-                "largest staging budget accepted per peer; also bounds a Transfer message",
-                shardsync::planner::kMinStagingBytes, int64_t{1} << 40);
-  flags::AddInt(app, "--max-message-bytes", c.max_message_bytes,
-                "largest registration or control message accepted (the layouts of a large model)", int64_t{1} << 20,
-                int64_t{INT32_MAX});
-  app.add_option("--socket-group", c.socket_group,
-                 "group of the unix socket (mode 0660): its members may register (default: the agent's own group)");
-  app.add_option("--node", c.node,
-                 "the node of this agent's device: agents of one node share fast links (NVLink), bytes between nodes "
-                 "cross the network and the coordinator may relay them (default: the host name)");
-  shardsync::AddDaemonFlags(app, c.daemon);
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  Config c;
+  shardsync::agent::AgentFlags c;
   CLI::App app(
       "The per-device sidecar: local trainer and rollout clients register their buffers on the unix socket; the "
       "coordinator prepares and executes syncs over TCP; peer agents send chunks to each other.",
       "shardsync-agent");
-  AddFlags(app, c);
+  shardsync::agent::AddAgentFlags(app, c);
   if (const int code = shardsync::flags::Parse(app, argc, argv); code >= 0) return code;
-  if (c.coordinator.empty() == !c.serve_coordinator) {
-    return shardsync::flags::UsageError(app, "give one of --coordinator and --serve-coordinator");
+  if (const std::string error = shardsync::agent::FinishAgentFlags(app, c); !error.empty()) {
+    return shardsync::flags::UsageError(app, error);
   }
-  if (c.serve_coordinator && app.count("--world") == 0) {
-    return shardsync::flags::UsageError(app, "--serve-coordinator needs --world");
-  }
-  if (c.serve_coordinator && c.coordinator_config.world_size <= c.agent.rank) {
-    return shardsync::flags::UsageError(app, "--world must be above --rank");
-  }
-  c.agent.rpc_deadline = absl::Milliseconds(c.rpc_deadline_ms);
-  c.coordinator_config.rpc_deadline = c.agent.rpc_deadline;
-  const int ordinal = c.device == "cpu" ? -1 : std::stoi(c.device);
-  c.agent.device = ordinal < 0 ? "cpu" : "cuda:" + c.device;
+  const int ordinal = c.ordinal;
   const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(c.daemon.tls);
   if (!credentials.ok()) return shardsync::flags::UsageError(app, std::string(credentials.status().message()));
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));  // stdout is not the log

@@ -47,7 +47,8 @@ TEST_CASE("a switch is true bare or given true or 1, false given false or 0; any
     CHECK(f.daemon.tls.insecure == insecure);
   }
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"--insecure", "false"}, {"--insecure=no"}, {"--insecure=2"}, {"--insecure=off"}}) {
+           {"--insecure", "false"}, {"--insecure=no"}, {"--insecure=2"}, {"--insecure=off"}, {"--insecure="},
+           {"--insecure={}"}}) {
     CoordinatorFlags f;
     INFO((args[0] + (args.size() > 1 ? " " + args[1] : "")));
     CHECK(f.Parse(args) == 2);  // a usage error: the daemon stops before serving
@@ -73,18 +74,28 @@ TEST_CASE("a config file sets flags the command line has not; insecure = false t
           -1);
   CHECK_FALSE(long_comment.daemon.tls.insecure);
 
-  for (const std::string& text : {"world = 1\ninsecure = off\n", "world = 1\nbogus = 1\n", "world = 1x\n"}) {
+  for (const std::string& text : {"world = 1\ninsecure = off\n", "world = 1\nbogus = 1\n", "world = 1x\n",
+                                  "world = 1\ninsecure =\n", "world = 1\ninsecure = # no\n",
+                                  "world = 1\ninsecure = {}\n", "[coordinator]\nworld = 1\n", "world = 010\n"}) {
     CoordinatorFlags bad;
     INFO(text);
     CHECK(bad.Parse({"--config", WriteFile("c4", text)}) == 2);
   }
   CoordinatorFlags missing;
   CHECK(missing.Parse({"--config", "/nonexistent/config"}) == 2);
+
+  CoordinatorFlags whole_lines;  // a value is the rest of its line: brackets, spaces and all
+  REQUIRE(whole_lines.Parse({"--config", WriteFile("c5", "world = 1\nmetrics-listen = [::]:9470\n"
+                                                           "tls-ca = /etc/my certs/ca.pem\n")}) == -1);
+  CHECK(whole_lines.config.world_size == 1);
+  CHECK(whole_lines.daemon.metrics_listen == "[::]:9470");
+  CHECK(whole_lines.daemon.tls.ca_file == "/etc/my certs/ca.pem");
 }
 
 TEST_CASE("numbers are whole, decimal and in range; addresses have a real port; names are known") {
   const std::vector<std::vector<std::string>> refused = {
-      {"--world", "1.9"},        {"--world", "0x10"},          {"--world", "010x"},
+      {"--world", "1.9"},        {"--world", "0x10"},          {"--world", "010x"},       {"--world", "010"},
+      {"--world", "-0"},         {"--world=", "3"},
       {"--world", "0"},          {"--world", "2147483647"},    {"--world", "-1"},
       {"--world", ""},           {"--staging-bytes", "0.5"},   {"--staging-bytes", "8"},
       {"--world", "1", "--staging-bytes", "-1"},              {"--world", "1", "--metrics-listen", ":99999"},

@@ -208,7 +208,7 @@ TEST_CASE("plaintext only when asked: a daemon with neither TLS nor --insecure (
     CHECK_THAT(ReadFile(dir + "/not-insecure.log"), Contains("no transport security configured"));
   }
   // A value that is not a boolean is a usage error, never plaintext.
-  for (const std::string bad : {"--insecure=no", "--insecure=2"}) {
+  for (const std::string bad : {"--insecure=no", "--insecure=2", "--insecure=", "--insecure={}"}) {
     Process daemon({"daemon/coordinator/shardsync-coordinator", "--world", "1", bad}, dir + "/bad-insecure.log");
     INFO(bad);
     CHECK(daemon.Wait(absl::Seconds(10)) == 2);

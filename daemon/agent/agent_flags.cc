@@ -1,0 +1,64 @@
+#include "daemon/agent/agent_flags.h"
+
+#include <climits>
+
+#include "daemon/coordinator/coordinator_flags.h"
+#include "planner/schedule.h"
+
+namespace shardsync::agent {
+
+void AddAgentFlags(CLI::App& app, AgentFlags& c) {
+  flags::AddInt(app, "--rank", c.agent.rank, "global rank of this agent (one per device)", 0,
+                coordinator::kMaxWorld - 1)
+      ->required();
+  app.add_option("--coordinator", c.coordinator, "the coordinator's host:port")->check(flags::kAddress);
+  flags::AddSwitch(app, "--serve-coordinator", c.serve_coordinator,
+                   "this agent also is the coordinator, on its --listen port (the others join it there) and on "
+                   "--socket (local clients sync there: unix:PATH); its own part of every sync is a direct call, not "
+                   "an RPC (one daemon for a single GPU). Takes the Coordinator flags below.");
+  coordinator::AddCoordinatorFlags(app, c.coordinator_config);
+  app.add_option("--socket", c.socket, "unix socket for local clients (replaced if stale)")->required();
+  flags::AddAddress(app, "--listen", c.listen, "TCP address for the coordinator and peers (port 0 lets the OS choose)");
+  flags::AddAddress(app, "--advertise", c.advertise,
+                    "address peers and the coordinator use (default: the listen host with the bound port)");
+  app.add_option("--port-file", c.port_file, "write the bound TCP port here once serving (for scripts, tests)");
+  app.add_option("--device", c.device,
+                 "cpu (host shared memory, the agents' gRPC channels) or a CUDA device ordinal 0..1023 (CUDA IPC "
+                 "buffers, copy kernels, NCCL)")
+      ->check(CLI::IsMember({"cpu"}) | (flags::kDecimal & CLI::Range(0, 1023)))
+      ->capture_default_str();
+  flags::AddInt<int64_t>(app, "--rpc-deadline-ms", c.rpc_deadline_ms, "deadline of every control RPC this agent makes",
+                         1, 3600000);
+  flags::AddInt(app, "--max-staging-bytes", c.agent.max_staging_bytes,
+                "largest staging budget accepted per peer; also bounds a Transfer message", planner::kMinStagingBytes,
+                int64_t{1} << 40);
+  flags::AddInt(app, "--max-message-bytes", c.max_message_bytes,
+                "largest registration or control message accepted (the layouts of a large model)", int64_t{1} << 20,
+                int64_t{INT32_MAX});
+  app.add_option("--socket-group", c.socket_group,
+                 "group of the unix socket (mode 0660): its members may register (default: the agent's own group)");
+  app.add_option("--node", c.node,
+                 "the node of this agent's device: agents of one node share fast links (NVLink), bytes between nodes "
+                 "cross the network and the coordinator may relay them (default: the host name)");
+  AddDaemonFlags(app, c.daemon);
+}
+
+std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
+  if (c.coordinator.empty() == !c.serve_coordinator) {
+    return "give one of --coordinator and --serve-coordinator (true)";
+  }
+  const char* coordinator_flags[] = {"--world", "--staging-bytes", "--sync-timeout-ms", "--relay",
+                                     "--link-gbps", "--network-gbps", "--memory-gbps"};
+  for (const char* name : coordinator_flags) {
+    if (!c.serve_coordinator && app.count(name) > 0) return std::string(name) + " goes with --serve-coordinator";
+  }
+  if (c.serve_coordinator && app.count("--world") == 0) return "--serve-coordinator needs --world";
+  if (c.serve_coordinator && c.coordinator_config.world_size <= c.agent.rank) return "--world must be above --rank";
+  c.agent.rpc_deadline = absl::Milliseconds(c.rpc_deadline_ms);
+  c.coordinator_config.rpc_deadline = c.agent.rpc_deadline;
+  c.ordinal = c.device == "cpu" ? -1 : std::stoi(c.device);  // 0..1023 by its check
+  c.agent.device = c.ordinal < 0 ? "cpu" : "cuda:" + std::to_string(c.ordinal);
+  return "";
+}
+
+}  // namespace shardsync::agent
