@@ -211,6 +211,13 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
     if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
     for (const Fill& f : t.target.fills) {
       if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
+      for (int64_t extent : f.shape) {
+        if (extent < 0 || extent > kMaxSegmentAxis) {
+          return Invalid(t, absl::StrCat("a fill in ", BufferLabel(input, f.holder), " has shape ",
+                                         IndexToString(f.shape), "; each axis takes 0 to ", kMaxSegmentAxis,
+                                         " elements"));
+        }
+      }
       s = CheckFits(input, t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, spans);
       if (!s.ok()) return s;
     }
