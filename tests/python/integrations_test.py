@@ -273,6 +273,61 @@ class IntegrationsTest(unittest.TestCase):
             self.assertEqual(param.dtype, torch.bfloat16)  # every parameter got its memory back
 
 
+def rebuild(result, param_shapes, checkpoint):
+    """Each parameter as a probe's pieces and fills say it is filled from `checkpoint`."""
+    out = {name: torch.full(shape, float("nan"), dtype=torch.float64) for name, shape in param_shapes.items()}
+    for piece in result.pieces:
+        box = checkpoint[piece.tensor][tuple(slice(lo, hi) for lo, hi in zip(piece.lo, piece.hi))]
+        torch.as_strided(out[piece.param].view(-1), box.shape, piece.strides, piece.base).copy_(box)
+    for fill in result.fills:
+        torch.as_strided(out[fill.param].view(-1), fill.shape, fill.strides, fill.base).fill_(0)
+    return out
+
+
+class ProbeTest(unittest.TestCase):
+    """The probe's pieces against the loader itself: each parameter rebuilt from the
+    pieces must equal what the loader writes from the same checkpoint."""
+
+    LOADERS = {  # parameter shape, checkpoint shapes, how the loader fills the parameter
+        "a 3-D copy": ((2, 3, 4), {"a": (2, 3, 4)}, lambda p, c: p.copy_(c["a"])),
+        "a slice of a 3-D tensor": ((2, 2, 4), {"a": (3, 3, 4)}, lambda p, c: p.copy_(c["a"][1:, 1:])),
+        "a transpose": ((4, 3), {"a": (3, 4)}, lambda p, c: p.copy_(c["a"].t())),
+        "fused rows with padding": ((7, 4), {"q": (4, 4), "k": (2, 4)},
+                                    lambda p, c: (p[:2].copy_(c["q"][2:]), p[2:4].copy_(c["k"]), p[4:].fill_(0))),
+        "a column slice": ((3, 2), {"a": (3, 5)}, lambda p, c: p.copy_(c["a"][:, 3:])),
+        "every other row": ((2, 3), {"a": (4, 3)}, lambda p, c: p.copy_(c["a"][::2])),
+        "a 1-D tensor inside a 2-D parameter": ((2, 3), {"b": (6,)}, lambda p, c: p.view(-1).copy_(c["b"])),
+    }
+
+    def test_the_pieces_rebuild_what_the_loader_writes(self):
+        from shardsync.integrations import probe
+        for case, (shape, shapes, fill) in self.LOADERS.items():
+            with self.subTest(case):
+                param = torch.nn.Parameter(torch.empty(shape))
+                result = probe.probe({"p": param}, shapes, lambda weights: fill(param.data, dict(weights)))
+                generator = torch.Generator().manual_seed(1)
+                checkpoint = {n: torch.randn(s, generator=generator, dtype=torch.float64) for n, s in shapes.items()}
+                expected = torch.empty(shape, dtype=torch.float64)
+                fill(expected, checkpoint)
+                self.assertTrue(torch.equal(rebuild(result, {"p": shape}, checkpoint)["p"], expected),
+                                f"{case}: {result}")
+
+    def test_a_loader_that_writes_a_buffer_is_refused_and_the_buffer_kept(self):
+        from shardsync.integrations import probe
+        norm = torch.nn.BatchNorm1d(3)
+        before = norm.running_mean.clone()
+
+        def load(weights):
+            for name, tensor in weights:
+                getattr(norm, name).data.copy_(tensor)
+
+        with self.assertRaises(ProbeError) as refused:
+            probe.probe(dict(norm.named_parameters()), {"weight": (3,), "running_mean": (3,)}, load,
+                        dict(norm.named_buffers()))
+        self.assertIn("running_mean", str(refused.exception))
+        self.assertTrue(torch.equal(norm.running_mean, before))
+
+
 class NamesTest(unittest.TestCase):
     def test_wrapper_components_leave_checkpoint_names(self):
         self.assertEqual(checkpoint_name("module._orig_mod.model.layers.0._checkpoint_wrapped_module.mlp.weight"),

@@ -53,12 +53,21 @@ class Registration:
             pass
 
     def close(self, timeout=5.0):
-        """Ends the registration and waits until the agent no longer lists this client;
-        raises ShardsyncError if it still does after `timeout` seconds."""
+        """Ends the registration and waits, `timeout` seconds in all, until the agent no
+        longer lists this client; an agent that is gone holds nothing. Raises
+        ShardsyncError if the agent still lists it at the deadline."""
+        deadline = time.monotonic() + timeout
         self._call.cancel()
         self._reader.join(timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while any(c.client_id == self._client_id for c in self._agent.status(timeout=timeout).clients):
+        while True:
+            try:
+                clients = self._agent.status(timeout=max(deadline - time.monotonic(), 0.1)).clients
+            except ShardsyncError as error:
+                if error.code == grpc.StatusCode.UNAVAILABLE:
+                    return  # the agent is gone, and its registrations with it
+                raise
+            if all(c.client_id != self._client_id for c in clients):
+                return
             if time.monotonic() > deadline:
                 raise ShardsyncError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                      f"the agent still holds client '{self._client_id}' {timeout} s after close()")

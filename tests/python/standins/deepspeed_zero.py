@@ -70,6 +70,7 @@ class Zero12Optimizer:
 
     def __init__(self, module, dp_rank, dp_world, values, round_robin=False):
         self.dp_process_group = DpGroup(dp_rank, dp_world)
+        self.real_dp_process_group = [self.dp_process_group]  # the group each parameter group is partitioned over
         params = list(module.parameters())
         names = {id(p): n for n, p in module.named_parameters()}
         if round_robin:

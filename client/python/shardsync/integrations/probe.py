@@ -89,26 +89,36 @@ def encoded_checkpoint(shapes):
     return offsets, tensors()
 
 
-def probe(params, shapes, load):
+def probe(params, shapes, load, buffers=None):
     """Runs `load(weights)` once with `params` ({name: Parameter}) swapped for float64
     probes; `weights` iterates (checkpoint name, tensor) over `shapes` ({name: shape}).
-    Returns a ProbeResult naming parameters by their keys in `params`."""
+    The floating-point tensors of `buffers` ({name: tensor}, a module's named_buffers())
+    are swapped too: a loader that writes one is refused (a buffer is no registered
+    target). Returns a ProbeResult naming parameters by their
+    keys in `params`."""
     offsets, weights = encoded_checkpoint(shapes)
+    swapped = {**{("buffer", n): b for n, b in (buffers or {}).items() if b.is_floating_point()},
+               **{("param", n): p for n, p in params.items()}}
     originals = {}
     try:
-        for name, param in params.items():
-            originals[name] = param.data
-            param.data = torch.zeros(param.shape, dtype=torch.float64)
+        for key, tensor in swapped.items():
+            originals[key] = tensor.data
+            tensor.data = torch.zeros(tensor.shape, dtype=torch.float64)
         load(weights)
-        probed = {name: param.data.numpy().copy() for name, param in params.items()}
+        probed = {key: tensor.data.numpy() for key, tensor in swapped.items()}  # keeps the probes alive
     finally:
-        for name, data in originals.items():
-            params[name].data = data
+        for key, data in originals.items():
+            swapped[key].data = data
     names = list(shapes)
     starts = np.array([offsets[n] for n in names], dtype=np.int64)
     result = ProbeResult()
-    for param_name, values in probed.items():
-        _compress(param_name, values, names, starts, shapes, result)
+    for (kind, name), values in probed.items():
+        if kind == "buffer":
+            if np.any(values != 0):
+                raise ProbeError(f"the loader writes buffer '{name}', which is no parameter: shardsync would not "
+                                 "update it")
+            continue
+        _compress(name, values, names, starts, shapes, result)
     return result
 
 
@@ -193,7 +203,7 @@ def _compress(param_name, values, names, starts, shapes, result):
     for head, base, count, length, stride, coord in pieces.regions:
         name = names[head[0]]
         if len(coord) >= 2:
-            hi = coord[:-2] + (coord[-2] + count, coord[-1] + length)
+            hi = tuple(c + 1 for c in coord[:-2]) + (coord[-2] + count, coord[-1] + length)
             strides = (1,) * (len(coord) - 2) + (stride if stride is not None else length, 1)
         else:
             hi, strides = ((coord[0] + length,), (1,)) if coord else ((), ())

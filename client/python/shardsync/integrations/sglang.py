@@ -8,9 +8,10 @@ load_format="shardsync.integrations.sglang.register", flush_cache=False)`` once 
 agents run. Around each sync: ``engine.pause_generation()``, the trainer's sync, then
 ``engine.flush_cache()`` and ``engine.continue_generation()``.
 
-The agent's socket and the client id come from the environment of the SGLang process
-(SHARDSYNC_SOCKET, formatted with ``device``; SHARDSYNC_CLIENT_ID), since SGLang's hook
-passes only the model; the checkpoint's shapes from its safetensors files.
+SGLang's hook passes only the model, so the rest comes from the environment of the
+SGLang process: SHARDSYNC_SOCKET (the agent's socket, formatted with ``device``),
+SHARDSYNC_CHECKPOINT (the model folder, whose safetensors headers give the checkpoint's
+shapes; required) and SHARDSYNC_CLIENT_ID (default "sglang").
 After ``release_memory_occupation``/``resume_memory_occupation`` the weights keep their
 addresses but, without ``--enable-weights-cpu-backup``, not their contents: sync again.
 """

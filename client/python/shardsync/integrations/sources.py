@@ -86,7 +86,9 @@ def fsdp2_sources(module, rename=None):
             out.add_stretch(ckpt, param.data, ckpt, param.shape, 0, param.numel())
             continue
         for placement in param.placements:
-            if not (isinstance(placement, Replicate) or (isinstance(placement, Shard) and placement.dim == 0)):
+            # Exact types: _StridedShard (FSDP2 over tensor parallelism) subclasses Shard
+            # but holds rows that are not one stretch.
+            if not (type(placement) is Replicate or (type(placement) is Shard and placement.dim == 0)):
                 raise ValueError(f"parameter '{name}' has placement {placement}: shardsync reads Shard(0) and "
                                  "Replicate placements only")
         local = param.to_local()
@@ -140,15 +142,16 @@ def zero12_master_sources(optimizer, module, rename=None, rank_of=None):
     converting): parameter group g's flat is its parameters back to back in the order of
     ``round_robin_bit16_groups[g]`` (padded at its end only), and this rank holds
     elements [r*P, (r+1)*P) of it in ``single_partition_of_fp32_groups[g]``, P =
-    ``partition_size[g]``, r this rank's index in ``dp_process_group`` (``rank_of``, as
-    for zero3_sources)."""
+    ``partition_size[g]``, r this rank's index in ``real_dp_process_group[g]`` (``rank_of``,
+    as for zero3_sources)."""
     if rank_of is None:
         import torch.distributed as dist
         rank_of = lambda group: dist.get_rank(group=group)  # noqa: E731
     names = {id(param): name for name, param in module.named_parameters()}
-    rank = rank_of(optimizer.dp_process_group)
     out = Layouts()
     for g, params in enumerate(optimizer.round_robin_bit16_groups):
+        # Group g is partitioned over its own group (MoE expert groups differ from the DP group).
+        rank = rank_of(optimizer.real_dp_process_group[g])
         partition, size = optimizer.single_partition_of_fp32_groups[g], optimizer.partition_size[g]
         first, offset = rank * size, 0
         for param in params:

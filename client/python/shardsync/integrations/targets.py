@@ -19,9 +19,10 @@ def loader_targets(model, load_weights, checkpoint_shapes):
     """(buffers, layouts) of `model`'s parameters as `load_weights` (the engine's own
     loader: an iterable of (checkpoint name, full tensor) -> None) fills them from a
     checkpoint of `checkpoint_shapes` ({name: shape}). A parameter no checkpoint element
-    reaches is left out. Raises ProbeError for a loader that changes values."""
+    reaches is left out. Raises ProbeError for a loader that changes values or writes a
+    checkpoint element into a buffer (no target)."""
     params = dict(model.named_parameters())
-    result = probe(params, checkpoint_shapes, load_weights)
+    result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()))
     used = {p.param for p in result.pieces}
     buffers = {name: tensor_buffer(params[name].data) for name in params if name in used}
     layouts = {}
