@@ -1,5 +1,7 @@
 #include "daemon/coordinator/coordinator.h"
 
+#include "common/status_macros.h"
+
 #include <algorithm>
 #include <set>
 #include <thread>
@@ -7,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/layouts.h"
 #include "planner/stats.h"
@@ -77,7 +80,59 @@ std::vector<int32_t> Coordinator::NodeOfRank() const {
   return nodes;
 }
 
-v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
+namespace {
+
+constexpr size_t kMaxNameBytes = 1024;  // hosts, addresses, devices, nodes, incarnations, ids
+
+absl::Status CheckRank(int32_t rank, int32_t world) {
+  if (rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside a world of ", world));
+  }
+  return absl::OkStatus();
+}
+
+// A name the request must carry (`required`), at most kMaxNameBytes long.
+absl::Status CheckName(const char* what, const std::string& value, bool required) {
+  if (required && value.empty()) return absl::InvalidArgumentError(absl::StrCat("the request has no ", what));
+  if (value.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the request's ", what, " is ", value.size(), " bytes; at most ",
+                                                   kMaxNameBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckJoin(const v1::JoinRequest& request, int32_t world) {
+  SHARDSYNC_RETURN_IF_ERROR(CheckRank(request.rank(), world));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("address", request.address(), true));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("incarnation", request.incarnation(), true));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("host", request.host(), false));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("device", request.device(), false));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("device uuid", request.device_uuid(), false));
+  return CheckName("node", request.node(), false);
+}
+
+absl::Status CheckPublish(const v1::PublishRequest& request, int32_t world) {
+  SHARDSYNC_RETURN_IF_ERROR(CheckRank(request.rank(), world));
+  for (const v1::PublishedLayout& layout : request.layouts()) {
+    SHARDSYNC_RETURN_IF_ERROR(CheckName("client id", layout.client_id(), true));
+    if (layout.role() != v1::SOURCE && layout.role() != v1::TARGET) {
+      return absl::InvalidArgumentError(absl::StrCat("client '", layout.client_id(), "' has no role"));
+    }
+    for (const v1::BufferInfo& b : layout.buffers()) {
+      SHARDSYNC_RETURN_IF_ERROR(CheckName("buffer name", b.name(), true));
+      if (b.bytes() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("buffer '", b.name(), "' of client '", layout.client_id(),
+                                                       "' has ", b.bytes(), " bytes"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& request) {
+  SHARDSYNC_RETURN_IF_ERROR(CheckJoin(request, config_.world_size));
   absl::MutexLock lock(&mu_);
   AgentEntry& entry = agents_[request.rank()];
   if (entry.link && entry.join.incarnation() != request.incarnation()) {
@@ -102,8 +157,12 @@ v1::JoinResponse Coordinator::Join(const v1::JoinRequest& request) {
   return response;
 }
 
-v1::PublishResponse Coordinator::Publish(const v1::PublishRequest& request) {
+absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishRequest& request) {
+  SHARDSYNC_RETURN_IF_ERROR(CheckPublish(request, config_.world_size));
   absl::MutexLock lock(&mu_);
+  if (agents_.count(request.rank()) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " published before it joined"));
+  }
   published_[request.rank()] = request;
   ++epoch_;
   spdlog::info("rank {} published {} layouts; layout epoch {}", request.rank(), request.layouts_size(), epoch_);

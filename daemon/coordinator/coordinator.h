@@ -45,8 +45,11 @@ class Coordinator {
   // `link` (direct calls), not over gRPC.
   void SetLocalAgent(const std::string& incarnation, std::shared_ptr<AgentLink> link);
 
-  v1::JoinResponse Join(const v1::JoinRequest& request);
-  v1::PublishResponse Publish(const v1::PublishRequest& request);
+  // Both refuse a request whose fields are out of bounds (a rank outside the world, a
+  // missing or oversized name) with INVALID_ARGUMENT, and a Publish from a rank that
+  // has not joined with FAILED_PRECONDITION; nothing is changed then.
+  absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
+  absl::StatusOr<v1::PublishResponse> Publish(const v1::PublishRequest& request);
   absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
   absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request);
   v1::CoordinatorStatus Status() const;

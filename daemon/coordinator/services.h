@@ -12,12 +12,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   explicit CoordinatorService(Coordinator& coordinator) : coordinator_(coordinator) {}
 
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request, v1::JoinResponse* response) override {
-    *response = coordinator_.Join(*request);
-    return grpc::Status::OK;
+    return Answer(coordinator_.Join(*request), response);
   }
   grpc::Status Publish(grpc::ServerContext*, const v1::PublishRequest* request, v1::PublishResponse* response) override {
-    *response = coordinator_.Publish(*request);
-    return grpc::Status::OK;
+    return Answer(coordinator_.Publish(*request), response);
   }
   grpc::Status Sync(grpc::ServerContext*, const v1::SyncRequest* request, v1::SyncResponse* response) override {
     return Answer(coordinator_.Sync(*request), response);

@@ -1,0 +1,82 @@
+// The coordinator's requests are checked at its edge: a rank outside the world, a
+// missing or oversized name, or a Publish before a Join is refused and changes nothing.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "common/tls.h"
+#include "daemon/coordinator/coordinator.h"
+
+namespace shardsync::coordinator {
+namespace {
+
+using Catch::Matchers::Contains;
+
+CoordinatorConfig WorldOf(int32_t world) {
+  CoordinatorConfig config;
+  config.world_size = world;
+  TlsConfig plaintext;
+  plaintext.insecure = true;
+  config.credentials = *LoadCredentials(plaintext);
+  return config;
+}
+
+v1::JoinRequest JoinOf(int32_t rank) {
+  v1::JoinRequest join;
+  join.set_rank(rank);
+  join.set_address("127.0.0.1:1");
+  join.set_incarnation("test-" + std::to_string(rank));
+  join.set_host("h");
+  return join;
+}
+
+TEST_CASE("a Join from a rank outside the world is refused, and planning afterwards still answers") {
+  Coordinator coordinator(WorldOf(2));
+  for (int32_t rank : {-1, -7, 2, 1 << 30}) {
+    INFO(rank);
+    const auto joined = coordinator.Join(JoinOf(rank));
+    REQUIRE(joined.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(joined.status().message()), Contains("outside a world of 2"));
+  }
+  REQUIRE(coordinator.Join(JoinOf(0)).ok());
+  CHECK(coordinator.Status().agents_size() == 1);
+  // The call that wrote outside a vector with a negative rank: refused cleanly instead.
+  CHECK_FALSE(coordinator.Explain(v1::ExplainRequest()).ok());
+}
+
+TEST_CASE("a Join without an address or incarnation, or with an oversized name, is refused") {
+  Coordinator coordinator(WorldOf(2));
+  v1::JoinRequest no_address = JoinOf(0);
+  no_address.clear_address();
+  CHECK_THAT(std::string(coordinator.Join(no_address).status().message()), Contains("address"));
+  v1::JoinRequest no_incarnation = JoinOf(0);
+  no_incarnation.clear_incarnation();
+  CHECK_THAT(std::string(coordinator.Join(no_incarnation).status().message()), Contains("incarnation"));
+  v1::JoinRequest huge = JoinOf(0);
+  huge.set_node(std::string(4096, 'n'));
+  CHECK_THAT(std::string(coordinator.Join(huge).status().message()), Contains("node"));
+  CHECK(coordinator.Status().agents_size() == 0);
+}
+
+TEST_CASE("a Publish outside the world, before a Join, or with a nameless client is refused") {
+  Coordinator coordinator(WorldOf(2));
+  v1::PublishRequest publish;
+  publish.set_rank(-3);
+  CHECK(coordinator.Publish(publish).status().code() == absl::StatusCode::kInvalidArgument);
+  publish.set_rank(1);
+  CHECK(coordinator.Publish(publish).status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(coordinator.Join(JoinOf(1)).ok());
+  v1::PublishedLayout* layout = publish.add_layouts();
+  layout->set_role(v1::SOURCE);
+  CHECK_THAT(std::string(coordinator.Publish(publish).status().message()), Contains("client id"));
+  layout->set_client_id("trainer-1");
+  layout->add_buffers()->set_bytes(-1);
+  CHECK_THAT(std::string(coordinator.Publish(publish).status().message()), Contains("buffer name"));
+  layout->mutable_buffers(0)->set_name("flat");
+  CHECK_THAT(std::string(coordinator.Publish(publish).status().message()), Contains("-1 bytes"));
+  layout->mutable_buffers(0)->set_bytes(64);
+  CHECK(coordinator.Publish(publish).ok());
+}
+
+}  // namespace
+}  // namespace shardsync::coordinator
