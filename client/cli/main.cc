@@ -20,7 +20,8 @@ namespace flags = shardsync::flags;
 
 constexpr char kExitCodes[] =
     "Exit codes: 0 ok, 2 usage error, 3 refused (bad layout, a refusing agent, a missing agent; no byte moved), "
-    "4 failed (a peer died or timed out, or --verify found a difference; targets are invalid).";
+    "4 failed (a peer died or timed out, or --verify found a difference; targets are invalid), 5 the coordinator "
+    "could not be reached (nothing ran).";
 
 void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
   CLI::Option* spec = plan.add_option("--spec", config.spec_path,
@@ -65,7 +66,9 @@ void AddRpcFlags(CLI::App& command, shardsync::cli::RpcCommandConfig& config, sh
   const std::string name = command.get_name();
   flags::AddAddress(command, "--coordinator", config.coordinator, "the coordinator's host:port");
   flags::AddInt<int64_t>(command, "--timeout-ms", config.timeout_ms,
-                         "deadline of the call; for sync also the sync's", 1, 86400000);
+                         "deadline of the call; for sync the sync's, when smaller than the coordinator's "
+                         "--sync-timeout-ms (default: the coordinator's; other calls 30 s)",
+                         0, 86400000);
   flags::AddSwitch(command, "--json", config.json, "the response as JSON (proto field names)");
   shardsync::AddTlsFlags(command, tls);
   if (name == "sync" || name == "explain") {

@@ -26,6 +26,26 @@ int Fail(const char* command, const absl::Status& status, std::ostream& err) {
   return ExitCode(status);
 }
 
+// How long a call other than a sync may take, unless --timeout-ms says.
+constexpr absl::Duration kCallDeadline = absl::Seconds(30);
+
+absl::Duration CallDeadline(const RpcCommandConfig& c) {
+  return c.timeout_ms > 0 ? absl::Milliseconds(c.timeout_ms) : kCallDeadline;
+}
+
+// The coordinator's status, the first call of every command: when it fails the
+// coordinator could not be reached and nothing ran (exit code kUnreachable).
+absl::StatusOr<v1::CoordinatorStatus> Reach(client::CoordinatorClient& coordinator, const RpcCommandConfig& c,
+                                            const char* command, std::ostream& err) {
+  auto status = coordinator.Status(CallDeadline(c));
+  if (!status.ok()) {
+    err << "shardsyncctl " << command << ": cannot reach the coordinator at " << c.coordinator << " ("
+        << absl::StatusCodeToString(status.status().code()) << ": " << status.status().message()
+        << "); nothing ran\n";
+  }
+  return status;
+}
+
 void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -65,10 +85,15 @@ void Watch(const RpcCommandConfig& c, const std::atomic<bool>& done, std::ostrea
 
 int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient coordinator(c.coordinator, c.credentials);
+  const auto reached = Reach(coordinator, c, "sync", err);
+  if (!reached.ok()) return kUnreachable;
+  // The coordinator's deadline, or a smaller one asked for (the coordinator takes the smaller).
+  absl::Duration timeout = absl::Milliseconds(reached->sync_timeout_ms());
+  if (c.timeout_ms > 0) timeout = std::min(timeout, absl::Milliseconds(c.timeout_ms));
   std::atomic<bool> done{false};
   std::thread watcher;
   if (c.watch) watcher = std::thread([&] { Watch(c, done, out); });
-  auto response = coordinator.Sync(absl::Milliseconds(c.timeout_ms), c.verify, c.target_ranks);
+  auto response = coordinator.Sync(timeout, c.verify, c.target_ranks);
   done = true;
   if (watcher.joinable()) watcher.join();
   if (!response.ok()) return Fail("sync", response.status(), err);
@@ -82,8 +107,8 @@ int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& e
 
 int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient coordinator(c.coordinator, c.credentials);
-  auto status = coordinator.Status(absl::Milliseconds(c.timeout_ms));
-  if (!status.ok()) return Fail("status", status.status(), err);
+  auto status = Reach(coordinator, c, "status", err);
+  if (!status.ok()) return kUnreachable;
   if (c.json) {
     PrintJson(*status, out);
     return 0;
@@ -105,12 +130,13 @@ int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
 
 int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient coordinator(c.coordinator, c.credentials);
+  if (!Reach(coordinator, c, "explain", err).ok()) return kUnreachable;
   v1::ExplainRequest request;
   request.set_link_gbps(c.link_gbps);
   request.set_memory_gbps(c.memory_gbps);
   request.set_network_gbps(c.network_gbps);
   request.mutable_target_ranks()->Add(c.target_ranks.begin(), c.target_ranks.end());
-  auto explain = coordinator.Explain(request, absl::Milliseconds(c.timeout_ms));
+  auto explain = coordinator.Explain(request, CallDeadline(c));
   if (!explain.ok()) return Fail("explain", explain.status(), err);
   if (c.json) {
     PrintJson(*explain, out);
@@ -162,8 +188,8 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
 
 int RunAgentsCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& err) {
   client::CoordinatorClient coordinator(c.coordinator, c.credentials);
-  auto status = coordinator.Status(absl::Milliseconds(c.timeout_ms));
-  if (!status.ok()) return Fail("agents", status.status(), err);
+  auto status = Reach(coordinator, c, "agents", err);
+  if (!status.ok()) return kUnreachable;
   if (c.json) {
     v1::CoordinatorStatus agents_only;
     *agents_only.mutable_agents() = status->agents();

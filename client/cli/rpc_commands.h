@@ -14,7 +14,7 @@ namespace shardsync::cli {
 struct RpcCommandConfig {
   std::string coordinator = "127.0.0.1:7070";
   Credentials credentials;  // TLS, or plaintext with --insecure
-  int64_t timeout_ms = 60000;
+  int64_t timeout_ms = 0;  // 0: the coordinator's sync deadline; other calls 30 s
   // explain only; 0: the coordinator's cost model
   double link_gbps = 0;
   double memory_gbps = 0;
@@ -25,6 +25,10 @@ struct RpcCommandConfig {
   bool layout = false;  // explain: bytes per link too
   std::vector<int32_t> target_ranks;  // sync, explain: only these ranks' targets (empty: all)
 };
+
+// Exit codes: 0 ok, 2 usage, 3 refused (nothing moved), 4 failed (targets invalid),
+// kUnreachable: the coordinator could not be reached (nothing ran).
+inline constexpr int kUnreachable = 5;
 
 int RunSyncCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);
 int RunStatusCommand(const RpcCommandConfig& config, std::ostream& out, std::ostream& err);

@@ -25,16 +25,32 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::stri
                                                    sizeof(address.sun_path) - 1, " bytes"));
   }
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  // Only a stale socket of an earlier run is replaced: never another file, nor a socket
+  // something still serves.
+  struct stat existing {};
+  if (lstat(path.c_str(), &existing) == 0) {
+    if (!S_ISSOCK(existing.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a socket; not replacing it"));
+    }
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool served = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    if (probe >= 0) close(probe);
+    if (served) return absl::FailedPreconditionError(absl::StrCat("another process serves the socket ", path));
+    unlink(path.c_str());
+  }
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  unlink(path.c_str());  // a stale socket of an earlier run
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || listen(fd, 64) != 0) {
-    const int error = errno;
+  // Created as 0660 (owner and group: who may register buffers), never wider for a moment.
+  const mode_t mask = umask(0117);
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  const int bind_error = errno;
+  umask(mask);
+  if (!bound || listen(fd, 64) != 0) {
+    const int error = bound ? errno : bind_error;
     close(fd);
     return absl::InternalError(absl::StrCat("cannot listen on ", path, ": ", std::strerror(error)));
   }
   std::unique_ptr<LocalSocket> socket(new LocalSocket(fd, path));
-  chmod(path.c_str(), 0660);  // owner and group only: who may register buffers
   if (!group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr || chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {

@@ -131,6 +131,10 @@ absl::Status CheckPublish(const v1::PublishRequest& request, int32_t world) {
 
 }  // namespace
 
+absl::Duration SyncTimeout(int64_t requested_ms, absl::Duration configured) {
+  return requested_ms > 0 ? std::min(absl::Milliseconds(requested_ms), configured) : configured;
+}
+
 absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& request) {
   SHARDSYNC_RETURN_IF_ERROR(CheckJoin(request, config_.world_size));
   absl::MutexLock lock(&mu_);
@@ -269,7 +273,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
   absl::MutexLock sync_lock(&sync_mu_);
   const absl::Time start = absl::Now();
   const std::string sync_id = absl::StrCat("sync-", instance_id_.substr(instance_id_.size() - 6), "-", ++syncs_);
-  const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : config_.sync_timeout;
+  const absl::Duration timeout = SyncTimeout(request.timeout_ms(), config_.sync_timeout);
   {
     absl::MutexLock lock(&mu_);
     ++counters_.started;
@@ -411,6 +415,7 @@ absl::StatusOr<v1::ExplainResponse> Coordinator::Explain(const v1::ExplainReques
 
 v1::CoordinatorStatus Coordinator::Status() const {
   v1::CoordinatorStatus status;
+  status.set_sync_timeout_ms(absl::ToInt64Milliseconds(config_.sync_timeout));
   // While a sync runs, ask every agent how far it is (briefly: a status must not hang).
   std::map<int32_t, std::shared_ptr<AgentLink>> links;
   {

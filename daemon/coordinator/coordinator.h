@@ -37,6 +37,10 @@ struct CoordinatorConfig {
   Credentials credentials;  // of the channels to agents: TLS or, if asked, plaintext
 };
 
+// A sync's deadline: the configured one, or a smaller one the request asks for
+// (`requested_ms` > 0): a client cannot hold agents longer than the operator allows.
+absl::Duration SyncTimeout(int64_t requested_ms, absl::Duration configured);
+
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorConfig config);

@@ -78,5 +78,13 @@ TEST_CASE("a Publish outside the world, before a Join, or with a nameless client
   CHECK(coordinator.Publish(publish).ok());
 }
 
+TEST_CASE("a sync's deadline is the coordinator's unless the request asks for a smaller one") {
+  CHECK(SyncTimeout(0, absl::Seconds(8)) == absl::Seconds(8));
+  CHECK(SyncTimeout(60000, absl::Seconds(8)) == absl::Seconds(8));
+  CHECK(SyncTimeout(2000, absl::Seconds(8)) == absl::Seconds(2));
+  Coordinator coordinator(WorldOf(1));
+  CHECK(coordinator.Status().sync_timeout_ms() == 60000);  // what shardsyncctl waits for by default
+}
+
 }  // namespace
 }  // namespace shardsync::coordinator

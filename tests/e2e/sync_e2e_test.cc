@@ -160,6 +160,24 @@ TEST_CASE("an agent's unix socket is owner and group only (0660), so only that g
   REQUIRE(stat(cluster.socket(0).c_str(), &info) == 0);
   CHECK(S_ISSOCK(info.st_mode));
   CHECK((info.st_mode & 0777) == 0660);
+
+  // --socket replaces only a stale socket: never a regular file, nor a socket in use.
+  const std::string file = cluster.dir() + "/not-a-socket";
+  std::ofstream(file) << "keep me";
+  for (const std::string& path : {file, cluster.socket(0)}) {
+    std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank", "3", "--coordinator",
+                                     cluster.coordinator(), "--socket", path};
+    for (const std::string& flag : cluster.security_flags()) argv.push_back(flag);
+    Process agent(argv, cluster.dir() + "/second-agent.log");
+    INFO(path);
+    CHECK(agent.Wait(absl::Seconds(20)) == 1);
+    std::ifstream log(cluster.dir() + "/second-agent.log");
+    CHECK_THAT(std::string(std::istreambuf_iterator<char>(log), std::istreambuf_iterator<char>()),
+               Contains(path == file ? "is not a socket" : "another process serves the socket"));
+  }
+  std::ifstream kept(file);
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), std::istreambuf_iterator<char>()) == "keep me");
+  REQUIRE(stat(cluster.socket(0).c_str(), &info) == 0);  // the serving agent's socket is still there
 }
 
 TEST_CASE("a client process that dies has its registrations dropped; a sync that needed them is refused") {
@@ -419,6 +437,33 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
   CHECK(refused_code == 3);
   CHECK(Ctl(cluster, {"sync", "--bogus"}).first == 2);
   CHECK(Ctl(cluster, {"status", "--watch"}).first == 2);
+}
+
+TEST_CASE("a stalled agent fails shardsyncctl's sync at the coordinator's deadlines; unreachable is exit 5") {
+  ClusterOptions options;
+  options.rpc_deadline_ms = 1000;
+  options.sync_timeout_ms = 2000;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "deadline", ModelJson(3, kLayouts[1].replicas), 19);
+  RequireReady(deployment);
+  cluster.agent(2).Signal(SIGSTOP);
+  const absl::Time start = absl::Now();
+  auto [code, said] = Ctl(cluster, {"sync", "--timeout-ms", "60000"});  // more than the coordinator allows
+  const absl::Duration took = absl::Now() - start;
+  cluster.agent(2).Signal(SIGCONT);
+  CHECK(code == 3);  // CPU agents prepare every sync: the stalled one never agreed, nothing moved
+  CHECK_THAT(said, Contains("rank 2"));
+  CHECK(took < absl::Seconds(8));  // the coordinator's deadlines, not the 60 s asked for
+  REQUIRE(SyncOnce(cluster, absl::Seconds(20)).ok());
+
+  // Nothing listens on port 1: nothing ran, and the code says so.
+  std::vector<std::string> argv = {"client/cli/shardsyncctl", "sync", "--coordinator", "127.0.0.1:1"};
+  for (const std::string& flag : cluster.security_flags()) argv.push_back(flag);
+  Process unreachable(argv, cluster.dir() + "/unreachable.log");
+  CHECK(unreachable.Wait(absl::Seconds(40)) == 5);
+  std::ifstream log(cluster.dir() + "/unreachable.log");
+  CHECK_THAT(std::string(std::istreambuf_iterator<char>(log), std::istreambuf_iterator<char>()),
+             Contains("cannot reach the coordinator") && Contains("nothing ran"));
 }
 
 TEST_CASE("shardsyncctl lists agents, explains with imbalance and links, says its version, and watches a sync") {
