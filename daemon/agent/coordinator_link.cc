@@ -71,6 +71,7 @@ void CoordinatorLink::Loop() {
         spdlog::info("joined coordinator {} (instance {})", config_.coordinator, joined.instance_id());
         published_version_ = -1;  // a new coordinator knows nothing: publish again
       }
+      if (!joined.published()) published_version_ = -1;  // it dropped or never had ours
       joined_ = true;
       instance_ = joined.instance_id();
       published = published_version_;
@@ -78,6 +79,7 @@ void CoordinatorLink::Loop() {
     if (registry_.version() == published) continue;
     v1::PublishRequest request;
     request.set_rank(config_.join.rank());
+    request.set_incarnation(config_.join.incarnation());
     int64_t version = 0;
     for (v1::PublishedLayout& layout : registry_.Layouts(&version)) *request.add_layouts() = std::move(layout);
     grpc::ClientContext context;

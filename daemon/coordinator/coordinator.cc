@@ -83,6 +83,8 @@ std::vector<int32_t> Coordinator::NodeOfRank() const {
 namespace {
 
 constexpr size_t kMaxNameBytes = 1024;  // hosts, addresses, devices, nodes, incarnations, ids
+// An agent that joined (its heartbeat) this recently is alive: it owns its rank.
+constexpr absl::Duration kAgentLiveness = absl::Seconds(3);
 
 absl::Status CheckRank(int32_t rank, int32_t world) {
   if (rank < 0 || rank >= world) {
@@ -113,6 +115,7 @@ absl::Status CheckJoin(const v1::JoinRequest& request, int32_t world) {
 
 absl::Status CheckPublish(const v1::PublishRequest& request, int32_t world) {
   SHARDSYNC_RETURN_IF_ERROR(CheckRank(request.rank(), world));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("incarnation", request.incarnation(), true));
   for (const v1::PublishedLayout& layout : request.layouts()) {
     SHARDSYNC_RETURN_IF_ERROR(CheckName("client id", layout.client_id(), true));
     if (layout.role() != v1::SOURCE && layout.role() != v1::TARGET) {
@@ -139,6 +142,13 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& reques
   SHARDSYNC_RETURN_IF_ERROR(CheckJoin(request, config_.world_size));
   absl::MutexLock lock(&mu_);
   AgentEntry& entry = agents_[request.rank()];
+  const absl::Duration silent = absl::Now() - entry.last_seen;
+  if (entry.link && entry.join.incarnation() != request.incarnation() && silent < kAgentLiveness) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "rank ", request.rank(), " belongs to a live agent (incarnation ", entry.join.incarnation(), " at ",
+        entry.join.address(), ", seen ", absl::FormatDuration(silent), " ago); another may take it once that one has "
+        "been silent for ", absl::FormatDuration(kAgentLiveness)));
+  }
   if (entry.link && entry.join.incarnation() != request.incarnation()) {
     // A new agent process: whatever the old one published died with it.
     spdlog::info("rank {} restarted; its old layouts are dropped", request.rank());
@@ -158,14 +168,23 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& reques
   v1::JoinResponse response;
   response.set_world_size(config_.world_size);
   response.set_instance_id(instance_id_);
+  const auto publication = published_.find(request.rank());
+  response.set_published(publication != published_.end() &&
+                         publication->second.incarnation() == request.incarnation());
   return response;
 }
 
 absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishRequest& request) {
   SHARDSYNC_RETURN_IF_ERROR(CheckPublish(request, config_.world_size));
   absl::MutexLock lock(&mu_);
-  if (agents_.count(request.rank()) == 0) {
+  const auto agent = agents_.find(request.rank());
+  if (agent == agents_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " published before it joined"));
+  }
+  if (agent->second.join.incarnation() != request.incarnation()) {
+    return absl::PermissionDeniedError(absl::StrCat("rank ", request.rank(), " belongs to incarnation ",
+                                                    agent->second.join.incarnation(), ", not to ",
+                                                    request.incarnation(), ", the publisher"));
   }
   published_[request.rank()] = request;
   ++epoch_;
@@ -443,7 +462,7 @@ v1::CoordinatorStatus Coordinator::Status() const {
     info->set_node(entry.join.node().empty() ? entry.join.host() : entry.join.node());
     info->set_address(entry.join.address());
     info->set_device(entry.join.device());
-    info->set_reachable(absl::Now() - entry.last_seen < absl::Seconds(3));
+    info->set_reachable(absl::Now() - entry.last_seen < kAgentLiveness);
     info->set_seconds_since_seen(absl::ToDoubleSeconds(absl::Now() - entry.last_seen));
     auto published = published_.find(rank);
     info->set_clients(published == published_.end() ? 0 : published->second.layouts_size());

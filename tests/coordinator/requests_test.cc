@@ -61,6 +61,7 @@ TEST_CASE("a Join without an address or incarnation, or with an oversized name, 
 TEST_CASE("a Publish outside the world, before a Join, or with a nameless client is refused") {
   Coordinator coordinator(WorldOf(2));
   v1::PublishRequest publish;
+  publish.set_incarnation("test-1");
   publish.set_rank(-3);
   CHECK(coordinator.Publish(publish).status().code() == absl::StatusCode::kInvalidArgument);
   publish.set_rank(1);
@@ -76,6 +77,34 @@ TEST_CASE("a Publish outside the world, before a Join, or with a nameless client
   CHECK_THAT(std::string(coordinator.Publish(publish).status().message()), Contains("-1 bytes"));
   layout->mutable_buffers(0)->set_bytes(64);
   CHECK(coordinator.Publish(publish).ok());
+}
+
+TEST_CASE("a rank belongs to its live incarnation: a second claimant's Join and Publish are refused") {
+  Coordinator coordinator(WorldOf(3));
+  REQUIRE(coordinator.Join(JoinOf(2)).ok());
+  v1::PublishRequest real;
+  real.set_rank(2);
+  real.set_incarnation("test-2");
+  v1::PublishedLayout* layout = real.add_layouts();
+  layout->set_client_id("trainer-2");
+  layout->set_role(v1::SOURCE);
+  REQUIRE(coordinator.Publish(real).ok());
+  CHECK(coordinator.Join(JoinOf(2))->published());  // the agent's heartbeat: nothing to publish again
+
+  v1::JoinRequest rogue = JoinOf(2);
+  rogue.set_incarnation("rogue");
+  rogue.set_address("127.0.0.1:2");
+  const auto taken = coordinator.Join(rogue);
+  REQUIRE(taken.status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK_THAT(std::string(taken.status().message()), Contains("belongs to a live agent") && Contains("test-2"));
+  v1::PublishRequest empty;  // an empty publication would have erased the real one
+  empty.set_rank(2);
+  empty.set_incarnation("rogue");
+  CHECK(coordinator.Publish(empty).status().code() == absl::StatusCode::kPermissionDenied);
+  const v1::CoordinatorStatus status = coordinator.Status();
+  REQUIRE(status.agents_size() == 1);
+  CHECK(status.agents(0).address() == "127.0.0.1:1");  // still the real agent
+  CHECK(coordinator.Join(JoinOf(2))->published());     // and its layouts
 }
 
 TEST_CASE("a sync's deadline is the coordinator's unless the request asks for a smaller one") {
