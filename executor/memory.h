@@ -32,6 +32,10 @@ class MappedBuffer {
   // The uid that owns the memory, where the backend can tell (host shared memory); none
   // for CUDA IPC, whose handle only the owning process can make.
   virtual std::optional<uint32_t> owner_uid() const { return std::nullopt; }
+  // Whether the memory still holds what was mapped: a client can shrink host shared
+  // memory under the mapping, and touching the lost pages would kill the process
+  // (SIGBUS). Checked before every sync; OK for memory no client can shrink.
+  virtual absl::Status CheckIntact() const { return absl::OkStatus(); }
 };
 
 class MemoryBackend {

@@ -124,7 +124,15 @@ absl::Status Agent::Check(const daemon::LocalSchedule& local, std::vector<std::s
   entries.resize(local.buffer_names.size());
   const auto buffer = [&](int32_t id, v1::Role role, const std::string& tensor) -> absl::StatusOr<int64_t> {
     const std::string& name = local.buffer_names.at(id);
-    if (!entries[id]) entries[id] = registry_.Find(name);
+    if (!entries[id]) {
+      entries[id] = registry_.Find(name);
+      if (entries[id]) {  // checked once per Check; Execute checks the mappings it holds itself
+        if (const absl::Status intact = entries[id]->memory->CheckIntact(); !intact.ok()) {
+          return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "': ",
+                                                            intact.message()));
+        }
+      }
+    }
     const std::shared_ptr<const BufferEntry>& entry = entries[id];
     if (!entry) return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is not registered"));
     if (entry->role != role) {
@@ -195,6 +203,15 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
     if (prepared.checked_version != version) {
       if (auto status = Check(*prepared.local); !status.ok()) return status;
       prepared.checked_version = version;
+      return absl::OkStatus();
+    }
+    // Host memory can shrink under its registration without the registry knowing.
+    for (const std::string& name : prepared.local->buffer_names) {
+      const std::shared_ptr<const BufferEntry> entry = registry_.Find(name);
+      if (!entry) continue;  // unused here: Check would have refused a missing one
+      if (const absl::Status intact = entry->memory->CheckIntact(); !intact.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "': ", intact.message()));
+      }
     }
     return absl::OkStatus();
   }
@@ -270,6 +287,11 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     if (!held[id]) {
       ready = absl::FailedPreconditionError(absl::StrCat("buffer '", prepared.local->buffer_names[id],
                                                          "' is no longer registered"));
+      break;
+    }
+    if (const absl::Status intact = held[id]->memory->CheckIntact(); !intact.ok()) {
+      ready = absl::FailedPreconditionError(
+          absl::StrCat("buffer '", prepared.local->buffer_names[id], "': ", intact.message()));
       break;
     }
     table[id] = held[id]->memory->data();

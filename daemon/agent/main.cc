@@ -1,5 +1,6 @@
 // shardsync-agent: flags parsed here only, into AgentConfig and LinkConfig (and, with
 // --serve-coordinator, the CoordinatorConfig of the coordinator it hosts).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -46,6 +47,12 @@ int main(int argc, char** argv) {
   if (credentials->insecure) spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
 
   shardsync::BlockStopSignals();
+  // Each host buffer keeps a descriptor (its size is checked before every sync): allow as
+  // many as the system lets this process have.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   // The data path: host memory and the agents' gRPC channels, or one CUDA device and NCCL.
   shardsync::executor::Mailbox mailbox;

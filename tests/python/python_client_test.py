@@ -303,6 +303,23 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("no byte moved", refused.exception.message)
         self.assertIn("rank 1", refused.exception.message)
 
+    def test_a_client_that_shrinks_its_registered_memory_is_refused_and_the_agent_lives(self):
+        rng = random.Random(8)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        flats = [self.register_trainer(rank, values) for rank in range(WORLD)]
+        for rank in range(WORLD):
+            self.register_rollout(rank)
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
+        coordinator.sync(timeout=20)
+        os.truncate("/dev/shm/" + flats[1]._shm.name, 0)  # under the agent's mapping: touching it would SIGBUS
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            coordinator.sync(timeout=20)
+        self.assertEqual(refused.exception.code.name, "FAILED_PRECONDITION")
+        self.assertIn("'flat'", refused.exception.message)
+        self.assertIn("shrunk to 0 bytes", refused.exception.message)
+        self.assertEqual(shardsync.AgentClient(self.cluster.socket(1)).status().rank, 1)  # alive
+        self.assertIsNone(self.cluster.agents[1].poll())
+
     def test_the_same_client_registers_again_right_after_close(self):
         arena = shardsync.WeightArena([("w", (4, 4), "bfloat16")])
         self.buffers.append(arena.memory)
