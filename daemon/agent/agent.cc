@@ -1,6 +1,11 @@
 #include "daemon/agent/agent.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/metrics_http.h"
 #include "executor/verify.h"
@@ -39,7 +44,16 @@ grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterReq
                              grpc::ServerWriter<v1::RegisterEvent>* writer, const Peer& peer) {
   std::shared_ptr<const executor::ReadyEvent> ready_event;
   absl::Status status = absl::OkStatus();
-  if (!request.ready_event().empty() && request.role() == v1::SOURCE) {
+  const bool source = request.role() == v1::SOURCE;
+  std::vector<uint32_t> allowed = source ? config_.source_uids : config_.target_uids;
+  if (allowed.empty()) allowed.push_back(geteuid());
+  if (std::find(allowed.begin(), allowed.end(), peer.uid) == allowed.end()) {
+    status = absl::PermissionDeniedError(absl::StrCat(
+        "client '", request.client_id(), "' (uid ", peer.uid, ", pid ", peer.pid, ") may not register ",
+        source ? "sources" : "targets", ": this agent takes them from uid ", absl::StrJoin(allowed, ", uid "),
+        source ? " (--source-uids)" : " (--target-uids)"));
+  }
+  if (status.ok() && !request.ready_event().empty() && request.role() == v1::SOURCE) {
     absl::StatusOr<std::shared_ptr<const executor::ReadyEvent>> opened = device_.OpenReadyEvent(request.ready_event());
     if (opened.ok()) {
       ready_event = *std::move(opened);

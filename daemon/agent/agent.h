@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/agent/coordinator_link.h"
@@ -25,6 +26,10 @@ struct AgentConfig {
   std::string device = "cpu";
   absl::Duration rpc_deadline = absl::Seconds(5);
   int64_t max_staging_bytes = int64_t{512} << 20;  // refuse larger budgets at Prepare
+  // Who may register sources and targets: the uids of the unix socket's peers; empty:
+  // the agent's own uid alone.
+  std::vector<uint32_t> source_uids;
+  std::vector<uint32_t> target_uids;
 };
 
 class Agent {

@@ -35,6 +35,16 @@ void AddAgentFlags(CLI::App& app, AgentFlags& c) {
   flags::AddInt(app, "--max-message-bytes", c.max_message_bytes,
                 "largest registration or control message accepted (the layouts of a large model)", int64_t{1} << 20,
                 int64_t{INT32_MAX});
+  app.add_option("--source-uids", c.agent.source_uids,
+                 "uids whose processes may register sources (the trainer's weights), comma-separated (default: the "
+                 "agent's own uid)")
+      ->delimiter(',')
+      ->check(flags::kDecimal);
+  app.add_option("--target-uids", c.agent.target_uids,
+                 "uids whose processes may register targets (the rollout's weights), comma-separated (default: the "
+                 "agent's own uid)")
+      ->delimiter(',')
+      ->check(flags::kDecimal);
   app.add_option("--socket-group", c.socket_group,
                  "group of the unix socket (mode 0660): its members may register (default: the agent's own group)");
   app.add_option("--node", c.node,
@@ -47,8 +57,8 @@ std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
   if (c.coordinator.empty() == !c.serve_coordinator) {
     return "give one of --coordinator and --serve-coordinator (true)";
   }
-  const char* coordinator_flags[] = {"--world", "--staging-bytes", "--sync-timeout-ms", "--relay",
-                                     "--link-gbps", "--network-gbps", "--memory-gbps"};
+  const char* coordinator_flags[] = {"--world",       "--staging-bytes", "--sync-timeout-ms",   "--relay",
+                                     "--link-gbps",   "--network-gbps",  "--memory-gbps", "--shared-source-uids"};
   for (const char* name : coordinator_flags) {
     if (!c.serve_coordinator && app.count(name) > 0) return std::string(name) + " goes with --serve-coordinator";
   }

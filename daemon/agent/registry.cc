@@ -123,6 +123,7 @@ std::vector<v1::PublishedLayout> Registry::Layouts(int64_t* version) const {
     v1::PublishedLayout layout;
     layout.set_client_id(id);
     layout.set_role(client.request.role());
+    layout.set_uid(client.peer.uid);
     for (const v1::RegisteredBuffer& b : client.request.buffers()) {
       v1::BufferInfo* info = layout.add_buffers();
       info->set_rank(rank_);

@@ -236,6 +236,7 @@ absl::StatusOr<bool> Coordinator::EnsurePlan(const std::vector<int32_t>& target_
     published = published_;
   }
   const absl::Time start = absl::Now();
+  SHARDSYNC_RETURN_IF_ERROR(CheckSourceOwners(published, config_.shared_source_uids));
   spec::BufferIds ids;
   auto input = CollectPlanInput(published, ids, target_ranks);
   if (!input.ok()) return input.status();

@@ -35,6 +35,7 @@ struct CoordinatorConfig {
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
   absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
   Credentials credentials;  // of the channels to agents: TLS or, if asked, plaintext
+  std::vector<uint32_t> shared_source_uids;  // may be sources of one tensor together
 };
 
 // A sync's deadline: the configured one, or a smaller one the request asks for

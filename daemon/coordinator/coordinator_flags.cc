@@ -45,6 +45,11 @@ std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& 
                              "the cost model: GB/s one way per rank between nodes"));
   options.push_back(AddSpeed(app, "--memory-gbps", config.bandwidths.memory_bytes_per_s,
                              "the cost model: GB/s of device memory, read + write"));
+  options.push_back(app.add_option("--shared-source-uids", config.shared_source_uids,
+                                   "uids whose processes may be sources of one tensor together (replicas from several "
+                                   "users); by default a tensor's sources all come from one uid")
+                        ->delimiter(',')
+                        ->check(flags::kDecimal));
   for (CLI::Option* option : options) option->group("Coordinator");
   return options;
 }

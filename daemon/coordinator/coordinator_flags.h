@@ -14,7 +14,7 @@ namespace shardsync::coordinator {
 inline constexpr int32_t kMaxWorld = 8192;
 
 // Adds --world, --staging-bytes, --sync-timeout-ms, --relay, --link-gbps,
-// --network-gbps and --memory-gbps, parsed into `config`. Returns the options, for a
+// --network-gbps, --memory-gbps and --shared-source-uids, parsed into `config`. Returns the options, for a
 // main that accepts them only with another flag.
 std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& config);
 

@@ -66,6 +66,32 @@ absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::
   return input;
 }
 
+absl::Status CheckSourceOwners(const std::map<int32_t, v1::PublishRequest>& published,
+                               const std::vector<uint32_t>& shared_uids) {
+  struct Owner {
+    uint32_t uid;
+    int32_t rank;
+    std::string client;
+  };
+  const auto shared = [&](uint32_t uid) { return std::find(shared_uids.begin(), shared_uids.end(), uid) != shared_uids.end(); };
+  std::map<std::string, Owner> owners;  // by tensor: the first source's
+  for (const auto& [rank, publication] : published) {
+    for (const v1::PublishedLayout& layout : publication.layouts()) {
+      if (layout.role() != v1::SOURCE) continue;
+      for (const v1::TensorLayout& t : layout.tensors()) {
+        const auto [it, first] = owners.emplace(t.name(), Owner{layout.uid(), rank, layout.client_id()});
+        const Owner& owner = it->second;
+        if (first || owner.uid == layout.uid() || (shared(owner.uid) && shared(layout.uid()))) continue;
+        return absl::PermissionDeniedError(absl::StrCat(
+            "tensor '", t.name(), "' has sources from uid ", owner.uid, " (client '", owner.client, "' on rank ",
+            owner.rank, ") and from uid ", layout.uid(), " (client '", layout.client_id(), "' on rank ", rank,
+            "); one user writes a tensor's sources unless --shared-source-uids names both"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int32_t> TargetRanks(const std::map<int32_t, v1::PublishRequest>& published) {
   std::vector<int32_t> ranks;
   for (const auto& [rank, publication] : published) {

@@ -18,6 +18,12 @@ namespace shardsync::coordinator {
 absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::PublishRequest>& published,
                                                     spec::BufferIds& ids, const std::vector<int32_t>& target_ranks = {});
 
+// One user writes a tensor's sources: refuses (PERMISSION_DENIED, naming both) a tensor
+// whose sources were registered by processes of different uids, unless both uids are
+// in `shared_uids` (replicas the operator allowed from several users).
+absl::Status CheckSourceOwners(const std::map<int32_t, v1::PublishRequest>& published,
+                               const std::vector<uint32_t>& shared_uids);
+
 // The ranks that published a target tensor, ascending.
 std::vector<int32_t> TargetRanks(const std::map<int32_t, v1::PublishRequest>& published);
 

@@ -77,5 +77,21 @@ TEST_CASE("a partial selection keeps every source but only the targets of the ra
   CHECK(written_on_3 == (40 * 16 + 16 * 40) / 2 + 16);  // half of each split weight, the whole norm
 }
 
+TEST_CASE("a tensor's sources come from one uid unless the operator shares it among several") {
+  std::map<int32_t, v1::PublishRequest> published = Published();
+  for (auto& [rank, publication] : published) {
+    for (v1::PublishedLayout& layout : *publication.mutable_layouts()) layout.set_uid(1000);
+  }
+  CHECK(CheckSourceOwners(published, {}).ok());
+  published[3].mutable_layouts(0)->set_uid(1001);  // rank 3's trainer runs as another user
+  published[3].mutable_layouts(0)->set_client_id("intruder");
+  const absl::Status refused = CheckSourceOwners(published, {});
+  CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(refused.message()), Catch::Matchers::Contains("from uid 1000") &&
+                                                 Catch::Matchers::Contains("from uid 1001 (client 'intruder' on rank 3)"));
+  CHECK(CheckSourceOwners(published, {1000, 1001}).ok());
+  CHECK_FALSE(CheckSourceOwners(published, {1001}).ok());  // both must be named
+}
+
 }  // namespace
 }  // namespace shardsync::coordinator

@@ -320,6 +320,23 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(shardsync.AgentClient(self.cluster.socket(1)).status().rank, 1)  # alive
         self.assertIsNone(self.cluster.agents[1].poll())
 
+    def test_only_the_allowed_uids_register_sources_and_targets(self):
+        self.cluster.stop()
+        logs = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
+        me = os.geteuid()
+        self.cluster = LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR,
+                                    agent_flags=["--source-uids", str(me + 1), "--target-uids", f"{me + 2},{me}"])
+        arena = shardsync.WeightArena([("w", (4, 4), "bfloat16")])
+        self.buffers.append(arena.memory)
+        layout = shardsync.tensor_layout("w", (4, 4), "bfloat16", placements=[arena.placement("w", (0, 0), (4, 4))])
+        agent = shardsync.AgentClient(self.cluster.socket(0))
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            agent.register("trainer-0", "source", arena.buffers(), [layout])
+        self.assertEqual(refused.exception.code.name, "PERMISSION_DENIED")
+        self.assertIn(f"(uid {me}, pid {os.getpid()}) may not register sources", refused.exception.message)
+        self.assertIn("--source-uids", refused.exception.message)
+        self.registrations.append(agent.register("rollout-0", "target", arena.buffers(), [layout]))
+
     def test_the_same_client_registers_again_right_after_close(self):
         arena = shardsync.WeightArena([("w", (4, 4), "bfloat16")])
         self.buffers.append(arena.memory)
