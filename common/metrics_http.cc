@@ -8,6 +8,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
+
+#include "absl/time/clock.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_process.h"
@@ -47,34 +50,73 @@ MetricsServer::~MetricsServer() {
   close(fd_);
 }
 
-void MetricsServer::Serve() {
-  while (!stop_) {
-    pollfd listening{fd_, POLLIN, 0};
-    if (poll(&listening, 1, 100) <= 0) continue;
-    const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;
-    // One short request line is all a scraper sends first; wait briefly for it.
-    pollfd readable{client, POLLIN, 0};
-    char request[1024] = {};
-    if (poll(&readable, 1, 1000) > 0) {
-      const ssize_t n = read(client, request, sizeof(request) - 1);
-      if (n < 0) request[0] = '\0';
-    }
-    std::string response;
-    if (std::strncmp(request, "GET /metrics", 12) == 0) {
-      const std::string body = render_();
-      response = absl::StrCat("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ",
-                              body.size(), "\r\nConnection: close\r\n\r\n", body);
-    } else {
-      response = "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-    }
-    for (size_t sent = 0; sent < response.size();) {
-      const ssize_t n = write(client, response.data() + sent, response.size() - sent);
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
-    }
-    close(client);
+namespace {
+
+// A connection waits at most this long for its request line; beyond kMaxPending waiting
+// at once the oldest is closed: idle connections cannot starve a scraper, which sends its
+// request as it connects.
+constexpr absl::Duration kRequestDeadline = absl::Seconds(1);
+constexpr size_t kMaxPending = 64;
+
+std::string Response(const char* request, const std::function<std::string()>& render) {
+  if (std::strncmp(request, "GET /metrics", 12) != 0) {
+    return "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
   }
+  const std::string body = render();
+  return absl::StrCat("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ", body.size(),
+                      "\r\nConnection: close\r\n\r\n", body);
+}
+
+// Writes `response`, waiting at most kRequestDeadline for the peer to take it.
+void Send(int client, const std::string& response) {
+  const absl::Time deadline = absl::Now() + kRequestDeadline;
+  for (size_t sent = 0; sent < response.size() && absl::Now() < deadline;) {
+    pollfd writable{client, POLLOUT, 0};
+    if (poll(&writable, 1, static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now())) + 1) <= 0) return;
+    const ssize_t n = send(client, response.data() + sent, response.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n <= 0 && errno != EAGAIN) return;
+    if (n > 0) sent += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void MetricsServer::Serve() {
+  struct Pending {
+    int fd;
+    absl::Time deadline;
+  };
+  std::vector<Pending> pending;
+  while (!stop_) {
+    std::vector<pollfd> watched{{fd_, POLLIN, 0}};
+    for (const Pending& p : pending) watched.push_back({p.fd, POLLIN, 0});
+    poll(watched.data(), watched.size(), 100);
+    // Answer, or drop at its deadline, every connection that waited.
+    std::vector<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const Pending& p = pending[i];
+      if (watched[i + 1].revents != 0) {
+        char request[1024] = {};
+        if (read(p.fd, request, sizeof(request) - 1) > 0) Send(p.fd, Response(request, render_));
+        close(p.fd);
+      } else if (absl::Now() >= p.deadline) {
+        close(p.fd);
+      } else {
+        still.push_back(p);
+      }
+    }
+    pending.swap(still);
+    if (watched[0].revents & POLLIN) {
+      const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (client < 0) continue;
+      if (pending.size() >= kMaxPending) {
+        close(pending.front().fd);
+        pending.erase(pending.begin());
+      }
+      pending.push_back({client, absl::Now() + kRequestDeadline});
+    }
+  }
+  for (const Pending& p : pending) close(p.fd);
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsIfAsked(const std::string& address,

@@ -3,7 +3,10 @@
 // is checked after every sync.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -246,6 +249,22 @@ TEST_CASE("both daemons answer the standard health check and serve Prometheus me
                         Contains("shardsync_agent_syncs_executed_total 1\n") &&
                         Contains("shardsync_agent_target_valid 1\n"));
   CHECK_THAT(HttpGet(cluster.MetricsPort(-1), "/other"), StartsWith("HTTP/1.0 404"));
+
+  // 100 idle connections (more than the server keeps waiting) do not delay a scrape.
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(cluster.MetricsPort(-1)));
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    idle.push_back(fd);
+  }
+  const absl::Time scrape = absl::Now();
+  CHECK_THAT(HttpGet(cluster.MetricsPort(-1), "/metrics"), StartsWith("HTTP/1.0 200 OK"));
+  CHECK(absl::Now() - scrape < absl::Milliseconds(500));
+  for (int fd : idle) close(fd);
 
   auto status = cluster.coordinator_client().Status(absl::Seconds(5));
   REQUIRE(status.ok());
