@@ -35,6 +35,10 @@ void AddAgentFlags(CLI::App& app, AgentFlags& c) {
   flags::AddInt(app, "--max-message-bytes", c.max_message_bytes,
                 "largest registration or control message accepted (the layouts of a large model)", int64_t{1} << 20,
                 int64_t{INT32_MAX});
+  flags::AddInt(app, "--max-registrations", c.registrations.clients,
+                "registrations this agent holds at once (each holds a call open); one more is refused", 1, 65536);
+  flags::AddInt(app, "--max-registrations-per-uid", c.registrations.clients_per_uid,
+                "registrations from the processes of one uid at once", 1, 65536);
   app.add_option("--source-uids", c.agent.source_uids,
                  "uids whose processes may register sources (the trainer's weights), comma-separated (default: the "
                  "agent's own uid)")

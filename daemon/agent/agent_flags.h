@@ -7,6 +7,7 @@
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "daemon/agent/agent.h"
+#include "daemon/agent/registry.h"
 #include "daemon/coordinator/coordinator.h"
 
 namespace shardsync::agent {
@@ -21,6 +22,7 @@ struct AgentFlags {
   int ordinal = -1;            // the CUDA ordinal, -1 for cpu (FinishAgentFlags)
   int64_t rpc_deadline_ms = 5000;
   int64_t max_message_bytes = int64_t{64} << 20;
+  RegistryLimits registrations;
 };
 
 // Adds every flag of the agent, parsed into `flags`.

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->network_stream());
     device = *std::move(cuda);
   }
-  shardsync::agent::Registry registry(c.agent.rank, {memory.get()});
+  shardsync::agent::Registry registry(c.agent.rank, {memory.get()}, c.registrations);
   shardsync::agent::LinkConfig link_config;
   link_config.coordinator = c.coordinator;  // empty with --serve-coordinator: this agent
   link_config.rpc_deadline = c.agent.rpc_deadline;
@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
   }
   shardsync::agent::LocalService local(agent, **socket);
   grpc::ServerBuilder local_builder;
+  // A registration holds a server thread for its life: bound them with the registrations.
+  grpc::ResourceQuota local_quota("local-clients");
+  local_quota.SetMaxThreads(c.registrations.clients + 16);
+  local_builder.SetResourceQuota(local_quota);
   local_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(c.max_message_bytes, INT32_MAX)));
   local_builder.RegisterService(&local);
   if (local_coordinator_service) local_builder.RegisterService(local_coordinator_service.get());

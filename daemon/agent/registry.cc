@@ -51,6 +51,10 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
     for (v1::FlatPlacement& p : *t.mutable_flat_placements()) p.set_rank(rank_);
     for (v1::Fill& f : *t.mutable_fills()) f.set_rank(rank_);
   }
+  {
+    absl::MutexLock lock(&mu_);  // before the work of opening buffers; again when adding
+    if (auto s = CheckLimits(request.client_id(), peer); !s.ok()) return s;
+  }
   if (auto s = CheckLayouts(request, rank_); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': ", s.message()));
   }
@@ -89,6 +93,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   if (clients_.count(request.client_id())) {
     return absl::AlreadyExistsError(absl::StrCat("client '", request.client_id(), "' is already registered"));
   }
+  if (auto s = CheckLimits(request.client_id(), peer); !s.ok()) return s;
   for (const auto& [name, entry] : opened) {
     if (buffers_.count(name)) {
       return absl::AlreadyExistsError(absl::StrCat("buffer '", name, "' is already registered on rank ", rank_));
@@ -114,6 +119,20 @@ void Registry::Remove(const std::string& client_id) {
   for (const std::string& name : it->second.buffers) buffers_.erase(name);
   clients_.erase(it);
   ++version_;
+}
+
+absl::Status Registry::CheckLimits(const std::string& client_id, const Peer& peer) const {
+  if (static_cast<int32_t>(clients_.size()) >= limits_.clients) {
+    return absl::ResourceExhaustedError(absl::StrCat("client '", client_id, "': this agent holds ", clients_.size(),
+                                                     " registrations, its limit (--max-registrations)"));
+  }
+  int32_t of_uid = 0;
+  for (const auto& [id, client] : clients_) of_uid += client.peer.uid == peer.uid;
+  if (of_uid >= limits_.clients_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat("client '", client_id, "': uid ", peer.uid, " holds ", of_uid,
+                                                     " registrations, the limit per uid (--max-registrations-per-uid)"));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<v1::PublishedLayout> Registry::Layouts(int64_t* version) const {

@@ -29,15 +29,22 @@ struct BufferEntry {
   std::shared_ptr<executor::MappedBuffer> memory;
 };
 
+// How many registrations an agent holds: each holds a call (a server thread) open.
+struct RegistryLimits {
+  int32_t clients = 256;          // in all
+  int32_t clients_per_uid = 64;   // from processes of one uid
+};
+
 class Registry {
  public:
-  Registry(int32_t rank, std::vector<executor::MemoryBackend*> backends)
-      : rank_(rank), backends_(std::move(backends)) {}
+  Registry(int32_t rank, std::vector<executor::MemoryBackend*> backends, RegistryLimits limits = {})
+      : rank_(rank), backends_(std::move(backends)), limits_(limits) {}
 
   // Opens and checks every buffer (handle, size, owned by `peer`'s uid where the memory
   // has an owner) and every placement (inside its buffer, inside its tensor, no
   // overlapping targets); sets this agent's rank on all of them. Refuses a second
-  // registration of a client id or of a buffer name. `ready_event`: the client's, opened
+  // registration of a client id or of a buffer name, and one past the limits
+  // (RESOURCE_EXHAUSTED). `ready_event`: the client's, opened
   // by the device (request.ready_event), held as long as the registration.
   absl::Status Add(v1::RegisterRequest request, const Peer& peer,
                    std::shared_ptr<const executor::ReadyEvent> ready_event = nullptr);
@@ -60,8 +67,12 @@ class Registry {
     std::shared_ptr<const executor::ReadyEvent> ready_event;
   };
 
+  // RESOURCE_EXHAUSTED when `peer` may not add one more registration.
+  absl::Status CheckLimits(const std::string& client_id, const Peer& peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int32_t rank_;
   const std::vector<executor::MemoryBackend*> backends_;
+  const RegistryLimits limits_;
   mutable absl::Mutex mu_;
   std::map<std::string, Client> clients_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<BufferEntry>> buffers_ ABSL_GUARDED_BY(mu_);

@@ -69,5 +69,22 @@ TEST_CASE("a client registers only memory its own uid owns") {
   }
 }
 
+TEST_CASE("registrations past the agent's limits, in all or per uid, are refused naming the limit") {
+  FakeBackend backend;
+  Registry registry(0, {&backend}, RegistryLimits{3, 2});
+  const Peer alice{1, 1000}, bob{2, 1001};
+  REQUIRE(registry.Add(Request("a1", "any"), alice).ok());
+  REQUIRE(registry.Add(Request("a2", "any"), alice).ok());
+  const absl::Status per_uid = registry.Add(Request("a3", "any"), alice);
+  CHECK(absl::IsResourceExhausted(per_uid));
+  CHECK_THAT(std::string(per_uid.message()), Contains("uid 1000 holds 2") && Contains("--max-registrations-per-uid"));
+  REQUIRE(registry.Add(Request("b1", "any"), bob).ok());
+  const absl::Status total = registry.Add(Request("b2", "any"), bob);
+  CHECK(absl::IsResourceExhausted(total));
+  CHECK_THAT(std::string(total.message()), Contains("holds 3 registrations") && Contains("--max-registrations"));
+  registry.Remove("a1");  // a dropped registration frees its place
+  CHECK(registry.Add(Request("b2", "any"), bob).ok());
+}
+
 }  // namespace
 }  // namespace shardsync::agent
