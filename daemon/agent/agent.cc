@@ -425,6 +425,18 @@ void Agent::Abort(const v1::AbortRequest& request) {
 }
 
 absl::Status Agent::Transfer(const v1::TransferRequest& request, absl::Time deadline) {
+  // Only a chunk of the sync this agent prepared is held (until its receive is posted),
+  // and no longer than that sync may run: nobody parks memory here.
+  {
+    absl::MutexLock lock(&mu_);
+    const auto prepared = std::find_if(prepared_.begin(), prepared_.end(),
+                                       [&](const auto& entry) { return entry.second.sync_id == request.sync_id(); });
+    if (prepared == prepared_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", config_.rank, " has prepared no sync '",
+                                                        request.sync_id(), "': a chunk for it is refused"));
+    }
+    deadline = std::min(deadline, absl::Now() + prepared->second.deadline);
+  }
   const std::string& data = request.data();
   return mailbox_.Deliver(request.sync_id(), request.from_rank(), request.round(),
                           reinterpret_cast<const uint8_t*>(data.data()), static_cast<int64_t>(data.size()), deadline);

@@ -166,6 +166,36 @@ TEST_CASE("malformed protobuf on every service is refused; the daemons keep serv
   CHECK(deployment.CheckTargets(13).empty());
 }
 
+TEST_CASE("a chunk for a sync the agent has not prepared is refused at once, not held") {
+  ClusterOptions options;
+  options.agents = 2;
+  Cluster cluster(options);
+  Deployment deployment(cluster, "transfer", R"({"model": {"tensors": [{"name": "w", "shape": [64, 8]}],
+      "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})", 5);
+  RequireReady(deployment);
+  auto status = cluster.coordinator_client().Status(absl::Seconds(5));
+  REQUIRE(status.ok());
+  REQUIRE(status->agents_size() == 2);
+  auto stub = v1::AgentControl::NewStub(
+      grpc::CreateChannel(status->agents(1).address(), grpc::InsecureChannelCredentials()));
+  v1::TransferRequest transfer;
+  transfer.set_sync_id("sync-nobody-prepared");
+  transfer.set_from_rank(0);
+  transfer.set_data(std::string(1 << 20, 'x'));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));  // would park it for an hour
+  v1::TransferResponse response;
+  const absl::Time start = absl::Now();
+  const grpc::Status refused = stub->Transfer(&context, transfer, &response);
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK_THAT(refused.error_message(), Contains("has prepared no sync 'sync-nobody-prepared'"));
+  CHECK(absl::Now() - start < absl::Seconds(2));
+  auto sync = SyncOnce(cluster, absl::Seconds(20), /*verify=*/true);  // real chunks still go through
+  INFO(sync.status().message());
+  REQUIRE(sync.ok());
+  CHECK(deployment.CheckTargets(5).empty());
+}
+
 TEST_CASE("a message over a server's limit is refused; the daemons keep serving") {
   ClusterOptions options;
   options.agents = 2;
