@@ -67,6 +67,11 @@ grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterReq
     spdlog::warn("refused registration of '{}': {}", request.client_id(), std::string(status.message()));
     return ToGrpcStatus(status);
   }
+  if (request.role() == v1::TARGET) {  // new memory: it holds no sync's bytes yet
+    absl::MutexLock lock(&mu_);
+    target_valid_ = false;
+    link_.SetTargetsValid(false);
+  }
   const int64_t version = registry_.version();
   link_.Nudge();
   spdlog::info("client '{}' (pid {}, uid {}) registered {} buffers and {} tensors", request.client_id(), peer.pid,
@@ -375,7 +380,10 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   absl::MutexLock lock(&mu_);
   running_sync_id_.clear();
   writing_sync_id_.clear();
-  if (writes_targets) target_valid_ = stats.ok();
+  if (writes_targets) {
+    target_valid_ = stats.ok();
+    link_.SetTargetsValid(target_valid_);
+  }
   ++(stats.ok() ? executed_ : failed_);
   if (stats.ok()) {
     moved_.sent_bytes += stats->sent_bytes;
@@ -419,7 +427,10 @@ void Agent::Abort(const v1::AbortRequest& request) {
   {
     absl::MutexLock lock(&mu_);
     aborted_sync_id_ = request.sync_id();
-    if (writing_sync_id_ == request.sync_id()) target_valid_ = false;  // stopped part way
+    if (writing_sync_id_ == request.sync_id()) {  // stopped part way
+      target_valid_ = false;
+      link_.SetTargetsValid(false);
+    }
   }
   transport_.Abort(request.sync_id(), absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason()));
 }

@@ -98,7 +98,9 @@ class Agent {
   std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
   std::string writing_sync_id_ ABSL_GUARDED_BY(mu_);  // past the agreement: writing targets
   int64_t built_generation_ ABSL_GUARDED_BY(mu_) = -1;  // of the communicator the transport holds
-  bool target_valid_ ABSL_GUARDED_BY(mu_) = true;
+  // Its targets hold a completed sync's bytes: not at start, nor after a target is
+  // registered or a sync stopped part way, until a sync writes them (the link is told).
+  bool target_valid_ ABSL_GUARDED_BY(mu_) = false;
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   executor::ExecutionStats moved_ ABSL_GUARDED_BY(mu_);  // totals of successful syncs

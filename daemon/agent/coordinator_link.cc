@@ -40,6 +40,13 @@ int64_t CoordinatorLink::WaitPublished(int64_t version, absl::Time deadline) {
   return epoch_;
 }
 
+void CoordinatorLink::SetTargetsValid(bool valid) {
+  absl::MutexLock lock(&mu_);
+  if (targets_valid_ == valid) return;
+  targets_valid_ = valid;
+  nudged_ = true;  // say it at once
+}
+
 void CoordinatorLink::Loop() {
   while (true) {
     {
@@ -52,8 +59,13 @@ void CoordinatorLink::Loop() {
     // Join doubles as the heartbeat: a new instance id means the coordinator restarted.
     grpc::ClientContext join_context;
     join_context.set_deadline(absl::ToChronoTime(absl::Now() + config_.rpc_deadline));
+    v1::JoinRequest join_request = config_.join;
+    {
+      absl::MutexLock lock(&mu_);
+      join_request.set_targets_valid(targets_valid_);
+    }
     v1::JoinResponse joined;
-    const grpc::Status join = stub_->Join(&join_context, config_.join, &joined);
+    const grpc::Status join = stub_->Join(&join_context, join_request, &joined);
     int64_t published = -1;
     {
       absl::MutexLock lock(&mu_);
@@ -80,6 +92,10 @@ void CoordinatorLink::Loop() {
     v1::PublishRequest request;
     request.set_rank(config_.join.rank());
     request.set_incarnation(config_.join.incarnation());
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_targets_valid(targets_valid_);
+    }
     int64_t version = 0;
     for (v1::PublishedLayout& layout : registry_.Layouts(&version)) *request.add_layouts() = std::move(layout);
     grpc::ClientContext context;

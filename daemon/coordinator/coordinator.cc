@@ -153,6 +153,8 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& reques
     // A new agent process: whatever the old one published died with it.
     spdlog::info("rank {} restarted; its old layouts are dropped", request.rank());
     if (published_.erase(request.rank()) > 0) ++epoch_;
+    synced_target_ranks_.erase(request.rank());
+    invalid_target_ranks_.erase(request.rank());  // its targets are new: its own word counts
     communicator_valid_ = false;
   }
   if (!entry.link || entry.join.address() != request.address() || entry.join.incarnation() != request.incarnation()) {
@@ -187,6 +189,8 @@ absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishReques
                                                     request.incarnation(), ", the publisher"));
   }
   published_[request.rank()] = request;
+  agent->second.join.set_targets_valid(request.targets_valid());  // its word, newer than its last Join
+  synced_target_ranks_.erase(request.rank());
   ++epoch_;
   spdlog::info("rank {} published {} layouts; layout epoch {}", request.rank(), request.layouts_size(), epoch_);
   v1::PublishResponse response;
@@ -348,6 +352,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
       {
         absl::MutexLock lock(&mu_);
         invalid_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
+        synced_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
       }
       return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", compared.status().message())));
     }
@@ -358,6 +363,7 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     // Every target there is now was written (a rank that left holds none to be invalid).
     if (!plan_->partial) invalid_target_ranks_.clear();
     for (int32_t rank : plan_->target_ranks) invalid_target_ranks_.erase(rank);
+    synced_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
   }
   ready_digest_ = plan_->digest;
   response.set_one_call(one_call);
@@ -472,9 +478,21 @@ v1::CoordinatorStatus Coordinator::Status() const {
   status.set_last_sync_id(last_sync_id_);
   status.set_last_sync_ok(last_sync_ok_);
   status.set_last_sync_error(last_sync_error_);
-  status.set_targets_valid(invalid_target_ranks_.empty());
-  status.mutable_invalid_target_ranks()->Add(invalid_target_ranks_.begin(), invalid_target_ranks_.end());
+  const std::set<int32_t> invalid = InvalidTargetRanks();
+  status.set_targets_valid(invalid.empty());
+  status.mutable_invalid_target_ranks()->Add(invalid.begin(), invalid.end());
   return status;
+}
+
+std::set<int32_t> Coordinator::InvalidTargetRanks() const {
+  std::set<int32_t> invalid = invalid_target_ranks_;
+  for (int32_t rank : TargetRanks(published_)) {
+    const auto agent = agents_.find(rank);
+    if (agent != agents_.end() && !agent->second.join.targets_valid() && synced_target_ranks_.count(rank) == 0) {
+      invalid.insert(rank);
+    }
+  }
+  return invalid;
 }
 
 std::string Coordinator::Metrics() const {
@@ -492,11 +510,11 @@ std::string Coordinator::Metrics() const {
   durations_.Append(&out, "shardsync_sync_duration_seconds", "Wall time of successful syncs.");
   AppendMetric(&out, "shardsync_last_sync_version", "gauge", "Number of the last successful sync (0: none).",
                counters_.succeeded);
+  const std::set<int32_t> invalid = InvalidTargetRanks();
   AppendMetric(&out, "shardsync_targets_valid", "gauge",
-               "1 unless a sync failed part way and some rank's targets were not written since.",
-               invalid_target_ranks_.empty());
+               "1 unless some rank's targets do not hold a completed sync's bytes.", invalid.empty());
   AppendMetric(&out, "shardsync_invalid_target_ranks", "gauge", "Ranks whose targets are invalid.",
-               static_cast<double>(invalid_target_ranks_.size()));
+               static_cast<double>(invalid.size()));
   AppendMetric(&out, "shardsync_layout_epoch", "gauge", "Layout epoch (changes with every publication).", epoch_);
   AppendMetric(&out, "shardsync_agents", "gauge", "Agents joined.", static_cast<double>(agents_.size()));
   int64_t buffers = 0, bytes = 0;

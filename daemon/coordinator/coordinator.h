@@ -125,6 +125,13 @@ class Coordinator {
   bool last_sync_ok_ ABSL_GUARDED_BY(mu_) = false;
   // Ranks a failed sync may have written part of: invalid until a sync writes them.
   std::set<int32_t> invalid_target_ranks_ ABSL_GUARDED_BY(mu_);
+  // Ranks whose targets a sync of this coordinator wrote (or tried to) since their last
+  // publication; for the others the agent's own word (targets_valid) counts, so a
+  // restarted coordinator or agent never calls half-written targets valid.
+  std::set<int32_t> synced_target_ranks_ ABSL_GUARDED_BY(mu_);
+  // invalid_target_ranks_, and the ranks holding targets whose agent says they are invalid
+  // and that no sync of this coordinator wrote since.
+  std::set<int32_t> InvalidTargetRanks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Counters {
     int64_t started = 0, succeeded = 0, failed = 0;
     int64_t sent = 0, received = 0, local = 0;  // bytes, successful syncs

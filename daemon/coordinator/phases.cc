@@ -139,7 +139,10 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Coordinator::ExecuteAll(const s
     {
       absl::MutexLock lock(&mu_);
       communicator_valid_ = false;  // NCCL may have aborted it somewhere
-      if (written) invalid_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
+      if (written) {
+        invalid_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
+        synced_target_ranks_.insert(plan_->target_ranks.begin(), plan_->target_ranks.end());
+      }
     }
     if (!written) {
       // Every rank stopped before writing (at the agreement, or each on its own).

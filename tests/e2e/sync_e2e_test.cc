@@ -318,6 +318,19 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   CHECK_FALSE(invalid->targets_valid());
   CHECK(Ranks(invalid->invalid_target_ranks()) == std::vector<int32_t>{0, 1, 2, 3});
 
+  // A restarted coordinator remembers nothing, and still calls no half-written target
+  // valid: the agents say theirs are invalid when they join it again.
+  cluster.RestartCoordinator();
+  std::vector<int32_t> said_invalid;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(100))) {
+    auto restarted = coordinator.Status(absl::Seconds(5));
+    if (!restarted.ok() || restarted->agents_size() < 3) continue;
+    said_invalid = Ranks(restarted->invalid_target_ranks());
+    if (said_invalid.size() == 3) break;
+  }
+  CHECK(said_invalid == std::vector<int32_t>{0, 2, 3});  // rank 1's agent is gone, with its targets
+
   cluster.agent(1).Wait(absl::Seconds(5));
   cluster.StartAgent(1);
   for (Process* client : {&deployment.trainer(1), &deployment.rollout(1)}) {
