@@ -102,6 +102,10 @@ int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& e
     return 0;
   }
   PrintSyncTable(*response, out);
+  if (!c.target_ranks.empty()) {  // a partial sync: say which other targets it left invalid
+    const auto after = coordinator.Status(CallDeadline(c));
+    if (after.ok() && !after->targets_valid()) out << "other targets: " << TargetsValidity(*after) << "\n";
+  }
   return 0;
 }
 
