@@ -166,12 +166,15 @@ TEST_CASE("malformed protobuf on every service is refused; the daemons keep serv
   CHECK(deployment.CheckTargets(13).empty());
 }
 
+// One small tensor, ZeRO-3 over two ranks into one TP2 replica on them.
+constexpr char kTwoRankModel[] = R"({"model": {"tensors": [{"name": "w", "shape": [64, 8]}],
+    "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})";
+
 TEST_CASE("a chunk for a sync the agent has not prepared is refused at once, not held") {
   ClusterOptions options;
   options.agents = 2;
   Cluster cluster(options);
-  Deployment deployment(cluster, "transfer", R"({"model": {"tensors": [{"name": "w", "shape": [64, 8]}],
-      "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})", 5);
+  Deployment deployment(cluster, "transfer", kTwoRankModel, 5);
   RequireReady(deployment);
   auto status = cluster.coordinator_client().Status(absl::Seconds(5));
   REQUIRE(status.ok());
@@ -200,8 +203,7 @@ TEST_CASE("a message over a server's limit is refused; the daemons keep serving"
   ClusterOptions options;
   options.agents = 2;
   Cluster cluster(options);
-  Deployment deployment(cluster, "limits", R"({"model": {"tensors": [{"name": "w", "shape": [64, 8]}],
-      "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})", 3);
+  Deployment deployment(cluster, "limits", kTwoRankModel, 3);
   RequireReady(deployment);
   const std::string big((64 << 20) + 1024, 'x');  // just over 64 MiB: the default limit of both
   const grpc::Status coordinator = CallWithGarbage(
