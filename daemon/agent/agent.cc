@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/metrics_http.h"
+#include "common/status_macros.h"
 #include "executor/verify.h"
 #include "planner/box.h"
 #include "planner/schedule.h"
@@ -28,6 +29,42 @@ bool Fits(int64_t base, const Axis* shape, const Axis* strides, int axes, int64_
   return (last + 1) * element <= bytes;
 }
 
+// The most milliseconds one sync may wait: longer deadlines are a malformed request.
+constexpr int64_t kMaxDeadlineMs = int64_t{24} * 3600 * 1000;
+
+// The communicator a Prepare describes holds `rank`, and every peer it names is in it.
+absl::Status CheckPeers(const v1::PrepareRequest& request, int32_t rank) {
+  if (request.world_size() <= rank) {
+    return absl::InvalidArgumentError(absl::StrCat("world of ", request.world_size(), " ranks lacks this rank ", rank));
+  }
+  if (request.deadline_ms() <= 0 || request.deadline_ms() > kMaxDeadlineMs) {
+    return absl::InvalidArgumentError(absl::StrCat("deadline of ", request.deadline_ms(), " ms is outside (0, ",
+                                                   kMaxDeadlineMs, "]"));
+  }
+  for (const auto& [peer, address] : request.peer_addresses()) {
+    if (peer < 0 || peer >= request.world_size() || peer == rank) {
+      return absl::InvalidArgumentError(absl::StrCat("an address is given for rank ", peer, " in a world of ",
+                                                     request.world_size(), " where this is rank ", rank));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every stream of `schedule` is with another rank of the world.
+absl::Status CheckStreams(const planner::Schedule& schedule, int32_t world_size) {
+  for (const planner::Stage& stage : schedule.stages) {
+    for (const auto* streams : {&stage.sends, &stage.receives}) {
+      for (const planner::PeerStream& stream : *streams) {
+        if (stream.peer < 0 || stream.peer >= world_size || stream.peer == schedule.rank) {
+          return absl::InvalidArgumentError(absl::StrCat("the schedule has a stream with rank ", stream.peer,
+                                                         " in a world of ", world_size));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
@@ -40,51 +77,56 @@ Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, exec
       mailbox_(mailbox),
       engine_(device_, transport_) {}
 
-grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
-                             grpc::ServerWriter<v1::RegisterEvent>* writer, const Peer& peer) {
-  std::shared_ptr<const executor::ReadyEvent> ready_event;
-  absl::Status status = absl::OkStatus();
+absl::Status Agent::Admit(const v1::RegisterRequest& request, const Peer& peer) {
   const bool source = request.role() == v1::SOURCE;
   std::vector<uint32_t> allowed = source ? config_.source_uids : config_.target_uids;
   if (allowed.empty()) allowed.push_back(geteuid());
   if (std::find(allowed.begin(), allowed.end(), peer.uid) == allowed.end()) {
-    status = absl::PermissionDeniedError(absl::StrCat(
+    return absl::PermissionDeniedError(absl::StrCat(
         "client '", request.client_id(), "' (uid ", peer.uid, ", pid ", peer.pid, ") may not register ",
         source ? "sources" : "targets", ": this agent takes them from uid ", absl::StrJoin(allowed, ", uid "),
         source ? " (--source-uids)" : " (--target-uids)"));
   }
-  if (status.ok() && !request.ready_event().empty() && request.role() == v1::SOURCE) {
+  std::shared_ptr<const executor::ReadyEvent> ready_event;
+  if (!request.ready_event().empty() && source) {
     absl::StatusOr<std::shared_ptr<const executor::ReadyEvent>> opened = device_.OpenReadyEvent(request.ready_event());
-    if (opened.ok()) {
-      ready_event = *std::move(opened);
-    } else {
-      status = absl::InvalidArgumentError(
+    if (!opened.ok()) {
+      return absl::InvalidArgumentError(
           absl::StrCat("client '", request.client_id(), "': ready event: ", opened.status().message()));
     }
+    ready_event = *std::move(opened);
   }
-  if (status.ok()) status = registry_.Add(request, peer, std::move(ready_event));
-  if (!status.ok()) {
-    spdlog::warn("refused registration of '{}': {}", request.client_id(), std::string(status.message()));
-    return ToGrpcStatus(status);
-  }
+  SHARDSYNC_RETURN_IF_ERROR(registry_.Add(request, peer, std::move(ready_event)));
   if (request.role() == v1::TARGET) {  // new memory: it holds no sync's bytes yet
     absl::MutexLock lock(&mu_);
     target_valid_ = false;
     link_.SetTargetsValid(false);
   }
-  const int64_t version = registry_.version();
   link_.Nudge();
   spdlog::info("client '{}' (pid {}, uid {}) registered {} buffers and {} tensors", request.client_id(), peer.pid,
                peer.uid, request.buffers_size(), request.tensors_size());
+  return absl::OkStatus();
+}
+
+void Agent::Withdraw(const std::string& client_id) {
+  registry_.Remove(client_id);
+  link_.Nudge();
+  spdlog::info("client '{}' went away; its registrations are dropped", client_id);
+}
+
+grpc::Status Agent::Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
+                             grpc::ServerWriter<v1::RegisterEvent>* writer, const Peer& peer) {
+  if (const absl::Status admitted = Admit(request, peer); !admitted.ok()) {
+    spdlog::warn("refused registration of '{}': {}", request.client_id(), std::string(admitted.message()));
+    return ToGrpcStatus(admitted);
+  }
   v1::RegisterEvent event;
   event.set_rank(config_.rank);
-  event.set_layout_epoch(link_.WaitPublished(version, absl::Now() + config_.rpc_deadline));
+  event.set_layout_epoch(link_.WaitPublished(registry_.version(), absl::Now() + config_.rpc_deadline));
   writer->Write(event);
   // Held until the client goes away (cancel, exit) or the agent stops.
   while (!context->IsCancelled() && !shutting_down_) absl::SleepFor(absl::Milliseconds(20));
-  registry_.Remove(request.client_id());
-  link_.Nudge();
-  spdlog::info("client '{}' went away; its registrations are dropped", request.client_id());
+  Withdraw(request.client_id());
   return grpc::Status::OK;
 }
 
@@ -206,6 +248,7 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
     return absl::InvalidArgumentError(absl::StrCat("staging budget of ", request.staging_bytes(),
                                                    " bytes is outside (0, ", config_.max_staging_bytes, "]"));
   }
+  SHARDSYNC_RETURN_IF_ERROR(CheckPeers(request, config_.rank));
   if (request.schedule_cached()) {
     auto it = prepared_.find(request.digest());
     if (it == prepared_.end()) {
@@ -214,6 +257,7 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
                                                         request.digest()));
     }
     Prepared& prepared = it->second;
+    SHARDSYNC_RETURN_IF_ERROR(CheckStreams(prepared.local->schedule, request.world_size()));
     prepared.sync_id = request.sync_id();
     prepared.deadline = absl::Milliseconds(request.deadline_ms());
     prepared.peers = PeersOf(request);
@@ -237,10 +281,9 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
   const int64_t version = registry_.version();
   auto local = daemon::DecodeSchedule(request, config_.rank);
   if (!local.ok()) return local.status();
-  if (auto status = planner::CheckChunks(local->plan, local->schedule, request.staging_bytes()); !status.ok()) {
-    return status;
-  }
-  if (auto status = Check(*local); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(planner::CheckChunks(local->plan, local->schedule, request.staging_bytes()));
+  SHARDSYNC_RETURN_IF_ERROR(CheckStreams(local->schedule, request.world_size()));
+  SHARDSYNC_RETURN_IF_ERROR(Check(*local));
   Prepared prepared{std::make_shared<const daemon::LocalSchedule>(*std::move(local)), request.sync_id(),
                     request.staging_bytes(), absl::Milliseconds(request.deadline_ms()), PeersOf(request), version};
   prepared_.clear();  // one plan per epoch: the previous one is stale

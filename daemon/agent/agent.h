@@ -40,9 +40,14 @@ class Agent {
         executor::Transport& transport, executor::Mailbox& mailbox);
 
   // Agent service (unix socket).
-  // `peer`: the process that called, from the unix socket's credentials.
+  // `peer`: the process that called, from the unix socket's credentials. Register is
+  // Admit, then the registration held until the client goes away, then Withdraw.
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest& request,
                         grpc::ServerWriter<v1::RegisterEvent>* writer, const Peer& peer);
+  // Takes a registration if `peer` may make it and the registry accepts it.
+  absl::Status Admit(const v1::RegisterRequest& request, const Peer& peer);
+  // Drops a client's registrations.
+  void Withdraw(const std::string& client_id);
   v1::AgentStatus Status() const;
   // Prometheus text: registrations, syncs executed, bytes moved, target validity.
   std::string Metrics() const;
