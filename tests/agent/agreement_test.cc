@@ -15,6 +15,7 @@
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "planner/stats.h"
+#include "tests/agent/heap_backend.h"
 
 namespace shardsync::agent {
 namespace {
@@ -23,28 +24,6 @@ using Catch::Matchers::Contains;
 
 constexpr int32_t kWorld = 2;
 constexpr int64_t kRows = 16, kCols = 24, kElements = kRows * kCols;  // float32
-
-class HeapBuffer final : public executor::MappedBuffer {
- public:
-  explicit HeapBuffer(int64_t bytes) : bytes_(bytes) {}
-  uint8_t* data() const override { return const_cast<uint8_t*>(bytes_.data()); }
-  int64_t bytes() const override { return static_cast<int64_t>(bytes_.size()); }
-  bool on_device() const override { return false; }
-  std::optional<uint32_t> owner_uid() const override { return std::nullopt; }
-
- private:
-  std::vector<uint8_t> bytes_;
-};
-
-// Opens every handle as fresh host memory; the test reaches it through the registry.
-class HeapBackend final : public executor::MemoryBackend {
- public:
-  absl::string_view name() const override { return "heap"; }
-  bool Accepts(const executor::MemoryHandle& handle) const override { return !handle.shm_name.empty(); }
-  absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Open(const executor::MemoryHandle&, int64_t bytes) override {
-    return std::unique_ptr<executor::MappedBuffer>(new HeapBuffer(bytes));
-  }
-};
 
 // One client's registration of one buffer and of tensor "w" in it (layout left to fill).
 v1::RegisterRequest OneBuffer(const std::string& client, v1::Role role, const std::string& buffer, int64_t bytes) {
