@@ -1,6 +1,6 @@
 #include "daemon/coordinator/coordinator.h"
 
-#include "common/status_macros.h"
+#include <malloc.h>
 
 #include <algorithm>
 #include <set>
@@ -178,7 +178,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& reques
 
 absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishRequest& request) {
   SHARDSYNC_RETURN_IF_ERROR(CheckPublish(request, config_.world_size));
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   const auto agent = agents_.find(request.rank());
   if (agent == agents_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " published before it joined"));
@@ -188,14 +188,32 @@ absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishReques
                                                     agent->second.join.incarnation(), ", not to ",
                                                     request.incarnation(), ", the publisher"));
   }
-  published_[request.rank()] = request;
+  // A fresh message, not an assignment: assigning keeps the old one's cleared repeated
+  // fields allocated, and a publication can hold 100k tensors.
+  published_.insert_or_assign(request.rank(), v1::PublishRequest(request));
   agent->second.join.set_targets_valid(request.targets_valid());  // its word, newer than its last Join
   synced_target_ranks_.erase(request.rank());
   ++epoch_;
   spdlog::info("rank {} published {} layouts; layout epoch {}", request.rank(), request.layouts_size(), epoch_);
   v1::PublishResponse response;
   response.set_layout_epoch(epoch_);
+  lock.Release();
+  // A running sync keeps its plan; it releases the stale ones when it ends.
+  if (sync_mu_.TryLock()) {
+    ReleaseStalePlans();
+    sync_mu_.Unlock();
+  }
   return response;
+}
+
+void Coordinator::ReleaseStalePlans() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (plans_.empty() || plans_.begin()->second.epoch == epoch_) return;
+  }
+  plans_.clear();
+  plan_ = nullptr;
+  malloc_trim(0);  // give the freed plans back to the system, not only to malloc
 }
 
 absl::StatusOr<std::vector<int32_t>> Coordinator::SelectTargetRanks(
@@ -304,14 +322,17 @@ absl::StatusOr<v1::SyncResponse> Coordinator::Sync(const v1::SyncRequest& reques
     running_sync_id_ = sync_id;
   }
   const auto finish = [&](absl::Status status) -> absl::Status {
-    absl::MutexLock lock(&mu_);
-    ++(status.ok() ? counters_.succeeded : counters_.failed);
-    running_sync_id_.clear();
-    if (status.ok()) durations_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    last_sync_id_ = sync_id;
-    last_sync_ok_ = status.ok();
-    last_sync_error_ = std::string(status.message());
-    if (!status.ok()) spdlog::warn("{} failed: {}", sync_id, last_sync_error_);
+    {
+      absl::MutexLock lock(&mu_);
+      ++(status.ok() ? counters_.succeeded : counters_.failed);
+      running_sync_id_.clear();
+      if (status.ok()) durations_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      last_sync_id_ = sync_id;
+      last_sync_ok_ = status.ok();
+      last_sync_error_ = std::string(status.message());
+      if (!status.ok()) spdlog::warn("{} failed: {}", sync_id, last_sync_error_);
+    }
+    ReleaseStalePlans();  // layouts published while it ran
     return status;
   };
   std::vector<int32_t> missing;

@@ -93,6 +93,9 @@ class Coordinator {
   // `target_ranks` (empty: every target), planning it unless cached; true when it
   // planned now. Requires sync_mu_.
   absl::StatusOr<bool> EnsurePlan(const std::vector<int32_t>& target_ranks);
+  // Frees the plans of an older layout epoch, and gives their memory back to the
+  // system. Requires sync_mu_.
+  void ReleaseStalePlans();
   // A partial sync's ranks, ascending and unique; refused unless each holds a target.
   absl::StatusOr<std::vector<int32_t>> SelectTargetRanks(const google::protobuf::RepeatedField<int32_t>& requested);
   absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline);
