@@ -45,7 +45,8 @@ struct Case {
 
 using Clock = std::chrono::steady_clock;
 
-// H200 NVLink figures from BUILD_NOTES and a 400 Gb/s NIC per GPU, for scale only.
+// Nominal speeds for scale only: 360 GB/s of NVLink and 4.2 TB/s of memory per H200, and a
+// 400 Gb/s NIC (50 GB/s) per GPU.
 const planner::Bandwidths kBandwidths{360e9, 4.2e12, 50e9};
 double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 

@@ -5,8 +5,8 @@
 // without a wait. Three ways side by side: the agent's own NcclTransport and CudaDevice
 // calls (a nonblocking communicator, whose every group end NCCL launches from a new
 // thread; the transport spins while it waits for the launch), the same kind of
-// communicator polled with 20 us sleeps (the transport before it spun), and a blocking
-// communicator (the group is launched in the calling thread).
+// communicator polled with 20 us sleeps between polls, and a blocking communicator (the
+// group is launched in the calling thread).
 // Prints one JSON line per way and size.
 //   round_bench [--rounds N] [--device N]
 #include <cuda_runtime.h>

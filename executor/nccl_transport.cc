@@ -34,8 +34,8 @@ absl::StatusOr<std::string> NcclTransport::NewCommunicatorId() {
 absl::Status NcclTransport::Await(absl::Time deadline, bool stream_too, const std::string& what) {
   // A nonblocking communicator launches every group from a thread of its own; the launch
   // takes tens of microseconds. Spinning for that long, then sleeping, keeps a round's
-  // host cost near the launch (bench/round_bench on an H200: 91-108 us a round sleeping,
-  // 45-73 spinning) without holding a core through a whole sync's wait in Finish.
+  // host cost near the launch (bench/round_bench times it) without holding a core
+  // through a whole sync's wait in Finish.
   const absl::Time spin_until = absl::Now() + absl::Microseconds(200);
   while (true) {
     ncclResult_t state = ncclSuccess;

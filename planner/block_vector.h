@@ -1,7 +1,6 @@
 // A growable array in fixed blocks: growing never copies what is stored and touches
 // only the memory it fills. A plan of tens of millions of segments in one std::vector
-// touches about twice its size while it doubles (every old buffer, then the new one),
-// and fresh pages are what planning a large model pays for most (docs/benchmarks.md).
+// would touch about twice its size while it doubles (every old buffer, then the new one).
 #pragma once
 
 #include <cstddef>

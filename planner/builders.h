@@ -1,5 +1,6 @@
 // Layout builders for the storage schemes of DeepSpeed ZeRO and of tensor-parallel
-// inference engines (vLLM / SGLang). DESIGN.md section 6 lists the facts each matches.
+// inference engines (vLLM / SGLang). Each builder's comment states the framework's
+// storage fact it matches; tests/planner/builders_test.cc pins them.
 // Ranks are given per index: `ranks[i]` is the global rank of DP index / TP rank i.
 #pragma once
 

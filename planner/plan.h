@@ -26,8 +26,8 @@ inline constexpr int64_t kMaxSegmentAxis = std::numeric_limits<SegmentAxis>::max
 // side's dtype). Axes contiguous on both sides are merged, extent-1 axes dropped, so
 // most segments are one run or one 2-D strided copy. Trivially copyable: plans of
 // tens of millions of segments move as plain memory. Extents and strides take 32 bits
-// (88 bytes a segment instead of 136: fresh memory is most of what a large plan
-// costs); ValidatePlanInput refuses tensors whose axes or strides do not fit.
+// (SegmentAxis), which keeps a segment at 88 bytes; ValidatePlanInput refuses tensors
+// whose axes or strides do not fit.
 //
 // Stage 0 reads sources. Stage 1 is the relay: it reads a target placement that stage
 // 0 wrote (`src` is a target buffer, src_dtype the target dtype) and writes another

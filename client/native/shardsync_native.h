@@ -1,7 +1,6 @@
 // The C ABI of libshardsync_native.so: one unary gRPC call on a channel this library
 // holds, request and response as serialized protobuf bytes. The Python client loads it
-// (shardsync.native) so a trainer's sync() pays a C++ gRPC call, not grpcio's
-// (measured 0.09-0.32 ms less per sync than grpcio on an H200 host, docs/benchmarks.md).
+// (shardsync.native) so a trainer's sync() pays a C++ gRPC call, not grpcio's.
 // Every entry point is thread-safe; calls may run at once on one channel.
 #pragma once
 

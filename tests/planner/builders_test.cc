@@ -1,4 +1,4 @@
-// Pins the layout facts of DESIGN.md section 6 (DeepSpeed, vLLM, SGLang).
+// Pins the layout facts the builders match (DeepSpeed, vLLM, SGLang; planner/builders.h).
 #include <catch2/catch.hpp>
 
 #include "planner/box.h"
