@@ -16,7 +16,7 @@
 #include "daemon/common/schedule_codec.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/digest.h"
 
 namespace shardsync::bench {
 namespace {

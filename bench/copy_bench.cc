@@ -14,8 +14,8 @@
 
 #include "common/flags.h"
 #include "executor/cuda_device.h"
-#include "planner/model.h"
-#include "planner/models.h"
+#include "planner/model_layout.h"
+#include "planner/known_models.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 

@@ -16,11 +16,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/moe.h"
-#include "planner/model.h"
-#include "planner/models.h"
+#include "planner/model_layout.h"
+#include "planner/known_models.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/cost.h"
+#include "planner/digest.h"
+#include "planner/relay.h"
 
 namespace shardsync::bench {
 namespace {

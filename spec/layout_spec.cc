@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/box.h"
-#include "planner/model.h"
-#include "planner/models.h"
+#include "planner/model_layout.h"
+#include "planner/known_models.h"
 #include "planner/validate.h"
 
 namespace shardsync::spec {

@@ -5,11 +5,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/format.h"
-#include "planner/model.h"
-#include "planner/models.h"
+#include "planner/model_layout.h"
+#include "planner/known_models.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/cost.h"
+#include "planner/digest.h"
+#include "planner/relay.h"
 #include "spec/layout_spec.h"
 
 namespace shardsync::cli {

@@ -6,7 +6,9 @@
 #include <ostream>
 #include <string>
 
-#include "planner/stats.h"
+#include "planner/cost.h"
+#include "planner/digest.h"
+#include "planner/relay.h"
 
 namespace shardsync::cli {
 

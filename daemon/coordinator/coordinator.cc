@@ -12,7 +12,9 @@
 #include "common/status_macros.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/layouts.h"
-#include "planner/stats.h"
+#include "planner/cost.h"
+#include "planner/digest.h"
+#include "planner/relay.h"
 #include "spdlog/spdlog.h"
 
 namespace shardsync::coordinator {

@@ -21,7 +21,8 @@
 #include "google/protobuf/arena.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/cost.h"
+#include "planner/relay.h"
 #include "proto/shardsync.pb.h"
 
 namespace shardsync::coordinator {

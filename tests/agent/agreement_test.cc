@@ -14,7 +14,7 @@
 #include "executor/device.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/digest.h"
 #include "tests/agent/heap_backend.h"
 
 namespace shardsync::agent {

@@ -9,7 +9,7 @@
 
 #include "executor/mailbox.h"
 #include "executor/round_engine.h"
-#include "planner/model.h"
+#include "planner/model_layout.h"
 #include "planner/schedule.h"
 #include "tests/executor/buffer_table.h"
 #include "tests/planner/random_layouts.h"

@@ -14,7 +14,7 @@
 #include "daemon/coordinator/layouts.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/digest.h"
 #include "tests/agent/heap_backend.h"
 #include "tests/fuzz/agent_requests.h"
 

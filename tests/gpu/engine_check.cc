@@ -27,7 +27,7 @@
 #include "executor/cuda_device.h"
 #include "executor/nccl_transport.h"
 #include "executor/round_engine.h"
-#include "planner/model.h"
+#include "planner/model_layout.h"
 #include "planner/schedule.h"
 #include "tests/gpu/check_transports.h"
 #include "tests/planner/random_layouts.h"

@@ -3,7 +3,7 @@
 
 #include "planner/box.h"
 #include "planner/builders.h"
-#include "planner/model.h"
+#include "planner/model_layout.h"
 #include "planner/plan.h"
 
 namespace shardsync::planner {

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <random>
 
-#include "planner/model.h"
+#include "planner/model_layout.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/cost.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/reference_executor.h"
 #include "tests/planner/sync_check.h"

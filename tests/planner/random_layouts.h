@@ -5,7 +5,7 @@
 
 #include <random>
 
-#include "planner/model.h"
+#include "planner/model_layout.h"
 #include "planner/types.h"
 
 namespace shardsync::testing {

@@ -7,9 +7,10 @@
 #include <random>
 
 #include "planner/builders.h"
-#include "planner/model.h"
+#include "planner/model_layout.h"
 #include "planner/schedule.h"
-#include "planner/stats.h"
+#include "planner/cost.h"
+#include "planner/digest.h"
 #include "tests/planner/random_layouts.h"
 
 namespace shardsync::planner {

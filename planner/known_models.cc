@@ -1,4 +1,4 @@
-#include "planner/models.h"
+#include "planner/known_models.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "planner/model.h"
+#include "planner/model_layout.h"
 
 namespace shardsync::planner {
 

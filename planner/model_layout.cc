@@ -1,4 +1,4 @@
-#include "planner/model.h"
+#include "planner/model_layout.h"
 
 #include <map>
 

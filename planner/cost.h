@@ -3,13 +3,10 @@
 
 #include <cstdint>
 #include <map>
-#include <string>
 #include <utility>
 #include <vector>
 
 #include "planner/plan.h"
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "planner/schedule.h"
 
 namespace shardsync::planner {
@@ -63,22 +60,5 @@ double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bandwidths);
 double CostFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const Bandwidths& bandwidths);
 // Each stage's part of that floor, in order (they add up to it).
 std::vector<double> StageFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const Bandwidths& bandwidths);
-
-// Whether a plan over several nodes relays (PlanOptions::relay): never, always, or when
-// its floor is lower (auto).
-enum class RelayMode { kNever, kAlways, kAuto };
-// "never", "always", "auto".
-absl::StatusOr<RelayMode> ParseRelayMode(absl::string_view name);
-
-// Plans the batch as `mode` says. kAuto plans with the relay and, if that relays
-// anything, without it too, and keeps the plan whose floor at `bandwidths` is lower
-// (without the relay on a tie: one stage fewer); `floors`, if given, gets both (without,
-// with) when both were planned, and stays as it was otherwise.
-absl::StatusOr<Plan> MakePlanWithRelay(const PlanInput& input, const ReplicaPolicy& policy, RelayMode mode,
-                                       const Bandwidths& bandwidths, std::pair<double, double>* floors = nullptr);
-
-// A 128-bit digest of the plan and its staging budget, as 32 hex digits: equal on every
-// rank and every run for the same plan. Not cryptographic.
-std::string PlanDigest(const Plan& plan, int64_t staging_bytes);
 
 }  // namespace shardsync::planner

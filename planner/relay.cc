@@ -1,0 +1,30 @@
+#include "planner/relay.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardsync::planner {
+
+absl::StatusOr<RelayMode> ParseRelayMode(absl::string_view name) {
+  if (name == "never") return RelayMode::kNever;
+  if (name == "always") return RelayMode::kAlways;
+  if (name == "auto") return RelayMode::kAuto;
+  return absl::InvalidArgumentError(absl::StrCat("the relay mode is auto, always or never, not '", name, "'"));
+}
+
+absl::StatusOr<Plan> MakePlanWithRelay(const PlanInput& input, const ReplicaPolicy& policy, RelayMode mode,
+                                       const Bandwidths& bandwidths, std::pair<double, double>* floors) {
+  if (mode != RelayMode::kAuto) return MakePlan(input, policy, PlanOptions{mode == RelayMode::kAlways});
+  // With nothing to relay the relayed plan is the direct one: plan a second time only
+  // when the relay changed something.
+  absl::StatusOr<Plan> relayed = MakePlan(input, policy, PlanOptions{true});
+  if (!relayed.ok() || relayed->stages == 1) return relayed;
+  absl::StatusOr<Plan> direct = MakePlan(input, policy, PlanOptions{false});
+  if (!direct.ok()) return direct;
+  const double direct_floor = CostFloorSeconds(StageBytes(*direct), bandwidths);
+  const double relayed_floor = CostFloorSeconds(StageBytes(*relayed), bandwidths);
+  if (floors != nullptr) *floors = {direct_floor, relayed_floor};
+  if (relayed_floor < direct_floor) return relayed;  // moved, as the line below
+  return direct;
+}
+
+}  // namespace shardsync::planner
