@@ -1,11 +1,10 @@
 // The coordinator's work before the first sync of a layout epoch, for the planner
 // benchmark's MoE (bench/moe.h): the plan, every rank's schedule, the digest, and one
-// PrepareRequest per rank, as Coordinator::EnsurePlan makes them. planner_bench times
+// PrepareRequest per rank, by the coordinator's own CompileEpoch. planner_bench times
 // the first two (the planning target); this times all four, and the requests' size.
 //   bazel run -c opt //bench:coordinator_plan_bench -- [--moe-layers N] [--dense]
 #include <sys/resource.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,15 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "bench/moe.h"
 #include "daemon/common/schedule_codec.h"
-#include "planner/plan.h"
-#include "planner/schedule.h"
-#include "planner/digest.h"
+#include "daemon/coordinator/epoch_plan.h"
 
 namespace shardsync::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
 int Run(int layers, bool dense, int64_t staging_bytes) {
   MoeShape shape;
@@ -35,18 +29,13 @@ int Run(int layers, bool dense, int64_t staging_bytes) {
   }
   for (size_t id = 0; id < buffer_names.size(); ++id) buffer_names[id] = absl::StrCat("buffer-", id);
 
-  const auto t0 = Clock::now();
-  auto plan = planner::MakePlan(input, *planner::LocalFirstLeastLoaded());
-  const auto t1 = Clock::now();
-  if (!plan.ok()) return std::fprintf(stderr, "%s\n", std::string(plan.status().message()).c_str()), 1;
-  auto schedules = planner::MakeSchedules(*plan, staging_bytes);
-  const auto t2 = Clock::now();
-  if (!schedules.ok()) return std::fprintf(stderr, "%s\n", std::string(schedules.status().message()).c_str()), 1;
-  const std::string digest = planner::PlanDigest(*plan, staging_bytes);
-  const auto t3 = Clock::now();
-  google::protobuf::Arena arena;  // as the coordinator keeps them
-  const std::vector<v1::PrepareRequest*> requests = daemon::EncodeSchedules(*plan, *schedules, buffer_names, arena);
-  const auto t4 = Clock::now();
+  coordinator::EpochOptions options;
+  for (const planner::Buffer& b : input.buffers) options.world_size = std::max(options.world_size, b.holder.rank + 1);
+  options.staging_bytes = staging_bytes;
+  options.relay = planner::RelayMode::kNever;  // one node: nothing to relay
+  const absl::StatusOr<coordinator::EpochPlan> epoch = coordinator::CompileEpoch(input, buffer_names, options);
+  if (!epoch.ok()) return std::fprintf(stderr, "%s\n", std::string(epoch.status().message()).c_str()), 1;
+  const std::vector<const v1::PrepareRequest*>& requests = epoch->requests;
   int64_t bytes = 0, max_bytes = 0, specs = 0;
   for (const v1::PrepareRequest* r : requests) {
     const int64_t n = static_cast<int64_t>(r->ByteSizeLong());
@@ -60,9 +49,10 @@ int Run(int layers, bool dense, int64_t staging_bytes) {
       "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%zu,\"segment_records\":%lld,\"plan_ms\":%.1f,"
       "\"schedule_ms\":%.1f,\"digest_ms\":%.1f,\"encode_ms\":%.1f,\"total_ms\":%.1f,\"encoded_bytes\":%lld,"
       "\"max_rank_encoded_bytes\":%lld,\"digest\":\"%s\",\"peak_rss_mib\":%ld}\n",
-      layers, dense ? " with dense tensors" : ", experts", plan->num_ranks, plan->segments.size(),
-      static_cast<long long>(specs), Ms(t0, t1), Ms(t1, t2), Ms(t2, t3), Ms(t3, t4), Ms(t0, t4),
-      static_cast<long long>(bytes), static_cast<long long>(max_bytes), digest.c_str(), usage.ru_maxrss / 1024);
+      layers, dense ? " with dense tensors" : ", experts", epoch->plan.num_ranks, epoch->plan.segments.size(),
+      static_cast<long long>(specs), epoch->timings.plan_seconds * 1e3, epoch->timings.schedule_seconds * 1e3,
+      epoch->timings.digest_seconds * 1e3, epoch->timings.encode_seconds * 1e3, epoch->timings.total() * 1e3,
+      static_cast<long long>(bytes), static_cast<long long>(max_bytes), epoch->digest.c_str(), usage.ru_maxrss / 1024);
   return 0;
 }
 

@@ -1,5 +1,5 @@
 // Two real Agents in one process (host memory, loopback transport): the schedule the
-// coordinator's own code makes, delivered by Prepare once, then syncs in one Execute
+// coordinator's own code makes (PlanEpoch), delivered by Prepare once, then syncs in one Execute
 // call that prepares itself. A rank that is not ready stops every rank before any
 // byte is written, and says why.
 #include <catch2/catch.hpp>
@@ -9,12 +9,8 @@
 #include <thread>
 
 #include "daemon/agent/agent.h"
-#include "daemon/common/schedule_codec.h"
-#include "daemon/coordinator/layouts.h"
+#include "daemon/coordinator/epoch_plan.h"
 #include "executor/device.h"
-#include "planner/plan.h"
-#include "planner/schedule.h"
-#include "planner/digest.h"
 #include "tests/agent/heap_backend.h"
 
 namespace shardsync::agent {
@@ -146,22 +142,19 @@ TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank b
     int64_t version = 0;
     for (v1::PublishedLayout& layout : ranks[r]->registry.Layouts(&version)) *published[r].add_layouts() = layout;
   }
-  // The coordinator's planning, as EnsurePlan does it.
-  spec::BufferIds ids;
-  auto input = coordinator::CollectPlanInput(published, ids);
-  REQUIRE(input.ok());
-  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
-  REQUIRE(plan.ok());
-  plan->num_ranks = kWorld;
-  auto schedules = planner::MakeSchedules(*plan, 4096);
-  REQUIRE(schedules.ok());
-  const std::string digest = planner::PlanDigest(*plan, 4096);
+  // The coordinator's planning of the epoch.
+  coordinator::EpochOptions options;
+  options.world_size = kWorld;
+  options.staging_bytes = 4096;
+  auto epoch = coordinator::PlanEpoch(published, {}, {}, options);
+  REQUIRE(epoch.ok());
+  const std::string digest = epoch->digest;
 
   // Sync 1: Prepare with the schedule, then Execute.
   std::vector<float> tensor = Refill(ranks, 1);
   std::vector<v1::ExecuteRequest> execute(kWorld);
   for (int32_t r = 0; r < kWorld; ++r) {
-    const v1::PrepareRequest schedule = daemon::EncodeSchedule(*plan, (*schedules)[r], ids.names());
+    const v1::PrepareRequest& schedule = *epoch->requests[r];
     const v1::PrepareResponse prepared = ranks[r]->agent->Prepare(PrepareFor(schedule, "sync-1", digest, true));
     INFO(prepared.refusal());
     REQUIRE(prepared.ok());

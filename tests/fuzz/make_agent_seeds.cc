@@ -10,11 +10,7 @@
 #include <string>
 
 #include "daemon/agent/registry.h"
-#include "daemon/common/schedule_codec.h"
-#include "daemon/coordinator/layouts.h"
-#include "planner/plan.h"
-#include "planner/schedule.h"
-#include "planner/digest.h"
+#include "daemon/coordinator/epoch_plan.h"
 #include "tests/agent/heap_backend.h"
 #include "tests/fuzz/agent_requests.h"
 
@@ -89,19 +85,15 @@ int main(int argc, char** argv) {
       published[r].set_rank(r);
       for (v1::PublishedLayout& layout : registry.Layouts(&version)) *published[r].add_layouts() = layout;
     }
-    spec::BufferIds ids;
-    auto input = coordinator::CollectPlanInput(published, ids);
-    if (!input.ok()) return Fail(input.status());
-    auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
-    if (!plan.ok()) return Fail(plan.status());
-    plan->num_ranks = world;
-    auto schedules = planner::MakeSchedules(*plan, kStaging);
-    if (!schedules.ok()) return Fail(schedules.status());
-    const std::string digest = planner::PlanDigest(*plan, kStaging);
+    coordinator::EpochOptions options;
+    options.world_size = world;
+    options.staging_bytes = kStaging;
+    auto epoch = coordinator::PlanEpoch(published, {}, {}, options);
+    if (!epoch.ok()) return Fail(epoch.status());
     for (int32_t rank = 0; rank < world; ++rank) {
-      v1::PrepareRequest prepare = daemon::EncodeSchedule(*plan, (*schedules)[rank], ids.names());
+      v1::PrepareRequest prepare = *epoch->requests[rank];
       prepare.set_sync_id("sync-1");
-      prepare.set_digest(digest);
+      prepare.set_digest(epoch->digest);
       prepare.set_staging_bytes(kStaging);
       prepare.set_deadline_ms(5);
       prepare.set_communicator_generation(1);
@@ -109,7 +101,7 @@ int main(int argc, char** argv) {
       if (world > 1) (*prepare.mutable_peer_addresses())[1 - rank] = "127.0.0.1:1";
       v1::ExecuteRequest execute;
       execute.set_sync_id("sync-1");
-      execute.set_digest(digest);
+      execute.set_digest(epoch->digest);
       v1::ExecuteRequest cached = execute;
       cached.set_sync_id("sync-2");
       cached.set_verify(true);

@@ -1,0 +1,49 @@
+#include "daemon/common/plan_report.h"
+
+#include <string>
+
+namespace shardsync::daemon {
+
+v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules,
+                                   absl::string_view digest, std::pair<double, double> floors,
+                                   const planner::Bandwidths& bandwidths) {
+  const planner::PlanStats stats = planner::ComputeStats(plan, schedules);
+  v1::ExplainResponse report;
+  report.set_digest(std::string(digest));
+  report.set_tensors(static_cast<int32_t>(plan.tensor_names.size()));
+  report.set_segments(stats.segments);
+  report.set_chunks(stats.chunks);
+  report.set_rounds(stats.rounds);
+  report.set_floor_seconds(planner::CostFloorSeconds(stats, bandwidths));
+  report.set_stages(plan.stages);
+  report.set_network_bytes(stats.total_network_bytes);
+  report.set_relayed_bytes(stats.total_relayed_bytes);
+  report.set_direct_floor_seconds(floors.first);
+  report.set_relayed_floor_seconds(floors.second);
+  report.set_link_gbps(bandwidths.link_bytes_per_s / 1e9);
+  report.set_memory_gbps(bandwidths.memory_bytes_per_s / 1e9);
+  report.set_network_gbps(bandwidths.network_bytes_per_s / 1e9);
+  for (size_t r = 0; r < stats.ranks.size(); ++r) {
+    const planner::RankStats& in = stats.ranks[r];
+    v1::RankStats* rank = report.add_ranks();
+    rank->set_rank(static_cast<int32_t>(r));
+    rank->set_rounds(in.rounds);
+    rank->set_chunks(in.chunks);
+    rank->set_sent_bytes(in.sent_bytes);
+    rank->set_received_bytes(in.received_bytes);
+    rank->set_local_bytes(in.local_bytes);
+    rank->set_fill_bytes(in.fill_bytes);
+    rank->set_network_sent_bytes(in.network_sent_bytes);
+    rank->set_network_received_bytes(in.network_received_bytes);
+    rank->set_relayed_bytes(in.relayed_bytes);
+  }
+  for (const auto& [link, bytes] : stats.link_bytes) {
+    v1::LinkBytes* out = report.add_links();
+    out->set_from_rank(link.first);
+    out->set_to_rank(link.second);
+    out->set_bytes(bytes);
+  }
+  return report;
+}
+
+}  // namespace shardsync::daemon

@@ -1,0 +1,84 @@
+// Which agent holds each rank, how to reach it, what it published, and the layout
+// epoch (one more with every publication). Thread-safe. A rank belongs to the agent
+// incarnation that joined it until that one has been silent for kAgentLiveness.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/tls.h"
+#include "daemon/coordinator/agent_link.h"
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::coordinator {
+
+// An agent heard from (Join is its heartbeat) this recently is alive: it owns its rank.
+inline constexpr absl::Duration kAgentLiveness = absl::Seconds(3);
+
+class AgentDirectory {
+ public:
+  AgentDirectory(int32_t world_size, Credentials credentials, std::string instance_id);
+
+  // An agent in this process: the one that joins with `incarnation` is called through
+  // `link` (direct calls), not over gRPC.
+  void SetLocalAgent(const std::string& incarnation, std::shared_ptr<AgentLink> link);
+
+  struct Joined {
+    v1::JoinResponse response;
+    bool restarted = false;  // a new incarnation took the rank: its old layouts are gone
+  };
+  // Refuses fields out of bounds (INVALID_ARGUMENT) and a new incarnation while the
+  // rank's holder is alive (ALREADY_EXISTS); nothing changes then.
+  absl::StatusOr<Joined> Join(const v1::JoinRequest& request);
+  // The new layout epoch. Refuses fields out of bounds (INVALID_ARGUMENT), a rank that
+  // has not joined (FAILED_PRECONDITION) and another incarnation (PERMISSION_DENIED).
+  absl::StatusOr<int64_t> Publish(const v1::PublishRequest& request);
+
+  const std::string& instance_id() const { return instance_id_; }
+  int64_t epoch() const;
+  // Changes whenever a rank's agent or address changes: a communicator built before
+  // holds a process that is gone.
+  int64_t membership() const;
+  // What every rank published, and the epoch it is of.
+  std::map<int32_t, v1::PublishRequest> Published(int64_t* epoch) const;
+  // The node index of every rank (JoinRequest.node, else host, numbered in rank order).
+  std::vector<int32_t> NodeOfRank() const;
+  std::map<int32_t, std::shared_ptr<AgentLink>> Links() const;
+  std::map<int32_t, std::string> Addresses() const;
+  std::vector<int32_t> MissingRanks() const;  // not joined
+  // Every agent agrees on its device (JoinRequest.fast_agreement).
+  bool AllAgreeFast() const;
+  // The ranks that published a target tensor, ascending.
+  std::vector<int32_t> TargetRanks() const;
+  // Of those ranks, the ones whose agent says its targets do not hold a completed sync.
+  std::vector<int32_t> TargetRanksInvalidByOwnWord() const;
+  // Agents, the epoch and the world, as the status reports them.
+  void FillStatus(v1::CoordinatorStatus* status) const;
+  void AppendMetrics(std::string* out) const;
+
+ private:
+  struct Entry {
+    v1::JoinRequest join;
+    std::shared_ptr<AgentLink> link;  // shared: a sync keeps it while a rejoin replaces it
+    absl::Time last_seen;
+  };
+
+  const int32_t world_size_;
+  const Credentials credentials_;
+  const std::string instance_id_;
+  mutable absl::Mutex mu_;
+  std::map<int32_t, Entry> agents_ ABSL_GUARDED_BY(mu_);
+  std::string local_incarnation_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<AgentLink> local_link_ ABSL_GUARDED_BY(mu_);
+  std::map<int32_t, v1::PublishRequest> published_ ABSL_GUARDED_BY(mu_);
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t membership_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace shardsync::coordinator

@@ -1,0 +1,408 @@
+#include "daemon/coordinator/sync_runner.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "daemon/common/plan_report.h"
+#include "daemon/coordinator/layouts.h"
+#include "spdlog/spdlog.h"
+
+namespace shardsync::coordinator {
+namespace {
+
+// sync --verify: the checksums of every rank added up per (tensor, target rank); the
+// number of pairs compared, or which differ.
+absl::StatusOr<int32_t> CompareChecksums(const std::vector<v1::ExecuteResponse>& responses) {
+  std::map<std::pair<std::string, int32_t>, std::pair<uint64_t, uint64_t>> sums;  // sources, targets
+  for (const v1::ExecuteResponse& response : responses) {
+    for (const v1::TensorChecksum& c : response.checksums()) {
+      auto& [sources, targets] = sums[{c.tensor(), c.target_rank()}];
+      sources += c.sources();
+      targets += c.targets();
+    }
+  }
+  std::vector<std::string> differ;
+  for (const auto& [key, side] : sums) {
+    if (side.first != side.second) differ.push_back(absl::StrCat("tensor ", key.first, " on rank ", key.second));
+  }
+  if (!differ.empty()) {
+    const size_t shown = std::min<size_t>(differ.size(), 10);
+    return absl::DataLossError(absl::StrCat("verify failed: the targets differ from their sources in ", differ.size(),
+                                            " placement(s): ",
+                                            absl::StrJoin(differ.begin(), differ.begin() + shown, "; "),
+                                            differ.size() > shown ? "; ..." : ""));
+  }
+  return static_cast<int32_t>(sums.size());
+}
+
+}  // namespace
+
+absl::Duration SyncTimeout(int64_t requested_ms, absl::Duration configured) {
+  return requested_ms > 0 ? std::min(absl::Milliseconds(requested_ms), configured) : configured;
+}
+
+SyncRunner::SyncRunner(SyncOptions options, std::string instance_id, AgentDirectory& directory,
+                       TargetValidity& validity)
+    : options_(std::move(options)),
+      instance_id_(std::move(instance_id)),
+      directory_(directory),
+      validity_(validity),
+      phase_pool_(options_.epoch.world_size) {}
+
+absl::StatusOr<std::vector<int32_t>> SyncRunner::SelectTargetRanks(
+    const google::protobuf::RepeatedField<int32_t>& requested) const {
+  std::set<int32_t> unique(requested.begin(), requested.end());
+  if (unique.empty()) return std::vector<int32_t>();
+  const std::vector<int32_t> holding = directory_.TargetRanks();
+  const int32_t world = options_.epoch.world_size;
+  for (int32_t rank : unique) {
+    if (rank < 0 || rank >= world) {
+      return absl::InvalidArgumentError(absl::StrCat("target rank ", rank, " is outside a world of ", world));
+    }
+    if (!std::binary_search(holding.begin(), holding.end(), rank)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target rank ", rank, " holds no target to write (targets are registered on ",
+          holding.empty() ? "no rank" : "rank " + absl::StrJoin(holding, ", rank "), ")"));
+    }
+  }
+  return std::vector<int32_t>(unique.begin(), unique.end());
+}
+
+absl::StatusOr<bool> SyncRunner::EnsurePlan(const std::vector<int32_t>& target_ranks) {
+  const int64_t epoch_now = directory_.epoch();
+  const std::vector<int32_t> nodes = directory_.NodeOfRank();
+  // A new epoch, or an agent that came back on another node: plan again.
+  if (!plans_.empty() && (plans_.begin()->second.epoch != epoch_now ||
+                          plans_.begin()->second.compiled.plan.node_of_rank != nodes)) {
+    plans_.clear();
+    plan_ = nullptr;
+  }
+  if (auto cached = plans_.find(target_ranks); cached != plans_.end()) {
+    plan_ = &cached->second;
+    return false;
+  }
+  const absl::Time start = absl::Now();
+  int64_t epoch = 0;
+  const std::map<int32_t, v1::PublishRequest> published = directory_.Published(&epoch);
+  absl::StatusOr<EpochPlan> compiled = PlanEpoch(published, nodes, target_ranks, options_.epoch);
+  if (!compiled.ok()) return compiled.status();
+  CachedPlan cache;
+  cache.epoch = epoch;
+  cache.target_ranks = target_ranks.empty() ? TargetRanks(published) : target_ranks;
+  cache.partial = !target_ranks.empty();
+  cache.compiled = *std::move(compiled);
+  cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const std::pair<double, double>& floors = cache.compiled.floors;
+  spdlog::info("planned epoch {}{}: {} tensors, {} segments, {} stage(s), digest {} in {:.2f} ms{}", epoch,
+               target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
+               cache.compiled.plan.tensor_names.size(), cache.compiled.plan.segments.size(), cache.compiled.plan.stages,
+               cache.compiled.digest, cache.plan_seconds * 1e3,
+               floors.first > 0 ? absl::StrFormat(" (floor %.3f ms direct, %.3f ms relayed)", floors.first * 1e3,
+                                                  floors.second * 1e3)
+                                : "");
+  // Keep the full plan and this one: a refill is rare, and a plan can be large.
+  for (auto it = plans_.begin(); it != plans_.end();) it = it->first.empty() ? std::next(it) : plans_.erase(it);
+  plan_ = &(plans_[target_ranks] = std::move(cache));
+  delivered_.clear();
+  ready_digest_.clear();
+  return true;
+}
+
+void SyncRunner::ReleaseStalePlans() {
+  if (!sync_mu_.TryLock()) return;  // the running sync releases them when it ends
+  ReleaseStalePlansLocked();
+  sync_mu_.Unlock();
+}
+
+void SyncRunner::ReleaseStalePlansLocked() {
+  if (plans_.empty() || plans_.begin()->second.epoch == directory_.epoch()) return;
+  plans_.clear();
+  plan_ = nullptr;
+  malloc_trim(0);  // give the freed plans back to the system, not only to malloc
+}
+
+absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request) {
+  absl::MutexLock sync_lock(&sync_mu_);
+  const absl::Time start = absl::Now();
+  const std::string sync_id = absl::StrCat("sync-", instance_id_.substr(instance_id_.size() - 6), "-", ++syncs_);
+  const absl::Duration timeout = SyncTimeout(request.timeout_ms(), options_.sync_timeout);
+  {
+    absl::MutexLock lock(&state_mu_);
+    ++counters_.started;
+    running_sync_id_ = sync_id;
+  }
+  const auto finish = [&](absl::Status status) -> absl::Status {
+    {
+      absl::MutexLock lock(&state_mu_);
+      ++(status.ok() ? counters_.succeeded : counters_.failed);
+      running_sync_id_.clear();
+      if (status.ok()) durations_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      last_sync_id_ = sync_id;
+      last_sync_ok_ = status.ok();
+      last_sync_error_ = std::string(status.message());
+      if (!status.ok()) spdlog::warn("{} failed: {}", sync_id, last_sync_error_);
+    }
+    ReleaseStalePlansLocked();  // layouts published while it ran
+    return status;
+  };
+  if (const std::vector<int32_t> missing = directory_.MissingRanks(); !missing.empty()) {
+    return finish(absl::FailedPreconditionError(absl::StrCat("rank ", absl::StrJoin(missing, ", rank "),
+                                                             " has not joined (world of ", options_.epoch.world_size,
+                                                             ")")));
+  }
+  const absl::StatusOr<std::vector<int32_t>> target_ranks = SelectTargetRanks(request.target_ranks());
+  if (!target_ranks.ok()) {
+    return finish(absl::InvalidArgumentError(
+        absl::StrCat("sync ", sync_id, " refused, no byte moved: ", target_ranks.status().message())));
+  }
+  const absl::StatusOr<bool> planned = EnsurePlan(*target_ranks);
+  if (!planned.ok()) {
+    return finish(absl::FailedPreconditionError(
+        absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
+  }
+  const absl::Time prepare_start = absl::Now();
+  const bool one_call = OneCallReady();
+  if (!one_call) {
+    if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
+  }
+  ready_digest_.clear();  // until this sync succeeds
+  const absl::Time execute_start = absl::Now();
+  absl::StatusOr<std::vector<v1::ExecuteResponse>> responses = ExecuteAll(sync_id, timeout, request.verify(), one_call);
+  if (!responses.ok()) return finish(responses.status());
+  const absl::Time executed = absl::Now();
+  v1::SyncResponse response;
+  if (request.verify()) {
+    absl::StatusOr<int32_t> compared = CompareChecksums(*responses);
+    if (!compared.ok()) {
+      validity_.PartlyWritten(plan_->target_ranks);
+      return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", compared.status().message())));
+    }
+    response.set_verified_placements(*compared);
+  }
+  validity_.Written(plan_->target_ranks, !plan_->partial);
+  ready_digest_ = plan_->compiled.digest;
+  response.set_one_call(one_call);
+  response.set_sync_id(sync_id);
+  response.set_layout_epoch(plan_->epoch);
+  response.set_digest(plan_->compiled.digest);
+  response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
+  response.set_stages(plan_->compiled.plan.stages);
+  response.set_network_bytes(plan_->compiled.network_bytes);
+  response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
+  if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
+  response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
+  for (v1::ExecuteResponse& r : *responses) *response.add_ranks() = r.stats();
+  response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  {
+    absl::MutexLock lock(&state_mu_);
+    for (const v1::RankStats& r : response.ranks()) {
+      counters_.sent += r.sent_bytes();
+      counters_.received += r.received_bytes();
+      counters_.local += r.local_bytes();
+    }
+  }
+  finish(absl::OkStatus()).IgnoreError();
+  return response;
+}
+
+absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest& request) {
+  absl::MutexLock sync_lock(&sync_mu_);
+  const absl::StatusOr<std::vector<int32_t>> target_ranks = SelectTargetRanks(request.target_ranks());
+  if (!target_ranks.ok()) return target_ranks.status();
+  if (auto planned = EnsurePlan(*target_ranks); !planned.ok()) return planned.status();
+  const CachedPlan& cached = *plan_;
+  const planner::Bandwidths& configured = options_.epoch.bandwidths;
+  const auto speed = [](double gbps, double fallback) { return gbps > 0 ? gbps * 1e9 : fallback; };
+  const planner::Bandwidths bandwidths{speed(request.link_gbps(), configured.link_bytes_per_s),
+                                       speed(request.memory_gbps(), configured.memory_bytes_per_s),
+                                       speed(request.network_gbps(), configured.network_bytes_per_s)};
+  v1::ExplainResponse response = daemon::MakePlanReport(cached.compiled.plan, cached.compiled.schedules,
+                                                        cached.compiled.digest, cached.compiled.floors, bandwidths);
+  response.set_layout_epoch(cached.epoch);
+  return response;
+}
+
+void SyncRunner::FillStatus(v1::CoordinatorStatus* status) const {
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (!running_sync_id_.empty()) status->set_running_sync_id(running_sync_id_);
+    status->set_last_sync_id(last_sync_id_);
+    status->set_last_sync_ok(last_sync_ok_);
+    status->set_last_sync_error(last_sync_error_);
+  }
+  if (status->running_sync_id().empty()) return;
+  // While a sync runs, ask every agent how far it is (briefly: a status must not hang).
+  const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
+  std::vector<int32_t> ranks;
+  for (const auto& [rank, link] : links) ranks.push_back(rank);
+  std::vector<v1::RankProgress> progress(ranks.size());
+  ForEachRank(static_cast<int32_t>(ranks.size()), [&](int32_t i) {
+    auto answer = links.at(ranks[i])->Progress(absl::Now() + absl::Milliseconds(500));
+    if (answer.ok()) progress[i] = *std::move(answer);
+    progress[i].set_rank(ranks[i]);
+  });
+  for (v1::RankProgress& p : progress) *status->add_progress() = std::move(p);
+}
+
+void SyncRunner::AppendMetrics(std::string* out) const {
+  absl::MutexLock lock(&state_mu_);
+  AppendMetric(out, "shardsync_syncs_started_total", "counter", "Syncs asked for.", counters_.started);
+  AppendMetric(out, "shardsync_syncs_succeeded_total", "counter", "Syncs every agent finished.", counters_.succeeded);
+  AppendMetric(out, "shardsync_syncs_failed_total", "counter", "Syncs refused or failed.", counters_.failed);
+  AppendMetric(out, "shardsync_sent_bytes_total", "counter", "Bytes sent between agents by successful syncs.",
+               counters_.sent);
+  AppendMetric(out, "shardsync_received_bytes_total", "counter", "Bytes received by agents in successful syncs.",
+               counters_.received);
+  AppendMetric(out, "shardsync_local_bytes_total", "counter", "Bytes copied on one agent in successful syncs.",
+               counters_.local);
+  durations_.Append(out, "shardsync_sync_duration_seconds", "Wall time of successful syncs.");
+  AppendMetric(out, "shardsync_last_sync_version", "gauge", "Number of the last successful sync (0: none).",
+               counters_.succeeded);
+}
+
+bool SyncRunner::CommunicatorValid() const {
+  return communicator_membership_ >= 0 && communicator_membership_ == directory_.membership();
+}
+
+absl::Status SyncRunner::RenewCommunicator() {
+  if (CommunicatorValid()) return absl::OkStatus();
+  const int64_t membership = directory_.membership();
+  const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
+  const absl::StatusOr<std::string> id = links.at(0)->NewCommunicatorId(absl::Now() + options_.rpc_deadline);
+  if (!id.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", id.status().message()));
+  communicator_id_ = *id;
+  ++communicator_generation_;
+  communicator_membership_ = membership;
+  ready_digest_.clear();
+  return absl::OkStatus();
+}
+
+v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
+                                                 absl::Duration execute_deadline,
+                                                 const std::map<int32_t, std::string>& addresses) {
+  v1::PrepareRequest request = with_schedule ? *plan_->compiled.requests[rank] : v1::PrepareRequest();
+  request.set_schedule_cached(!with_schedule);
+  request.set_sync_id(sync_id);
+  request.set_digest(plan_->compiled.digest);
+  request.set_staging_bytes(options_.epoch.staging_bytes);
+  request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
+  request.set_communicator_id(communicator_id_);
+  request.set_communicator_generation(communicator_generation_);
+  request.set_world_size(options_.epoch.world_size);
+  // Every rank, not only those it sends to: Execute's agreement reaches all of them.
+  for (const auto& [peer, address] : addresses) {
+    if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
+  }
+  return request;
+}
+
+absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline) {
+  if (auto status = RenewCommunicator(); !status.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
+  }
+  const std::map<int32_t, std::string> addresses = directory_.Addresses();
+  const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
+  const int32_t world = options_.epoch.world_size;
+  std::vector<std::string> refusals(world);
+  phase_pool_.Run([&](int32_t rank) {
+    const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->compiled.digest;
+    for (bool send_schedule : {!cached, true}) {
+      const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
+      const absl::StatusOr<v1::PrepareResponse> response =
+          links.at(rank)->Prepare(request, absl::Now() + options_.rpc_deadline);
+      if (!response.ok()) {
+        refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", response.status().message());
+        return;
+      }
+      if (response->schedule_missing()) continue;  // resend with the schedule
+      if (!response->ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response->refusal());
+      return;
+    }
+  });
+  std::vector<std::string> refused;
+  for (int32_t rank = 0; rank < world; ++rank) {
+    if (!refusals[rank].empty()) {
+      refused.push_back(refusals[rank]);
+      delivered_.erase(rank);
+    } else {
+      delivered_[rank] = plan_->compiled.digest;
+    }
+  }
+  if (refused.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(refused, "; ")));
+}
+
+bool SyncRunner::OneCallReady() const {
+  // With a host transport the agreement is a message between every pair of agents,
+  // dearer than the Prepare call it saves: only one agent, or agents that agree on
+  // the device, get one call.
+  return !ready_digest_.empty() && ready_digest_ == plan_->compiled.digest && CommunicatorValid() &&
+         (options_.epoch.world_size == 1 || directory_.AllAgreeFast());
+}
+
+absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const std::string& sync_id,
+                                                                        absl::Duration timeout, bool verify,
+                                                                        bool one_call) {
+  const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
+  const std::map<int32_t, std::string> addresses = directory_.Addresses();
+  const int32_t world = options_.epoch.world_size;
+  std::vector<absl::Status> results(world);
+  std::vector<v1::ExecuteResponse> responses(world);
+  // The first rank that fails makes every rank abort at once: nobody waits out its
+  // deadline on a peer that is gone.
+  std::once_flag aborting;
+  const auto abort_all = [&](int32_t failed, const std::string& why) {
+    std::call_once(aborting, [&] {
+      ForEachRank(world, [&](int32_t rank) {
+        v1::AbortRequest abort;
+        abort.set_sync_id(sync_id);
+        abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
+        links.at(rank)->Abort(abort, absl::Now() + options_.rpc_deadline).IgnoreError();  // the sync fails anyway
+      });
+    });
+  };
+  phase_pool_.Run([&](int32_t rank) {
+    v1::ExecuteRequest execute;
+    execute.set_sync_id(sync_id);
+    execute.set_digest(plan_->compiled.digest);
+    execute.set_verify(verify);
+    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
+    // The agent's own waits end at the timeout; this leaves it room to say so.
+    absl::StatusOr<v1::ExecuteResponse> answer =
+        links.at(rank)->Execute(execute, absl::Now() + timeout + options_.rpc_deadline);
+    results[rank] = answer.status();
+    if (answer.ok()) responses[rank] = *std::move(answer);
+    if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));
+  });
+  std::vector<std::string> failures;
+  bool written = false;  // some rank finished, or failed after it may have written
+  for (int32_t rank = 0; rank < world; ++rank) {
+    const absl::Status& status = results[rank];
+    written = written || status.ok();
+    if (status.ok()) continue;
+    // A dead agent's call often ends with no message: its code says enough.
+    written = written || !absl::IsFailedPrecondition(status);
+    failures.push_back(absl::StrCat("rank ", rank, ": ", absl::StatusCodeToString(status.code()),
+                                    status.message().empty() ? " (no answer)" : absl::StrCat(": ", status.message())));
+  }
+  if (failures.empty()) return responses;
+  communicator_membership_ = -1;  // NCCL may have aborted it somewhere
+  if (!written) {
+    // Every rank stopped before writing (at the agreement, or each on its own).
+    return absl::FailedPreconditionError(
+        absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(failures, "; ")));
+  }
+  validity_.PartlyWritten(plan_->target_ranks);
+  delivered_.clear();
+  return absl::UnavailableError(absl::StrCat(
+      "sync ", sync_id, " failed; targets are invalid until the next sync succeeds: ", absl::StrJoin(failures, "; ")));
+}
+
+}  // namespace shardsync::coordinator

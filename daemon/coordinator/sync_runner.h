@@ -1,0 +1,123 @@
+// Runs syncs: plans each layout epoch once (PlanEpoch), then each sync as Prepare on
+// every agent and Execute only if all said ok; once the agents hold the epoch's
+// schedule and communicator (a sync succeeded since), as one Execute per agent that
+// prepares itself. Keeps the NCCL communicator's id and generation, and tells
+// TargetValidity what each sync wrote. One sync (or explain) at a time; a Sync that
+// arrives while another runs waits for it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics_http.h"
+#include "daemon/coordinator/agent_directory.h"
+#include "daemon/coordinator/epoch_plan.h"
+#include "daemon/coordinator/rank_pool.h"
+#include "daemon/coordinator/target_validity.h"
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::coordinator {
+
+struct SyncOptions {
+  EpochOptions epoch;                               // world, relay, bandwidths, staging
+  absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
+  absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
+};
+
+// A sync's deadline: the configured one, or a smaller one the request asks for
+// (`requested_ms` > 0): a client cannot hold agents longer than the operator allows.
+absl::Duration SyncTimeout(int64_t requested_ms, absl::Duration configured);
+
+class SyncRunner {
+ public:
+  SyncRunner(SyncOptions options, std::string instance_id, AgentDirectory& directory, TargetValidity& validity);
+
+  absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
+  absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request);
+  // The running sync with every agent's progress, and the last sync's outcome.
+  void FillStatus(v1::CoordinatorStatus* status) const;
+  void AppendMetrics(std::string* out) const;
+  // Frees the plans of an older layout epoch and gives their memory back to the
+  // system, unless a sync runs (it frees them when it ends).
+  void ReleaseStalePlans();
+
+ private:
+  // The plan of one layout epoch and target selection.
+  struct CachedPlan {
+    int64_t epoch = -1;
+    std::vector<int32_t> target_ranks;  // whose targets it writes, ascending
+    bool partial = false;               // only those asked for, not every target
+    EpochPlan compiled;
+    double plan_seconds = 0;
+  };
+
+  // Points plan_ at the plan of the current epoch that writes the targets of
+  // `target_ranks` (empty: every target), planning it unless cached; true when it
+  // planned now.
+  absl::StatusOr<bool> EnsurePlan(const std::vector<int32_t>& target_ranks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  void ReleaseStalePlansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // A partial sync's ranks, ascending and unique; refused unless each holds a target.
+  absl::StatusOr<std::vector<int32_t>> SelectTargetRanks(
+      const google::protobuf::RepeatedField<int32_t>& requested) const;
+  absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // Rank `rank`'s Prepare: everything but the schedule unless `with_schedule`.
+  v1::PrepareRequest PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
+                                       absl::Duration execute_deadline, const std::map<int32_t, std::string>& addresses)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // A fresh communicator id from rank 0 when the last one may be broken.
+  absl::Status RenewCommunicator() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  bool CommunicatorValid() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // Every agent holds the schedule and communicator, and agreeing costs them little:
+  // the sync may skip Prepare.
+  bool OneCallReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // Execute on every rank (each preparing itself with `one_call`); the responses by
+  // rank, or the sync refused (every rank stopped before writing) or failed (targets
+  // invalid).
+  absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteAll(const std::string& sync_id, absl::Duration timeout,
+                                                              bool verify, bool one_call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+
+  const SyncOptions options_;
+  const std::string instance_id_;
+  AgentDirectory& directory_;
+  TargetValidity& validity_;
+
+  absl::Mutex sync_mu_;  // one sync (or explain) at a time; held before state_mu_
+  RankPool phase_pool_ ABSL_GUARDED_BY(sync_mu_);  // Prepare and Execute fan out on it
+  // The current epoch's plans by target selection (empty: every target): the full
+  // plan and the last partial one.
+  std::map<std::vector<int32_t>, CachedPlan> plans_ ABSL_GUARDED_BY(sync_mu_);
+  const CachedPlan* plan_ ABSL_GUARDED_BY(sync_mu_) = nullptr;  // the running sync's or explain's
+  std::map<int32_t, std::string> delivered_ ABSL_GUARDED_BY(sync_mu_);  // rank -> digest it holds
+  // The communicator every agent builds for NCCL: a new id and generation after any
+  // failed sync or change of agents (empty ids for host transports).
+  std::string communicator_id_ ABSL_GUARDED_BY(sync_mu_);
+  int64_t communicator_generation_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  int64_t communicator_membership_ ABSL_GUARDED_BY(sync_mu_) = -1;  // the directory's, when built; -1: none
+  int64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  // The plan whose schedule every agent holds, with communicator_generation_ built
+  // (the last sync ran it and succeeded, nothing planned or renewed since): a sync of
+  // that plan is one call per agent. Empty: none.
+  std::string ready_digest_ ABSL_GUARDED_BY(sync_mu_);
+
+  // What Status and Metrics report, also while a sync runs.
+  mutable absl::Mutex state_mu_;
+  std::string running_sync_id_ ABSL_GUARDED_BY(state_mu_);
+  std::string last_sync_id_ ABSL_GUARDED_BY(state_mu_);
+  std::string last_sync_error_ ABSL_GUARDED_BY(state_mu_);
+  bool last_sync_ok_ ABSL_GUARDED_BY(state_mu_) = false;
+  struct Counters {
+    int64_t started = 0, succeeded = 0, failed = 0;
+    int64_t sent = 0, received = 0, local = 0;  // bytes, successful syncs
+  };
+  Counters counters_ ABSL_GUARDED_BY(state_mu_);
+  Histogram durations_ ABSL_GUARDED_BY(state_mu_){{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
+};
+
+}  // namespace shardsync::coordinator

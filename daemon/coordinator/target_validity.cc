@@ -1,0 +1,39 @@
+#include "daemon/coordinator/target_validity.h"
+
+namespace shardsync::coordinator {
+
+void TargetValidity::Republished(int32_t rank) {
+  absl::MutexLock lock(&mu_);
+  synced_.erase(rank);
+}
+
+void TargetValidity::Restarted(int32_t rank) {
+  absl::MutexLock lock(&mu_);
+  synced_.erase(rank);
+  part_written_.erase(rank);
+}
+
+void TargetValidity::Written(const std::vector<int32_t>& ranks, bool every_target) {
+  absl::MutexLock lock(&mu_);
+  // Every target there is now was written (a rank that left holds none to be invalid).
+  if (every_target) part_written_.clear();
+  for (int32_t rank : ranks) part_written_.erase(rank);
+  synced_.insert(ranks.begin(), ranks.end());
+}
+
+void TargetValidity::PartlyWritten(const std::vector<int32_t>& ranks) {
+  absl::MutexLock lock(&mu_);
+  part_written_.insert(ranks.begin(), ranks.end());
+  synced_.insert(ranks.begin(), ranks.end());
+}
+
+std::set<int32_t> TargetValidity::Invalid(const std::vector<int32_t>& invalid_by_own_word) const {
+  absl::MutexLock lock(&mu_);
+  std::set<int32_t> invalid = part_written_;
+  for (int32_t rank : invalid_by_own_word) {
+    if (synced_.count(rank) == 0) invalid.insert(rank);
+  }
+  return invalid;
+}
+
+}  // namespace shardsync::coordinator
