@@ -58,7 +58,7 @@ void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
   plan.add_option("--policy", config.policy, "replica policy")
       ->check(CLI::IsMember({"least_loaded", "first_holder"}))
       ->capture_default_str();
-  flags::AddSwitch(plan, "--json", config.json, "one JSON object instead of tables");
+  flags::AddSwitch(plan, "--json", config.json, "the report as JSON (proto field names, as explain --json)");
 }
 
 // The flags of the commands that call the coordinator; `command` is one of them.
@@ -72,9 +72,10 @@ void AddRpcFlags(CLI::App& command, shardsync::cli::RpcCommandConfig& config, sh
   flags::AddSwitch(command, "--json", config.json, "the response as JSON (proto field names)");
   shardsync::AddTlsFlags(command, tls);
   if (name == "sync" || name == "explain") {
-    command.add_option("--target-ranks", config.target_ranks,
-                       "only the targets on these ranks (a rank whose inference engine restarted, or that status "
-                       "calls invalid); every other target keeps its bytes")
+    command
+        .add_option("--target-ranks", config.target_ranks,
+                    "only the targets on these ranks (a rank whose inference engine restarted, or that status "
+                    "calls invalid); every other target keeps its bytes")
         ->delimiter(',')
         ->check(flags::kDecimal);
   }
@@ -87,13 +88,15 @@ void AddRpcFlags(CLI::App& command, shardsync::cli::RpcCommandConfig& config, sh
   if (name == "explain") {
     flags::AddSwitch(command, "--layout", config.layout, "bytes per link too");
     const std::string of_coordinator = " (default: the coordinator's cost model)";
-    command.add_option("--link-gbps", config.link_gbps, "link speed within a node, GB/s one direction per rank" +
-                                                            of_coordinator)
+    command
+        .add_option("--link-gbps", config.link_gbps,
+                    "link speed within a node, GB/s one direction per rank" + of_coordinator)
         ->check(flags::kPositive);
     command.add_option("--memory-gbps", config.memory_gbps, "memory speed, GB/s read + write" + of_coordinator)
         ->check(flags::kPositive);
-    command.add_option("--network-gbps", config.network_gbps,
-                       "network speed between nodes, GB/s one direction per rank" + of_coordinator)
+    command
+        .add_option("--network-gbps", config.network_gbps,
+                    "network speed between nodes, GB/s one direction per rank" + of_coordinator)
         ->check(flags::kPositive);
   }
   command.footer(kExitCodes);
@@ -108,22 +111,28 @@ int main(int argc, char** argv) {
 
   shardsync::cli::PlanCommandConfig plan_config;
   CLI::App* plan = app.add_subcommand(
-      "plan", "Plan a layout offline (no daemons), as the coordinator would; print per rank the bytes sent, "
-              "received, copied locally and zero-filled, the segments, chunks and rounds, the digest and the floor.");
+      "plan",
+      "Plan a layout offline (no daemons), as the coordinator would; print the report explain prints: per "
+      "rank the bytes sent, received, copied locally and zero-filled, chunks and rounds, the digest and the "
+      "floor.");
   AddPlanFlags(*plan, plan_config);
 
   shardsync::cli::RpcCommandConfig rpc_config;
   shardsync::TlsConfig tls;
   const std::map<std::string, std::string> rpc_commands{
-      {"sync", "Run one sync through the coordinator: Prepare everywhere, Execute only if every agent agreed; "
-               "print per rank the bytes sent, received and copied locally, rounds, chunks, peak staging, "
-               "seconds and GB/s."},
+      {"sync",
+       "Run one sync through the coordinator: Prepare everywhere, Execute only if every agent agreed; "
+       "print per rank the bytes sent, received and copied locally, rounds, chunks, peak staging, "
+       "seconds and GB/s."},
       {"status", "Agents, layout epoch and the last sync, as the coordinator sees them; whether targets are valid."},
-      {"agents", "One line per agent: rank, address, host, device, joined or silent, seconds since its last "
-                 "heartbeat, clients registered; and who has not joined."},
-      {"explain", "The plan of the current layouts: bytes per rank, the imbalance and the cost floor; with "
-                  "--layout, the bytes of every link. Nothing is moved."}};
-  for (const auto& [name, description] : rpc_commands) AddRpcFlags(*app.add_subcommand(name, description), rpc_config, tls);
+      {"agents",
+       "One line per agent: rank, address, host, device, joined or silent, seconds since its last "
+       "heartbeat, clients registered; and who has not joined."},
+      {"explain",
+       "The plan of the current layouts: bytes per rank, the imbalance and the cost floor; with "
+       "--layout, the bytes of every link. Nothing is moved."}};
+  for (const auto& [name, description] : rpc_commands)
+    AddRpcFlags(*app.add_subcommand(name, description), rpc_config, tls);
 
   bool version_json = false;
   CLI::App* version = app.add_subcommand("version", "This build's version.");

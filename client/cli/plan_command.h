@@ -1,31 +1,30 @@
 // `shardsyncctl plan`: plans a layout spec (or a preset model) without moving data and
-// prints what each rank sends, receives and copies, and the cost floor.
+// prints the plan's report as `explain` does (v1.ExplainResponse, without a layout
+// epoch): what each rank sends, receives and copies, and the cost floor.
 #pragma once
 
 #include <cstdint>
 #include <ostream>
 #include <string>
 
-#include "planner/cost.h"
-#include "planner/digest.h"
 #include "planner/relay.h"
 
 namespace shardsync::cli {
 
 struct PlanCommandConfig {
-  std::string spec_path;       // a layout spec file; or a preset model below
-  std::string model;           // "qwen3-8b", ...
+  std::string spec_path;  // a layout spec file; or a preset model below
+  std::string model;      // "qwen3-8b", ...
   bool fused = false;
   int zero_stage = 3;
-  int dp = 8;                  // DP ranks 0..dp-1
-  int tp = 4;                  // TP size of each replica
-  int replicas = 2;            // replicas over ranks rollout_rank..rollout_rank+tp*replicas-1
+  int dp = 8;        // DP ranks 0..dp-1
+  int tp = 4;        // TP size of each replica
+  int replicas = 2;  // replicas over ranks rollout_rank..rollout_rank+tp*replicas-1
   int rollout_rank = 0;
   int64_t staging_bytes = int64_t{128} << 20;
-  double link_gbps = 360;      // GB/s, one direction of a rank's link within its node
-  double memory_gbps = 4200;   // GB/s, device memory read + write
-  double network_gbps = 50;    // GB/s, one direction of a rank's share of the network
-  int ranks_per_node = 0;      // 0: every rank on one node
+  double link_gbps = 360;     // GB/s, one direction of a rank's link within its node
+  double memory_gbps = 4200;  // GB/s, device memory read + write
+  double network_gbps = 50;   // GB/s, one direction of a rank's share of the network
+  int ranks_per_node = 0;     // 0: every rank on one node
   planner::RelayMode relay = planner::RelayMode::kAuto;
   std::string policy = "least_loaded";
   bool json = false;

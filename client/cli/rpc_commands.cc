@@ -9,9 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/cli/format.h"
+#include "client/cli/report.h"
 #include "client/cli/sync_table.h"
 #include "client/cpp/client.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace shardsync::cli {
 namespace {
@@ -40,19 +40,9 @@ absl::StatusOr<v1::CoordinatorStatus> Reach(client::CoordinatorClient& coordinat
   auto status = coordinator.Status(CallDeadline(c));
   if (!status.ok()) {
     err << "shardsyncctl " << command << ": cannot reach the coordinator at " << c.coordinator << " ("
-        << absl::StatusCodeToString(status.status().code()) << ": " << status.status().message()
-        << "); nothing ran\n";
+        << absl::StatusCodeToString(status.status().code()) << ": " << status.status().message() << "); nothing ran\n";
   }
   return status;
-}
-
-void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  google::protobuf::util::MessageToJsonString(message, &json, options);
-  out << json << "\n";
 }
 
 // "valid", or which ranks are not and how to write them again.
@@ -119,12 +109,12 @@ int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
   }
   out << absl::StrFormat("coordinator %s: %d of %d agents joined, layout epoch %d\n", c.coordinator,
                          status->agents_size(), status->world_size(), status->layout_epoch());
-  out << absl::StrFormat("last sync %s: %s%s; targets %s\n\n", status->last_sync_id().empty() ? "-" : status->last_sync_id(),
-                         status->last_sync_id().empty() ? "none yet" : (status->last_sync_ok() ? "ok" : "failed"),
-                         status->last_sync_error().empty() ? "" : " (" + status->last_sync_error() + ")",
-                         TargetsValidity(*status));
-  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-10s %s\n", "rank", "address", "host", "node", "device",
-                         "state", "clients");
+  out << absl::StrFormat(
+      "last sync %s: %s%s; targets %s\n\n", status->last_sync_id().empty() ? "-" : status->last_sync_id(),
+      status->last_sync_id().empty() ? "none yet" : (status->last_sync_ok() ? "ok" : "failed"),
+      status->last_sync_error().empty() ? "" : " (" + status->last_sync_error() + ")", TargetsValidity(*status));
+  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-10s %s\n", "rank", "address", "host", "node", "device", "state",
+                         "clients");
   for (const v1::AgentInfo& a : status->agents()) {
     out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-10s %d\n", a.rank(), a.address(), a.host(), a.node(),
                            a.device(), a.reachable() ? "joined" : "silent", a.clients());
@@ -146,47 +136,7 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
     PrintJson(*explain, out);
     return 0;
   }
-  out << absl::StrFormat("plan of epoch %d, digest %s: %d tensors, %d segments, %d chunks, %d rounds\n",
-                         explain->layout_epoch(), explain->digest(), explain->tensors(), explain->segments(),
-                         explain->chunks(), explain->rounds());
-  out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory, %g GB/s network\n",
-                         explain->floor_seconds() * 1e3, explain->link_gbps(), explain->memory_gbps(),
-                         explain->network_gbps());
-  const bool nodes = explain->direct_floor_seconds() > 0 || explain->network_bytes() > 0;
-  if (nodes) {
-    out << absl::StrFormat("between nodes %s; %s (%s forwarded from targets)%s\n", Bytes(explain->network_bytes()),
-                           explain->stages() > 1 ? "relayed" : "not relayed", Bytes(explain->relayed_bytes()),
-                           explain->direct_floor_seconds() > 0
-                               ? absl::StrFormat("; the cost model's floor %.3f ms direct, %.3f ms relayed",
-                                                 explain->direct_floor_seconds() * 1e3,
-                                                 explain->relayed_floor_seconds() * 1e3)
-                               : "");
-  }
-  // Imbalance: the busiest rank's link bytes over the mean; 1.00 is perfectly even.
-  int64_t busiest = 0, sum = 0, busiest_rank = 0;
-  for (const v1::RankStats& r : explain->ranks()) {
-    const int64_t bytes = std::max(r.sent_bytes(), r.received_bytes());
-    sum += bytes;
-    if (bytes > busiest) busiest = bytes, busiest_rank = r.rank();
-  }
-  const double mean = explain->ranks_size() > 0 ? static_cast<double>(sum) / explain->ranks_size() : 0;
-  out << absl::StrFormat("imbalance %.2f (the busiest link is rank %d's: %s)\n\n", mean > 0 ? busiest / mean : 1.0,
-                         busiest_rank, Bytes(busiest));
-  out << absl::StrFormat("%-6s %12s %12s %12s %10s%s\n", "rank", "sent", "received", "local", "fill",
-                         nodes ? absl::StrFormat(" %12s %12s %12s", "net sent", "net received", "relayed") : "");
-  for (const v1::RankStats& r : explain->ranks()) {
-    out << absl::StrFormat("%-6d %12s %12s %12s %10s%s\n", r.rank(), Bytes(r.sent_bytes()), Bytes(r.received_bytes()),
-                           Bytes(r.local_bytes()), Bytes(r.fill_bytes()),
-                           nodes ? absl::StrFormat(" %12s %12s %12s", Bytes(r.network_sent_bytes()),
-                                                   Bytes(r.network_received_bytes()), Bytes(r.relayed_bytes()))
-                                 : "");
-  }
-  if (c.layout) {
-    out << "\nlinks (from -> to: bytes)\n";
-    for (const v1::LinkBytes& l : explain->links()) {
-      out << absl::StrFormat("  %d -> %d: %s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()));
-    }
-  }
+  PrintPlanReport(*explain, absl::StrCat("plan of epoch ", explain->layout_epoch()), c.layout, out);
   return 0;
 }
 

@@ -1,0 +1,71 @@
+#include "client/cli/report.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "client/cli/format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace shardsync::cli {
+
+void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  google::protobuf::util::MessageToJsonString(message, &json, options);
+  out << json << "\n";
+}
+
+void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title, bool links, std::ostream& out) {
+  out << absl::StrFormat("%s, digest %s: %d tensors on %d ranks, %d segments, %d chunks, %d rounds\n", title,
+                         report.digest(), report.tensors(), report.ranks_size(), report.segments(), report.chunks(),
+                         report.rounds());
+  int64_t sent = 0, local = 0;
+  for (const v1::RankStats& r : report.ranks()) sent += r.sent_bytes(), local += r.local_bytes();
+  out << absl::StrFormat("moves %s (%s over links, %s local)\n", Bytes(sent + local), Bytes(sent), Bytes(local));
+  const bool nodes = report.direct_floor_seconds() > 0 || report.network_bytes() > 0;
+  if (nodes) {
+    out << absl::StrFormat(
+        "between nodes %s; %s (%s forwarded from targets)%s\n", Bytes(report.network_bytes()),
+        report.stages() > 1 ? "relayed" : "not relayed", Bytes(report.relayed_bytes()),
+        report.direct_floor_seconds() > 0
+            ? absl::StrFormat("; the cost model's floor %.3f ms direct, %.3f ms relayed",
+                              report.direct_floor_seconds() * 1e3, report.relayed_floor_seconds() * 1e3)
+            : "");
+  }
+  out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory (read + write)%s\n",
+                         report.floor_seconds() * 1e3, report.link_gbps(), report.memory_gbps(),
+                         nodes ? absl::StrFormat(", %g GB/s network", report.network_gbps()) : "");
+  // Imbalance: the busiest rank's link bytes over the mean; 1.00 is perfectly even.
+  int64_t busiest = 0, sum = 0, busiest_rank = 0;
+  for (const v1::RankStats& r : report.ranks()) {
+    const int64_t bytes = std::max(r.sent_bytes(), r.received_bytes());
+    sum += bytes;
+    if (bytes > busiest) busiest = bytes, busiest_rank = r.rank();
+  }
+  const double mean = report.ranks_size() > 0 ? static_cast<double>(sum) / report.ranks_size() : 0;
+  out << absl::StrFormat("imbalance %.2f (the busiest link is rank %d's: %s)\n\n", mean > 0 ? busiest / mean : 1.0,
+                         busiest_rank, Bytes(busiest));
+  out << absl::StrFormat("%-6s %12s %12s %12s %10s %7s %7s%s\n", "rank", "sent", "received", "local", "fill", "chunks",
+                         "rounds",
+                         nodes ? absl::StrFormat(" %12s %12s %12s", "net sent", "net received", "relayed") : "");
+  for (const v1::RankStats& r : report.ranks()) {
+    out << absl::StrFormat("%-6d %12s %12s %12s %10s %7d %7d%s\n", r.rank(), Bytes(r.sent_bytes()),
+                           Bytes(r.received_bytes()), Bytes(r.local_bytes()), Bytes(r.fill_bytes()), r.chunks(),
+                           r.rounds(),
+                           nodes ? absl::StrFormat(" %12s %12s %12s", Bytes(r.network_sent_bytes()),
+                                                   Bytes(r.network_received_bytes()), Bytes(r.relayed_bytes()))
+                                 : "");
+  }
+  if (links) {
+    out << "\nlinks (from -> to: bytes)\n";
+    for (const v1::LinkBytes& l : report.links()) {
+      out << absl::StrFormat("  %d -> %d: %s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()));
+    }
+  }
+}
+
+}  // namespace shardsync::cli

@@ -1,0 +1,115 @@
+// shardsyncctl plan: the plan's report (v1.ExplainResponse, as explain prints it) as
+// JSON and as tables.
+#include "client/cli/plan_command.h"
+
+#include <catch2/catch.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::cli {
+namespace {
+
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+// qwen3-0.6b from ZeRO-3 over ranks 0..3 into TP2 on ranks 0..1 and 2..3.
+PlanCommandConfig SmallModel(bool json) {
+  PlanCommandConfig config;
+  config.model = "qwen3-0.6b";
+  config.dp = 4;
+  config.tp = 2;
+  config.replicas = 2;
+  config.json = json;
+  return config;
+}
+
+std::string Plan(const PlanCommandConfig& config) {
+  std::ostringstream out, err;
+  const int code = RunPlanCommand(config, out, err);
+  INFO(err.str());
+  REQUIRE(code == 0);
+  return out.str();
+}
+
+std::set<std::string> TopLevelNames(const std::string& json) {
+  google::protobuf::Struct parsed;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &parsed);
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  std::set<std::string> names;
+  for (const auto& [name, value] : parsed.fields()) names.insert(name);
+  return names;
+}
+
+TEST_CASE("plan --json prints the report as ExplainResponse JSON: its field names, every field, nothing else") {
+  const std::string json = Plan(SmallModel(/*json=*/true));
+  v1::ExplainResponse report;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(json, &report);  // refuses unknown names
+  INFO(parsed.ToString());
+  REQUIRE(parsed.ok());
+  std::set<std::string> fields;
+  for (int i = 0; i < v1::ExplainResponse::descriptor()->field_count(); ++i) {
+    fields.insert(v1::ExplainResponse::descriptor()->field(i)->name());
+  }
+  CHECK(TopLevelNames(json) == fields);  // as explain --json prints them
+
+  CHECK(report.layout_epoch() == 0);  // planned offline: no coordinator's epoch
+  CHECK(report.digest().size() == 32);
+  CHECK(report.tensors() > 0);
+  CHECK(report.segments() > 0);
+  CHECK(report.rounds() > 0);
+  CHECK(report.stages() == 1);
+  CHECK(report.floor_seconds() > 0);
+  CHECK(report.link_gbps() == 360);
+  CHECK(report.memory_gbps() == 4200);
+  CHECK(report.network_gbps() == 50);
+  REQUIRE(report.ranks_size() == 4);
+  int64_t sent = 0, received = 0, linked = 0;
+  for (int r = 0; r < report.ranks_size(); ++r) {
+    CHECK(report.ranks(r).rank() == r);
+    sent += report.ranks(r).sent_bytes();
+    received += report.ranks(r).received_bytes();
+  }
+  for (const v1::LinkBytes& l : report.links()) linked += l.bytes();
+  CHECK(sent > 0);
+  CHECK(received == sent);
+  CHECK(linked == sent);
+}
+
+TEST_CASE("plan prints the same report as tables, with the bytes between nodes when the ranks span nodes") {
+  v1::ExplainResponse report;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(SmallModel(/*json=*/true)), &report).ok());
+  const std::string table = Plan(SmallModel(/*json=*/false));
+  CHECK_THAT(table, StartsWith("plan of qwen3-0.6b zero3x4 -> tp2x2 (policy "));
+  CHECK_THAT(table, Contains("digest " + report.digest() + ": " + std::to_string(report.tensors()) +
+                             " tensors on 4 ranks, " + std::to_string(report.segments()) + " segments"));
+  CHECK_THAT(table, Contains("imbalance ") && Contains("floor ") && Contains("planned in "));
+  CHECK_THAT(table, !Contains("between nodes") && !Contains("links (from"));
+
+  PlanCommandConfig nodes = SmallModel(/*json=*/false);
+  nodes.rollout_rank = 4;
+  nodes.ranks_per_node = 4;
+  CHECK_THAT(Plan(nodes), Contains("between nodes ") && Contains("net received") && Contains("GB/s network"));
+  nodes.json = true;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(nodes), &report).ok());
+  CHECK(report.network_bytes() > 0);
+  CHECK(report.direct_floor_seconds() > 0);
+}
+
+TEST_CASE("plan refuses a spec it cannot read: exit 3, naming the file, nothing on stdout") {
+  PlanCommandConfig config;
+  config.spec_path = "/nonexistent/spec.json";
+  config.json = true;
+  std::ostringstream out, err;
+  CHECK(RunPlanCommand(config, out, err) == 3);
+  CHECK(out.str().empty());
+  CHECK_THAT(err.str(), StartsWith("shardsyncctl plan: ") && Contains("/nonexistent/spec.json"));
+}
+
+}  // namespace
+}  // namespace shardsync::cli
