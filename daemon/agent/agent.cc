@@ -9,6 +9,7 @@
 #include "common/grpc_status.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
+#include "executor/buffer_check.h"
 #include "executor/verify.h"
 #include "planner/box.h"
 #include "planner/schedule.h"
@@ -16,18 +17,6 @@
 
 namespace shardsync::agent {
 namespace {
-
-// Bytes [base, end) a strided region of `axes` touches, in elements of `element` bytes.
-template <typename Axis>
-bool Fits(int64_t base, const Axis* shape, const Axis* strides, int axes, int64_t element, int64_t bytes) {
-  if (base < 0) return false;
-  __int128 last = base;
-  for (int k = 0; k < axes; ++k) {
-    if (strides[k] < 0 || shape[k] <= 0) return false;
-    last += static_cast<__int128>(shape[k] - 1) * strides[k];
-  }
-  return (last + 1) * element <= bytes;
-}
 
 // The most milliseconds one sync may wait: longer deadlines are a malformed request.
 constexpr int64_t kMaxDeadlineMs = int64_t{24} * 3600 * 1000;
@@ -183,53 +172,42 @@ std::string Agent::Metrics() const {
 absl::Status Agent::Check(const daemon::LocalSchedule& local, std::vector<std::shared_ptr<const BufferEntry>> entries) const {
   // Each buffer looked up once: a schedule has thousands of segments and a few buffers.
   entries.resize(local.buffer_names.size());
-  const auto buffer = [&](int32_t id, v1::Role role, const std::string& tensor) -> absl::StatusOr<int64_t> {
+  std::vector<int64_t> sizes(local.buffer_names.size(), 0);
+  const auto check = [&](int32_t id, v1::Role role, int32_t tensor_index) -> absl::Status {
     const std::string& name = local.buffer_names.at(id);
+    const std::string& tensor = local.plan.tensor_names[tensor_index];
     if (!entries[id]) {
       entries[id] = registry_.Find(name);
       if (entries[id]) {  // checked once per Check; Execute checks the mappings it holds itself
         if (const absl::Status intact = entries[id]->memory->CheckIntact(); !intact.ok()) {
-          return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "': ",
-                                                            intact.message()));
+          return absl::FailedPreconditionError(
+              absl::StrCat("tensor '", tensor, "': buffer '", name, "': ", intact.message()));
         }
       }
     }
     const std::shared_ptr<const BufferEntry>& entry = entries[id];
-    if (!entry) return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is not registered"));
-    if (entry->role != role) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is registered as ",
-                                                        v1::Role_Name(entry->role), ", the plan uses it as ",
-                                                        v1::Role_Name(role)));
+    if (!entry) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is not registered"));
     }
-    return entry->memory->bytes();
+    if (entry->role != role) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name,
+                                                        "' is registered as ", v1::Role_Name(entry->role),
+                                                        ", the plan uses it as ", v1::Role_Name(role)));
+    }
+    sizes[id] = entry->memory->bytes();
+    return absl::OkStatus();
   };
   for (const planner::Segment& s : local.plan.segments) {
-    const std::string& tensor = local.plan.tensor_names[s.tensor];
-    for (bool source : {true, false}) {
-      const planner::Holder holder = source ? s.src : s.dst;
-      if (holder.rank != config_.rank) continue;
-      // The relay stage reads a target of this rank (that the first stage wrote).
-      const v1::Role role = source && s.stage == 0 ? v1::SOURCE : v1::TARGET;
-      auto bytes = buffer(holder.buffer, role, tensor);
-      if (!bytes.ok()) return bytes.status();
-      const planner::DType dtype = source ? s.src_dtype : s.dst_dtype;
-      if (!Fits(source ? s.src_base : s.dst_base, s.shape.data(), (source ? s.src_strides : s.dst_strides).data(),
-                s.axes, planner::ElementBytes(dtype), *bytes)) {
-        return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': a segment lies outside buffer '",
-                                                          local.buffer_names[holder.buffer], "' (", *bytes, " bytes)"));
-      }
+    // The relay stage reads a target of this rank (that the first stage wrote).
+    if (s.src.rank == config_.rank) {
+      SHARDSYNC_RETURN_IF_ERROR(check(s.src.buffer, s.stage == 0 ? v1::SOURCE : v1::TARGET, s.tensor));
     }
+    if (s.dst.rank == config_.rank) SHARDSYNC_RETURN_IF_ERROR(check(s.dst.buffer, v1::TARGET, s.tensor));
   }
   for (const planner::FillOp& f : local.plan.fills) {
-    const std::string& tensor = local.plan.tensor_names[f.tensor];
-    auto bytes = buffer(f.fill.holder.buffer, v1::TARGET, tensor);
-    if (!bytes.ok()) return bytes.status();
-    if (!Fits(f.fill.base, f.fill.shape.data(), f.fill.strides.data(), static_cast<int>(f.fill.shape.size()),
-              planner::ElementBytes(f.dtype), *bytes)) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': a fill lies outside its buffer"));
-    }
+    SHARDSYNC_RETURN_IF_ERROR(check(f.fill.holder.buffer, v1::TARGET, f.tensor));
   }
-  return absl::OkStatus();
+  return executor::CheckRegionsFit(local.plan, config_.rank, sizes, local.buffer_names);
 }
 
 executor::PeerSetup Agent::PeersOf(const v1::PrepareRequest& request) const {
@@ -305,68 +283,61 @@ v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
   return response;
 }
 
-absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& request) {
-  const absl::Time entered = absl::Now();
-  absl::MutexLock execute_lock(&execute_mu_);
-  // Up to the agreement nothing is written on this rank: the coordinator tells a sync
-  // refused everywhere (FAILED_PRECONDITION from every rank) from one that failed.
-  const auto not_started = [&](absl::string_view why) {
-    spdlog::warn("sync {} stops before writing on rank {}: {}", request.sync_id(), config_.rank, std::string(why));
-    return absl::FailedPreconditionError(absl::StrCat("no byte moved on rank ", config_.rank, ": ", why));
-  };
-  absl::Status ready = absl::OkStatus();  // this rank's vote: every check passed
-  // Before the abort check below; Abort marks the sync before it aborts the transport,
-  // so an Abort is either seen there or reaches the transport after this.
-  transport_.Reset();
-  Prepared prepared;
-  {
-    absl::MutexLock lock(&mu_);
-    if (request.has_prepare()) {
-      // Without its communicator or schedule a rank cannot take part in the agreement;
-      // it answers at once and the coordinator aborts the ranks waiting in it.
-      if (request.prepare().communicator_generation() != built_generation_) {
-        return not_started(absl::StrCat("communicator generation ", request.prepare().communicator_generation(),
-                                        " is not built here"));
-      }
-      bool schedule_missing = false;
-      ready = PrepareLocked(request.prepare(), &schedule_missing);
-      if (schedule_missing) return not_started(ready.message());
+absl::Status Agent::NotStarted(const std::string& sync_id, absl::string_view why) const {
+  spdlog::warn("sync {} stops before writing on rank {}: {}", sync_id, config_.rank, std::string(why));
+  return absl::FailedPreconditionError(absl::StrCat("no byte moved on rank ", config_.rank, ": ", why));
+}
+
+absl::StatusOr<Agent::Prepared> Agent::Begin(const v1::ExecuteRequest& request, absl::Status* ready) {
+  absl::MutexLock lock(&mu_);
+  if (request.has_prepare()) {
+    // Without its communicator or schedule a rank cannot take part in the agreement;
+    // it answers at once and the coordinator aborts the ranks waiting in it.
+    if (request.prepare().communicator_generation() != built_generation_) {
+      return NotStarted(request.sync_id(), absl::StrCat("communicator generation ",
+                                                        request.prepare().communicator_generation(),
+                                                        " is not built here"));
     }
-    auto it = prepared_.find(request.digest());
-    if (it == prepared_.end() || it->second.sync_id != request.sync_id()) {
-      return not_started(absl::StrCat("sync ", request.sync_id(), " was not prepared"));
-    }
-    if (aborted_sync_id_ == request.sync_id()) return not_started("the sync was aborted before it started");
-    prepared = it->second;
-    last_sync_id_ = request.sync_id();
-    running_sync_id_ = request.sync_id();
+    bool schedule_missing = false;
+    *ready = PrepareLocked(request.prepare(), &schedule_missing);
+    if (schedule_missing) return NotStarted(request.sync_id(), ready->message());
   }
-  // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
-  std::vector<std::shared_ptr<const BufferEntry>> held(prepared.local->buffer_names.size());
-  executor::BufferTable table(held.size(), nullptr);
-  for (size_t id = 0; id < held.size() && ready.ok(); ++id) {
-    held[id] = registry_.Find(prepared.local->buffer_names[id]);
-    if (!held[id]) {
-      ready = absl::FailedPreconditionError(absl::StrCat("buffer '", prepared.local->buffer_names[id],
-                                                         "' is no longer registered"));
-      break;
-    }
+  auto it = prepared_.find(request.digest());
+  if (it == prepared_.end() || it->second.sync_id != request.sync_id()) {
+    return NotStarted(request.sync_id(), absl::StrCat("sync ", request.sync_id(), " was not prepared"));
+  }
+  if (aborted_sync_id_ == request.sync_id()) {
+    return NotStarted(request.sync_id(), "the sync was aborted before it started");
+  }
+  last_sync_id_ = request.sync_id();
+  running_sync_id_ = request.sync_id();
+  return it->second;
+}
+
+absl::Status Agent::HoldBuffers(const Prepared& prepared, std::vector<std::shared_ptr<const BufferEntry>>& held,
+                                executor::BufferTable& table) const {
+  held.assign(prepared.local->buffer_names.size(), nullptr);
+  table.assign(held.size(), nullptr);
+  for (size_t id = 0; id < held.size(); ++id) {
+    const std::string& name = prepared.local->buffer_names[id];
+    held[id] = registry_.Find(name);
+    if (!held[id]) return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "' is no longer registered"));
     if (const absl::Status intact = held[id]->memory->CheckIntact(); !intact.ok()) {
-      ready = absl::FailedPreconditionError(
-          absl::StrCat("buffer '", prepared.local->buffer_names[id], "': ", intact.message()));
-      break;
+      return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "': ", intact.message()));
     }
     table[id] = held[id]->memory->data();
   }
   // The registry changed since the check: check the mappings held instead.
-  if (ready.ok() && registry_.version() != prepared.checked_version) ready = Check(*prepared.local, held);
+  if (registry_.version() != prepared.checked_version) SHARDSYNC_RETURN_IF_ERROR(Check(*prepared.local, held));
   // Sources written by the device's other processes: read them after the writes.
-  const std::vector<std::shared_ptr<const executor::ReadyEvent>> ready_events = registry_.ReadyEvents();
-  if (ready.ok()) ready = device_.WaitFor(ready_events);
-  const absl::Time deadline = absl::Now() + prepared.deadline;
+  return device_.WaitFor(registry_.ReadyEvents());
+}
+
+absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepared& prepared, const absl::Status& ready,
+                                  absl::Time deadline) {
   if (const absl::Status setup = transport_.Setup(prepared.peers, deadline); !setup.ok()) {
     Finished(false);
-    return not_started(setup.message());
+    return NotStarted(request.sync_id(), setup.message());
   }
   {
     absl::MutexLock lock(&mu_);
@@ -378,19 +349,78 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     const absl::StatusOr<bool> all_ready = transport_.Agree(request.sync_id(), prepared.peers, ready.ok(), deadline);
     if (!all_ready.ok()) {
       Finished(false);
-      return not_started(absl::StrCat("agreeing with the other ranks: ", all_ready.status().message()));
+      return NotStarted(request.sync_id(),
+                        absl::StrCat("agreeing with the other ranks: ", all_ready.status().message()));
     }
     if (ready.ok() && !*all_ready) {
       Finished(true);
-      return not_started("another rank was not ready");
+      return NotStarted(request.sync_id(), "another rank was not ready");
     }
   }
   if (!ready.ok()) {
     Finished(true);
-    return not_started(ready.message());
+    return NotStarted(request.sync_id(), ready.message());
   }
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Verify(const Prepared& prepared, const executor::BufferTable& table,
+                           v1::ExecuteResponse& response) {
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<executor::Checksums> sums = executor::ComputeChecksums(
+      device_, prepared.local->plan, prepared.local->schedule, table, prepared.staging_bytes);
+  if (!sums.ok()) return sums.status();
+  for (const auto& [key, side] : *sums) {
+    v1::TensorChecksum* checksum = response.add_checksums();
+    checksum->set_tensor(key.first);
+    checksum->set_target_rank(key.second);
+    checksum->set_sources(side.sources);
+    checksum->set_targets(side.targets);
+  }
+  response.mutable_stats()->set_verify_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+void Agent::Account(const std::string& sync_id, bool writes_targets,
+                    const absl::StatusOr<executor::ExecutionStats>& stats) {
+  absl::MutexLock lock(&mu_);
+  running_sync_id_.clear();
+  writing_sync_id_.clear();
+  if (writes_targets) {
+    target_valid_ = stats.ok();
+    link_.SetTargetsValid(target_valid_);
+  }
+  ++(stats.ok() ? executed_ : failed_);
+  if (!stats.ok()) {
+    built_generation_ = -1;  // the communicator may be aborted: the coordinator renews it
+    spdlog::error("sync {} failed on rank {}: {}", sync_id, config_.rank, std::string(stats.status().message()));
+    return;
+  }
+  moved_.sent_bytes += stats->sent_bytes;
+  moved_.received_bytes += stats->received_bytes;
+  moved_.local_bytes += stats->local_bytes;
+}
+
+absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& request) {
+  const absl::Time entered = absl::Now();
+  absl::MutexLock execute_lock(&execute_mu_);
+  // Up to the agreement nothing is written on this rank: the coordinator tells a sync
+  // refused everywhere (FAILED_PRECONDITION from every rank) from one that failed.
+  // Reset before Begin's abort check: Abort marks the sync before it aborts the
+  // transport, so an Abort is either seen there or reaches the transport after this.
+  transport_.Reset();
+  absl::Status ready = absl::OkStatus();  // this rank's vote: every check passed
+  absl::StatusOr<Prepared> prepared = Begin(request, &ready);
+  if (!prepared.ok()) return prepared.status();
+  // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
+  std::vector<std::shared_ptr<const BufferEntry>> held;
+  executor::BufferTable table;
+  if (ready.ok()) ready = HoldBuffers(*prepared, held, table);
+  const absl::Time deadline = absl::Now() + prepared->deadline;
+  SHARDSYNC_RETURN_IF_ERROR(SetUpAndAgree(request, *prepared, ready, deadline));
+
   // A partial sync may only read on this rank: its targets keep their bytes and validity.
-  const planner::Schedule& schedule = prepared.local->schedule;
+  const planner::Schedule& schedule = prepared->local->schedule;
   bool writes_targets = !schedule.fills.empty();
   for (const planner::Stage& stage : schedule.stages) {
     writes_targets = writes_targets || !stage.local_segments.empty() || !stage.receives.empty();
@@ -400,48 +430,16 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     writing_sync_id_ = request.sync_id();
   }
   const absl::StatusOr<executor::ExecutionStats> stats =
-      engine_.Run(request.sync_id(), prepared.local->plan, prepared.local->schedule, table, prepared.staging_bytes,
-                  deadline, &progress_);
+      engine_.Run(request.sync_id(), prepared->local->plan, schedule, table, prepared->staging_bytes, deadline,
+                  &progress_);
   v1::ExecuteResponse response;
-  absl::Status verified = absl::OkStatus();
-  if (stats.ok() && request.verify()) {
-    const absl::Time start = absl::Now();
-    const absl::StatusOr<executor::Checksums> sums = executor::ComputeChecksums(
-        device_, prepared.local->plan, prepared.local->schedule, table, prepared.staging_bytes);
-    verified = sums.status();
-    if (sums.ok()) {
-      for (const auto& [key, side] : *sums) {
-        v1::TensorChecksum* checksum = response.add_checksums();
-        checksum->set_tensor(key.first);
-        checksum->set_target_rank(key.second);
-        checksum->set_sources(side.sources);
-        checksum->set_targets(side.targets);
-      }
-    }
-    response.mutable_stats()->set_verify_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  absl::MutexLock lock(&mu_);
-  running_sync_id_.clear();
-  writing_sync_id_.clear();
-  if (writes_targets) {
-    target_valid_ = stats.ok();
-    link_.SetTargetsValid(target_valid_);
-  }
-  ++(stats.ok() ? executed_ : failed_);
-  if (stats.ok()) {
-    moved_.sent_bytes += stats->sent_bytes;
-    moved_.received_bytes += stats->received_bytes;
-    moved_.local_bytes += stats->local_bytes;
-  }
+  const absl::Status verified = stats.ok() && request.verify() ? Verify(*prepared, table, response) : absl::OkStatus();
+  Account(request.sync_id(), writes_targets, stats);
   // From here on bytes were written: never answer FAILED_PRECONDITION (see the proto).
   const auto after_writing = [](const absl::Status& status) {
     return absl::IsFailedPrecondition(status) ? absl::InternalError(status.message()) : status;
   };
-  if (!stats.ok()) {
-    built_generation_ = -1;  // the communicator may be aborted: the coordinator renews it
-    spdlog::error("sync {} failed on rank {}: {}", request.sync_id(), config_.rank, std::string(stats.status().message()));
-    return after_writing(stats.status());  // the coordinator names the rank
-  }
+  if (!stats.ok()) return after_writing(stats.status());  // the coordinator names the rank
   if (!verified.ok()) return after_writing(verified);
   v1::RankStats& out = *response.mutable_stats();
   out.set_rank(config_.rank);

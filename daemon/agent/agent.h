@@ -82,6 +82,23 @@ class Agent {
   absl::Status PrepareLocked(const v1::PrepareRequest& request, bool* schedule_missing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   executor::PeerSetup PeersOf(const v1::PrepareRequest& request) const;
+  // Execute's stages, in order. Up to SetUpAndAgree nothing is written on this rank.
+  // A sync that stops there is refused with FAILED_PRECONDITION naming this rank.
+  absl::Status NotStarted(const std::string& sync_id, absl::string_view why) const;
+  // The prepared sync the request runs (preparing it first with request.prepare);
+  // `ready` gets a failed check, which still takes part in the agreement.
+  absl::StatusOr<Prepared> Begin(const v1::ExecuteRequest& request, absl::Status* ready);
+  // Holds every buffer's mapping for the run (a client leaving mid-sync cannot unmap
+  // it), checks them again if the registry changed, and waits for the sources' writers.
+  absl::Status HoldBuffers(const Prepared& prepared, std::vector<std::shared_ptr<const BufferEntry>>& held,
+                           executor::BufferTable& table) const;
+  // Sets up the transport and, where needed, agrees with every rank that all are ready.
+  absl::Status SetUpAndAgree(const v1::ExecuteRequest& request, const Prepared& prepared, const absl::Status& ready,
+                             absl::Time deadline);
+  // Adds the checksums of what this rank read and wrote to `response`.
+  absl::Status Verify(const Prepared& prepared, const executor::BufferTable& table, v1::ExecuteResponse& response);
+  // Target validity, counters and the communicator after a run.
+  void Account(const std::string& sync_id, bool writes_targets, const absl::StatusOr<executor::ExecutionStats>& stats);
   // An Execute that stopped before writing; the transport may have dropped its communicator.
   void Finished(bool communicator_intact);
 

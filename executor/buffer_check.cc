@@ -1,0 +1,56 @@
+#include "executor/buffer_check.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardsync::executor {
+namespace {
+
+// Whether a strided region of `axes` from element `base` lies in `bytes`, in elements
+// of `element` bytes.
+template <typename Axis>
+bool Fits(int64_t base, const Axis* shape, const Axis* strides, int axes, int64_t element, int64_t bytes) {
+  if (base < 0) return false;
+  __int128 last = base;
+  for (int k = 0; k < axes; ++k) {
+    if (strides[k] < 0 || shape[k] <= 0) return false;
+    last += static_cast<__int128>(shape[k] - 1) * strides[k];
+  }
+  return (last + 1) * element <= bytes;
+}
+
+absl::Status Outside(const std::string& tensor, const char* what, int32_t buffer,
+                     absl::Span<const int64_t> buffer_bytes, absl::Span<const std::string> buffer_names) {
+  const bool known = buffer >= 0 && static_cast<size_t>(buffer) < buffer_bytes.size();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "tensor '", tensor, "': ", what, " lies outside buffer '", known ? buffer_names[buffer] : absl::StrCat(buffer),
+      "' (", known ? buffer_bytes[buffer] : 0, " bytes)"));
+}
+
+}  // namespace
+
+absl::Status CheckRegionsFit(const planner::Plan& plan, int32_t rank, absl::Span<const int64_t> buffer_bytes,
+                             absl::Span<const std::string> buffer_names) {
+  const auto size_of = [&](int32_t buffer) -> int64_t {
+    return buffer >= 0 && static_cast<size_t>(buffer) < buffer_bytes.size() ? buffer_bytes[buffer] : 0;
+  };
+  for (const planner::Segment& s : plan.segments) {
+    for (bool source : {true, false}) {
+      const planner::Holder holder = source ? s.src : s.dst;
+      if (holder.rank != rank) continue;
+      if (!Fits(source ? s.src_base : s.dst_base, s.shape.data(), (source ? s.src_strides : s.dst_strides).data(),
+                s.axes, planner::ElementBytes(source ? s.src_dtype : s.dst_dtype), size_of(holder.buffer))) {
+        return Outside(plan.tensor_names[s.tensor], "a segment", holder.buffer, buffer_bytes, buffer_names);
+      }
+    }
+  }
+  for (const planner::FillOp& f : plan.fills) {
+    if (f.fill.holder.rank != rank) continue;
+    if (!Fits(f.fill.base, f.fill.shape.data(), f.fill.strides.data(), static_cast<int>(f.fill.shape.size()),
+              planner::ElementBytes(f.dtype), size_of(f.fill.holder.buffer))) {
+      return Outside(plan.tensor_names[f.tensor], "a fill", f.fill.holder.buffer, buffer_bytes, buffer_names);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardsync::executor
