@@ -55,6 +55,17 @@ void AddAgentFlags(CLI::App& app, AgentFlags& c) {
                  "the node of this agent's device: agents of one node share fast links (NVLink), bytes between nodes "
                  "cross the network and the coordinator may relay them (default: the host name)");
   AddDaemonFlags(app, c.daemon);
+  // Tests only: a deterministic stall in the middle of a sync (tests/e2e kill an agent there).
+  flags::AddInt(app, "--fault-stall-at-round", c.fault_stall_at_round,
+                "FOR TESTS ONLY: stall the sync (see --fault-stall-sync) that reaches this round of the transport, "
+                "before it sends or receives, until the sync is aborted or its deadline; logs 'fault injection: "
+                "sync ID stalls at round N' as it begins (-1: never)",
+                0, INT32_MAX)
+      ->group("Tests only");
+  flags::AddInt(app, "--fault-stall-sync", c.fault_stall_sync,
+                "FOR TESTS ONLY: with --fault-stall-at-round, the n-th sync to reach that round stalls (1: the first)",
+                1, INT32_MAX)
+      ->group("Tests only");
 }
 
 std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
@@ -65,6 +76,9 @@ std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
                                      "--link-gbps",   "--network-gbps",  "--memory-gbps", "--shared-source-uids"};
   for (const char* name : coordinator_flags) {
     if (!c.serve_coordinator && app.count(name) > 0) return std::string(name) + " goes with --serve-coordinator";
+  }
+  if (app.count("--fault-stall-sync") > 0 && app.count("--fault-stall-at-round") == 0) {
+    return "--fault-stall-sync goes with --fault-stall-at-round";
   }
   if (c.serve_coordinator && app.count("--world") == 0) return "--serve-coordinator needs --world";
   if (c.serve_coordinator && c.coordinator_config.world_size <= c.agent.rank) return "--world must be above --rank";

@@ -23,6 +23,10 @@ struct AgentFlags {
   int64_t rpc_deadline_ms = 5000;
   int64_t max_message_bytes = int64_t{64} << 20;
   RegistryLimits registrations;
+  // Tests only (tests/e2e): the n-th sync (fault_stall_sync) to reach round
+  // fault_stall_at_round stalls there (executor/fault_transport.h); -1: never.
+  int32_t fault_stall_at_round = -1;
+  int32_t fault_stall_sync = 1;
 };
 
 // Adds every flag of the agent, parsed into `flags`.

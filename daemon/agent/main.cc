@@ -20,6 +20,7 @@
 #include "daemon/agent/grpc_transport.h"
 #include "executor/cuda_device.h"
 #include "executor/cuda_memory.h"
+#include "executor/fault_transport.h"
 #include "executor/host_shm.h"
 #include "executor/nccl_transport.h"
 #include "grpcpp/grpcpp.h"
@@ -72,6 +73,17 @@ int main(int argc, char** argv) {
     memory = std::make_unique<shardsync::executor::CudaIpcBackend>(ordinal);
     transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->network_stream());
     device = *std::move(cuda);
+  }
+  // Tests only (--fault-stall-at-round): the transport stalls one sync at a known round.
+  if (c.fault_stall_at_round >= 0) {
+    shardsync::executor::StallFault stall;
+    stall.round = c.fault_stall_at_round;
+    stall.sync = c.fault_stall_sync;
+    stall.on_stall = [](absl::string_view sync_id, int32_t round) {
+      spdlog::warn("fault injection: sync {} stalls at round {} until aborted or its deadline", std::string(sync_id),
+                   round);
+    };
+    transport = std::make_unique<shardsync::executor::FaultTransport>(std::move(transport), std::move(stall));
   }
   shardsync::agent::Registry registry(c.agent.rank, {memory.get()}, c.registrations);
   shardsync::agent::LinkConfig link_config;

@@ -1,8 +1,6 @@
 // End to end on this machine's CPU: a real coordinator, 4 real agents and trainer and
 // rollout client processes registering shared memory, talking gRPC. Every target byte
 // is checked after every sync.
-#include <catch2/catch.hpp>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -10,20 +8,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <iterator>
+#include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "planner/schedule.h"
 #include "absl/strings/str_join.h"
 #include "client/cpp/client.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "planner/schedule.h"
 #include "proto/health.grpc.pb.h"
 #include "tests/e2e/small_model.h"
 #include "tools/localsync/deployment.h"
+#include "tools/localsync/http_get.h"
 
 namespace shardsync::localsync {
 namespace {
@@ -37,7 +40,9 @@ int64_t BytesSent(const v1::SyncResponse& response) {
   return sent;
 }
 
-TEST_CASE("ZeRO-1/2/3 over 4 ranks into TP2x2, uneven TP4, TP1 on half and on all ranks, TP2 on ranks 2-3 sync exactly, twice") {
+TEST_CASE(
+    "ZeRO-1/2/3 over 4 ranks into TP2x2, uneven TP4, TP1 on half and on all ranks, TP2 on ranks 2-3 sync exactly, "
+    "twice") {
   Cluster cluster(ClusterOptions{});
   for (int stage = 1; stage <= 3; ++stage) {
     for (const Layout& layout : kLayouts) {
@@ -100,8 +105,8 @@ TEST_CASE("a rank that lacks one of its shards: the sync is refused, naming it, 
   auto sync = SyncOnce(cluster, absl::Seconds(20));
   REQUIRE_FALSE(sync.ok());
   CHECK(absl::IsFailedPrecondition(sync.status()));
-  CHECK_THAT(std::string(sync.status().message()), Contains("tensor 'up'") && Contains("no byte moved") &&
-                                                       Contains("rank 2") && Contains("has no source"));
+  CHECK_THAT(std::string(sync.status().message()),
+             Contains("tensor 'up'") && Contains("no byte moved") && Contains("rank 2") && Contains("has no source"));
   CHECK(deployment.ReadTargets() == before);
 }
 
@@ -165,11 +170,11 @@ TEST_CASE("an agent's unix socket is owner and group only (0660), so only that g
   CHECK((info.st_mode & 0777) == 0660);
 
   // --socket replaces only a stale socket: never a regular file, nor a socket in use.
-  const std::string file = cluster.dir() + "/not-a-socket";
+  const std::string file = cluster.socket_dir() + "/not-a-socket";  // a path an agent may bind
   std::ofstream(file) << "keep me";
   for (const std::string& path : {file, cluster.socket(0)}) {
-    std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank", "3", "--coordinator",
-                                     cluster.coordinator(), "--socket", path};
+    std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank",   "3", "--coordinator",
+                                     cluster.coordinator(),          "--socket", path};
     for (const std::string& flag : cluster.security_flags()) argv.push_back(flag);
     Process agent(argv, cluster.dir() + "/second-agent.log");
     INFO(path);
@@ -285,33 +290,54 @@ TEST_CASE("both daemons answer the standard health check and serve Prometheus me
 // Runs shardsyncctl with `args`; returns (exit code, stdout and, on failure, stderr).
 std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string> args);
 
-// A model big enough that the smallest staging budget makes a sync last seconds.
-std::string BigModelJson() {
+// A model that the smallest staging budget syncs in over a hundred rounds.
+std::string ManyRoundsModelJson() {
   return R"({"model": {"tensors": [
-      {"name": "big", "shape": [4096, 2048], "style": "COLUMN"},
-      {"name": "wide", "shape": [2048, 4096], "style": "ROW"}],
+      {"name": "big", "shape": [1024, 512], "style": "COLUMN"},
+      {"name": "wide", "shape": [512, 1024], "style": "ROW"}],
     "zero_stage": 3, "dp_ranks": [0, 1, 2, 3], "replicas": [{"ranks": [0, 1, 2, 3]}]}})";
 }
 
+// Waits until the log file at `path` contains `text`; false at the deadline.
+bool WaitForLogLine(const std::string& path, const std::string& text, absl::Duration timeout) {
+  for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    std::ifstream log(path);
+    if (std::string(std::istreambuf_iterator<char>(log), {}).find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
 TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn invalid; restarted, it syncs again") {
+  constexpr int kStallRound = 8;
   ClusterOptions options;
-  options.staging_bytes = planner::kMinStagingBytes;  // slots of 1 KiB: thousands of rounds
+  options.staging_bytes = planner::kMinStagingBytes;  // slots of 1 KiB: many rounds
   options.sync_timeout_ms = 5000;
+  // Rank 1's transport stalls its second sync at kStallRound (the first makes every target
+  // valid): the kill lands there, after rounds that wrote targets. Its restart has no fault.
+  options.agent_flags[1] = {"--fault-stall-at-round", std::to_string(kStallRound), "--fault-stall-sync", "2"};
   Cluster cluster(options);
-  Deployment deployment(cluster, "killed", BigModelJson(), 25);
+  Deployment deployment(cluster, "killed", ManyRoundsModelJson(), 25);
   RequireReady(deployment);
-  const absl::Time first = absl::Now();
-  REQUIRE(SyncOnce(cluster, absl::Seconds(60)).ok());
-  const absl::Duration one_sync = absl::Now() - first;
-  REQUIRE(one_sync > absl::Milliseconds(400));  // long enough for the kill to land inside
+  auto first = SyncOnce(cluster, absl::Seconds(60));
+  REQUIRE(first.ok());
+  for (const v1::RankStats& r : first->ranks()) {
+    if (r.rank() == 1) REQUIRE(r.rounds() > 2 * kStallRound);  // the stall is well inside rank 1's sync
+  }
   deployment.Refill(26);
 
   absl::StatusOr<v1::SyncResponse> result = absl::UnknownError("not run");
   std::thread syncer([&] { result = SyncOnce(cluster, absl::Seconds(60)); });
-  absl::SleepFor(one_sync / 4);
+  const bool stalled =
+      WaitForLogLine(cluster.agent(1).log_path(), absl::StrCat(" stalls at round ", kStallRound), absl::Seconds(30));
+  // Part way through: rank 1's targets hold some of the new values, not all of them.
+  const bool partly_written =
+      stalled && !deployment.CheckTargets(25, {1}).empty() && !deployment.CheckTargets(26, {1}).empty();
   cluster.agent(1).Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   syncer.join();
+  REQUIRE(stalled);
+  CHECK(partly_written);
   REQUIRE_FALSE(result.ok());
   CHECK(absl::Now() - killed < absl::Seconds(7));  // within the 5 s sync deadline
   CHECK_THAT(std::string(result.status().message()), Contains("rank 1"));
@@ -413,20 +439,19 @@ TEST_CASE("1,000 syncs with changing sources all verify; the daemons' memory and
   CHECK(verified == 1000);
   for (size_t i = 0; i < daemons.size(); ++i) {
     const auto after = Footprint(daemons[i]);
-    std::printf("soak: %s: RSS %lld -> %lld KiB, fds %lld -> %lld\n", i == 0 ? "coordinator" : ("agent " + std::to_string(i - 1)).c_str(),
+    std::printf("soak: %s: RSS %lld -> %lld KiB, fds %lld -> %lld\n",
+                i == 0 ? "coordinator" : ("agent " + std::to_string(i - 1)).c_str(),
                 static_cast<long long>(before[i].first), static_cast<long long>(after.first),
                 static_cast<long long>(before[i].second), static_cast<long long>(after.second));
     CHECK(after.first - before[i].first < 4096);  // KiB
-    CHECK(after.second <= before[i].second);  // no descriptor leaks
+    CHECK(after.second <= before[i].second);      // no descriptor leaks
   }
 }
 
-std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string> args) {
+// Runs shardsyncctl with `args` alone; returns (exit code, stdout and, on failure, stderr).
+std::pair<int, std::string> CtlOffline(const Cluster& cluster, std::vector<std::string> args) {
   std::vector<std::string> argv = {"client/cli/shardsyncctl"};
   argv.insert(argv.end(), args.begin(), args.end());
-  argv.push_back("--coordinator");
-  argv.push_back(cluster.coordinator());
-  for (const std::string& flag : cluster.security_flags()) argv.push_back(flag);
   const std::string log = cluster.dir() + "/ctl.log";
   unlink(log.c_str());
   Process ctl(argv, log);
@@ -439,6 +464,24 @@ std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string>
   return {code, out};
 }
 
+std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string> args) {
+  args.push_back("--coordinator");
+  args.push_back(cluster.coordinator());
+  for (const std::string& flag : cluster.security_flags()) args.push_back(flag);
+  return CtlOffline(cluster, std::move(args));
+}
+
+// The names of the top-level fields of the JSON object `json`.
+std::set<std::string> JsonFieldNames(const std::string& json) {
+  google::protobuf::Struct parsed;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &parsed);
+  INFO(status.ToString() << ": " << json);
+  REQUIRE(status.ok());
+  std::set<std::string> names;
+  for (const auto& [name, value] : parsed.fields()) names.insert(name);
+  return names;
+}
+
 TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit codes") {
   Cluster cluster(ClusterOptions{});
   {
@@ -447,6 +490,23 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
     auto [explain_code, explain] = Ctl(cluster, {"explain", "--json"});
     CHECK(explain_code == 0);
     CHECK_THAT(explain, Contains("\"floor_seconds\"") && Contains("\"links\""));
+    // plan, offline, prints the report explain prints: the same fields, the same plan.
+    const std::string spec = cluster.dir() + "/ctl-offline.json";
+    std::ofstream(spec) << ModelJson(3, kLayouts[0].replicas);
+    auto [plan_code, plan] = CtlOffline(
+        cluster, {"plan", "--spec", spec, "--staging-bytes", std::to_string(ClusterOptions{}.staging_bytes), "--json"});
+    REQUIRE(plan_code == 0);
+    CHECK(JsonFieldNames(plan) == JsonFieldNames(explain));
+    v1::ExplainResponse offline, online;
+    REQUIRE(google::protobuf::util::JsonStringToMessage(plan, &offline).ok());
+    REQUIRE(google::protobuf::util::JsonStringToMessage(explain, &online).ok());
+    CHECK(offline.layout_epoch() == 0);  // no coordinator's epoch offline
+    online.clear_layout_epoch();
+    // The digest covers buffer ids, which the spec file and the clients' registrations number apart.
+    CHECK(offline.digest().size() == online.digest().size());
+    offline.clear_digest();
+    online.clear_digest();
+    CHECK(offline.DebugString() == online.DebugString());
     auto [sync_code, table] = Ctl(cluster, {"sync"});
     CHECK(sync_code == 0);
     CHECK_THAT(table, Contains("rank") && Contains("received") && Contains("GB/s") && Contains("total"));

@@ -1,12 +1,9 @@
 // Mutual TLS between the daemons and shardsyncctl, with a CA this test makes with
 // openssl: a sync works with certificates, and a peer without a valid one (none, or one
 // from another CA) is refused; plaintext only with --insecure, which warns.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
-#include <stdlib.h>
-#include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "tools/localsync/deployment.h"
+#include "tools/localsync/temp_dir.h"
 
 namespace shardsync::localsync {
 namespace {
@@ -38,8 +36,8 @@ void Run(const std::string& command) {
 TlsConfig MakeCertificates(const std::string& dir, const std::string& name, const std::string& san) {
   const std::string base = dir + "/" + name;
   const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-  Run(absl::StrCat("openssl req -x509 ", ec, " -keyout ", base, "-ca.key -out ", base, "-ca.pem -days 1 -subj /CN=",
-                   name, "-ca"));
+  Run(absl::StrCat("openssl req -x509 ", ec, " -keyout ", base, "-ca.key -out ", base,
+                   "-ca.pem -days 1 -subj /CN=", name, "-ca"));
   Run(absl::StrCat("openssl req ", ec, " -keyout ", base, ".key -out ", base, ".csr -subj /CN=", name));
   std::ofstream(base + ".ext") << "subjectAltName=" << san << "\n";
   Run(absl::StrCat("openssl x509 -req -in ", base, ".csr -CA ", base, "-ca.pem -CAkey ", base,
@@ -51,11 +49,7 @@ TlsConfig MakeCertificates(const std::string& dir, const std::string& name, cons
   return tls;
 }
 
-std::string CertificateFolder() {
-  char pattern[] = "/tmp/shardsync-tls-XXXXXX";
-  REQUIRE(mkdtemp(pattern) != nullptr);
-  return pattern;
-}
+std::string CertificateFolder() { return MakeTempDir("shardsync-tls-"); }
 
 constexpr char kModel[] = R"({"model": {"tensors": [
     {"name": "embed", "shape": [100, 16], "style": "VOCAB"},
@@ -66,8 +60,8 @@ constexpr char kModel[] = R"({"model": {"tensors": [
 
 // shardsyncctl status with `flags`; returns (exit code, stdout and stderr).
 std::pair<int, std::string> CtlStatus(const Cluster& cluster, const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {"client/cli/shardsyncctl", "status", "--coordinator", cluster.coordinator(),
-                                   "--timeout-ms", "3000"};
+  std::vector<std::string> argv = {"client/cli/shardsyncctl", "status",       "--coordinator",
+                                   cluster.coordinator(),     "--timeout-ms", "3000"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   const std::string log = cluster.dir() + "/ctl.log";
   Process ctl(argv, log);
@@ -112,8 +106,15 @@ TEST_CASE("with certificates the daemons authenticate each other and sync; a pee
   // in its log, and a sync is refused naming rank 1.
   cluster.agent(1).Signal(SIGKILL);
   cluster.agent(1).Wait(absl::Seconds(5));
-  std::vector<std::string> argv = {"daemon/agent/shardsync-agent", "--rank", "1", "--coordinator",
-                                   cluster.coordinator(), "--socket", cluster.socket(1), "--listen", "127.0.0.1:0"};
+  std::vector<std::string> argv = {"daemon/agent/shardsync-agent",
+                                   "--rank",
+                                   "1",
+                                   "--coordinator",
+                                   cluster.coordinator(),
+                                   "--socket",
+                                   cluster.socket(1),
+                                   "--listen",
+                                   "127.0.0.1:0"};
   for (const std::string& flag : Flags(rogue)) argv.push_back(flag);
   const std::string rogue_log = cluster.dir() + "/rogue-agent.log";
   Process rogue_agent(argv, rogue_log);
@@ -129,7 +130,9 @@ TEST_CASE("with certificates the daemons authenticate each other and sync; a pee
   std::filesystem::remove_all(certs);
 }
 
-TEST_CASE("agent 0 serving the coordinator under TLS: the other agent joins it, a sync over TCP needs a certificate, one over its unix socket none") {
+TEST_CASE(
+    "agent 0 serving the coordinator under TLS: the other agent joins it, a sync over TCP needs a certificate, one "
+    "over its unix socket none") {
   const std::string certs = CertificateFolder();
   ClusterOptions options;
   options.agents = 2;
@@ -177,21 +180,20 @@ TEST_CASE("--tls-server-name: every daemon's certificate carries one service nam
   std::filesystem::remove_all(certs);
 }
 
-TEST_CASE("plaintext only when asked: a daemon with neither TLS nor --insecure (true) refuses to start; --insecure warns") {
-  Process bare({"daemon/coordinator/shardsync-coordinator", "--world", "1"}, "/tmp/shardsync-tls-bare.log");
+TEST_CASE(
+    "plaintext only when asked: a daemon with neither TLS nor --insecure (true) refuses to start; --insecure warns") {
+  const std::string dir = MakeTempDir("shardsync-tls-");
+  Process bare({"daemon/coordinator/shardsync-coordinator", "--world", "1"}, dir + "/bare.log");
   CHECK(bare.Wait(absl::Seconds(10)) == 2);
-  const std::string said = ReadFile("/tmp/shardsync-tls-bare.log");
-  CHECK_THAT(said, Contains("no transport security configured"));
-  unlink("/tmp/shardsync-tls-bare.log");
-  Process half({"daemon/agent/shardsync-agent", "--rank", "0", "--coordinator", "127.0.0.1:1", "--socket", "/tmp/x",
-                "--tls-ca", "/nonexistent.pem"},
-               "/tmp/shardsync-tls-half.log");
+  CHECK_THAT(ReadFile(dir + "/bare.log"), Contains("no transport security configured"));
+  // It stops at its flags: the socket is never made.
+  Process half({"daemon/agent/shardsync-agent", "--rank", "0", "--coordinator", "127.0.0.1:1", "--socket",
+                dir + "/half.sock", "--tls-ca", "/nonexistent.pem"},
+               dir + "/half.log");
   CHECK(half.Wait(absl::Seconds(10)) == 2);
-  CHECK_THAT(ReadFile("/tmp/shardsync-tls-half.log"), Contains("TLS needs all of"));
-  unlink("/tmp/shardsync-tls-half.log");
+  CHECK_THAT(ReadFile(dir + "/half.log"), Contains("TLS needs all of"));
 
   // --insecure set to false, on the command line or in a config file, is no TLS at all.
-  const std::string dir = std::getenv("TEST_TMPDIR");
   std::FILE* config = std::fopen((dir + "/insecure-false.conf").c_str(), "w");
   REQUIRE(config != nullptr);
   std::fputs("world = 1\ninsecure = false\n", config);
@@ -220,6 +222,7 @@ TEST_CASE("plaintext only when asked: a daemon with neither TLS nor --insecure (
   Cluster cluster(options);  // no certificates: --insecure
   CHECK_THAT(ReadFile(cluster.coordinator_process().log_path()), Contains("--insecure: plaintext"));
   CHECK_THAT(ReadFile(cluster.agent(0).log_path()), Contains("--insecure: plaintext"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -54,6 +54,12 @@ class CheckpointModule(torch.nn.Module):
             owner.register_parameter(leaf, torch.nn.Parameter(torch.empty(shape, dtype=dtype)))
 
 
+def private_dir(prefix):
+    """A new folder under Bazel's $TEST_TMPDIR (outside Bazel, the system's temporary
+    folder). LocalCluster keeps the unix sockets in a short folder of its own."""
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
+
+
 def random_checkpoint(shapes, seed):
     generator = torch.Generator().manual_seed(seed)
     return {name: torch.randn(shape, generator=generator).to(torch.bfloat16) for name, shape in shapes.items()}
@@ -76,7 +82,7 @@ def differences(engine, oracle):
 class IntegrationsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        logs = tempfile.mkdtemp(prefix="ss-integrations-", dir="/tmp")
+        logs = private_dir("ss-integrations-")
         cls.cluster = LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR,
                                    staging_bytes=1 << 20)
         cls.coordinator = CoordinatorClient(cls.cluster.coordinator, insecure=True)

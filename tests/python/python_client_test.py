@@ -25,10 +25,16 @@ MODEL = [("w", (6, 10), "bfloat16"), ("b", (7,), "bfloat16"), ("e", (3, 4, 5), "
 WORLD = 2
 
 
+def private_dir(prefix):
+    """A new folder under Bazel's $TEST_TMPDIR (outside Bazel, the system's temporary
+    folder). LocalCluster keeps the unix sockets in a short folder of its own."""
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
+
+
 def start_cluster(agent0_serves=False, tls=None, server_name=None, nodes=(), relay=None):
     """A coordinator and WORLD CPU agents; with agent0_serves, no coordinator process: agent
     0 is the coordinator too, and clients sync over its unix socket (as a trainer beside it)."""
-    logs = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
+    logs = private_dir("ss-py-")
     return LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, staging_bytes=4096,
                         serving="agent0-unix" if agent0_serves else "process", tls=tls, server_name=server_name,
                         nodes=nodes, relay=relay)
@@ -265,7 +271,7 @@ class PythonClientTest(unittest.TestCase):
 
     def test_under_mutual_tls_the_native_client_needs_the_certificate(self):
         self.cluster.stop()
-        certs = tempfile.mkdtemp(prefix="ss-py-tls-", dir="/tmp")
+        certs = private_dir("ss-py-tls-")
         tls = make_certificates(certs, "DNS:shardsync.test")
         self.cluster = start_cluster(tls=tls, server_name="shardsync.test")
         rng = random.Random(9)
@@ -322,7 +328,7 @@ class PythonClientTest(unittest.TestCase):
 
     def test_only_the_allowed_uids_register_sources_and_targets(self):
         self.cluster.stop()
-        logs = tempfile.mkdtemp(prefix="ss-py-", dir="/tmp")
+        logs = private_dir("ss-py-")
         me = os.geteuid()
         self.cluster = LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR,
                                     agent_flags=["--source-uids", str(me + 1), "--target-uids", f"{me + 2},{me}"])

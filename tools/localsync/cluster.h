@@ -1,9 +1,9 @@
 // Real processes on this machine: a coordinator, agents and demo clients, started from
 // the runfiles of the binary or test that links this (daemon/..., tools/localsync/...)
-// with OS-chosen ports and a private folder under /tmp, removed at the end.
+// with OS-chosen ports and a private folder (MakeTempDir: under $TEST_TMPDIR in a test),
+// removed at the end; the agents' unix sockets are there too unless that path is too
+// long for them (SocketDirFor).
 #pragma once
-
-#include <sys/types.h>
 
 #include <map>
 #include <memory>
@@ -13,46 +13,24 @@
 #include "absl/time/time.h"
 #include "client/cpp/client.h"
 #include "common/tls.h"
+#include "tools/localsync/process.h"
 
 namespace shardsync::localsync {
-
-// A child process with its stdin and stdout piped to us and stderr in a log file.
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::string& log_path);
-  ~Process();  // SIGKILL if still running
-  // The next stdout line, or "" at the deadline or end of output.
-  std::string ReadLine(absl::Duration timeout);
-  // Everything on stdout until the process closes it (or the deadline).
-  std::string ReadAll(absl::Duration timeout);
-  void WriteLine(const std::string& line);
-  void Signal(int signal);
-  // Waits for the exit; returns the exit code (128 + signal if killed), -1 on timeout.
-  int Wait(absl::Duration timeout);
-  pid_t pid() const { return pid_; }
-  const std::string& log_path() const { return log_path_; }
-
- private:
-  pid_t pid_ = -1;
-  int stdin_fd_ = -1;
-  int stdout_fd_ = -1;
-  std::string buffered_;
-  std::string log_path_;
-  bool exited_ = false;
-  int exit_code_ = -1;
-};
 
 struct ClusterOptions {
   int agents = 4;
   int64_t staging_bytes = 1 << 20;
   int64_t sync_timeout_ms = 10000;
-  int64_t rpc_deadline_ms = 5000;  // the daemons' default; loaded CI machines need it
+  int64_t rpc_deadline_ms = 5000;                  // the daemons' default; loaded CI machines need it
   std::map<int, int64_t> agent_max_staging_bytes;  // per rank, default the agent's
-  bool metrics = false;  // every daemon serves /metrics on an OS-chosen port
-  TlsConfig tls;          // CA, certificate and key of every daemon; none: --insecure
+  // Per rank, more flags for the agent the constructor starts (a restart by StartAgent
+  // goes without them): a test's faults (--fault-stall-at-round).
+  std::map<int, std::vector<std::string>> agent_flags;
+  bool metrics = false;                    // every daemon serves /metrics on an OS-chosen port
+  TlsConfig tls;                           // CA, certificate and key of every daemon; none: --insecure
   bool agent0_serves_coordinator = false;  // no coordinator process: agent 0 is it
-  std::vector<std::string> nodes;  // each rank's --node (none: every agent on this host's)
-  std::string relay;               // the coordinator's --relay (empty: its default)
+  std::vector<std::string> nodes;          // each rank's --node (none: every agent on this host's)
+  std::string relay;                       // the coordinator's --relay (empty: its default)
 };
 
 // A coordinator and one agent per rank, all on localhost (or agent 0 serving as the
@@ -63,7 +41,11 @@ class Cluster {
   ~Cluster();
   const std::string& coordinator() const { return coordinator_address_; }
   std::string socket(int rank) const;
+  // The cluster's folder: logs, port files, layout specs.
   const std::string& dir() const { return dir_; }
+  // The folder of the agents' sockets (dir() unless its paths are too long for a socket);
+  // names up to 32 bytes fit there.
+  const std::string& socket_dir() const { return socket_dir_; }
   // The TCP security flags every daemon of this cluster runs with; shardsyncctl needs them too.
   std::vector<std::string> security_flags() const;
   client::CoordinatorClient coordinator_client() const;
@@ -89,22 +71,19 @@ class Cluster {
   void DumpLogs() const;
 
  private:
+  void StartAgent(int rank, const std::vector<std::string>& extra_flags);
   void StartCoordinator(const std::string& listen);
   std::string ShmPrefix() const;  // unique to this cluster: "/ss-<folder suffix>-"
 
   ClusterOptions options_;
   Credentials credentials_;
   std::string dir_;
+  std::string socket_dir_;
   std::string coordinator_address_;
   std::unique_ptr<Process> coordinator_;
   std::map<int, std::unique_ptr<Process>> agents_;
   std::map<int, int> agent_ports_;
   int clients_started_ = 0;
 };
-
-// Reads an integer written to `path` by a daemon (a port), waiting up to `timeout`.
-int WaitForPortFile(const std::string& path, absl::Duration timeout);
-// GET http://127.0.0.1:port/path: the whole response, headers included ("" if none).
-std::string HttpGet(int port, const std::string& path);
 
 }  // namespace shardsync::localsync

@@ -1,0 +1,22 @@
+// Private folders for a test or a local run: under $TEST_TMPDIR when Bazel runs it (Bazel
+// empties it after the test), else under the system's temporary folder ($TMPDIR or /tmp).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace shardsync::localsync {
+
+// The longest unix socket path: sockaddr_un's sun_path less its terminating NUL.
+inline constexpr size_t kMaxSocketPath = 107;
+
+// A new empty folder "<base>/<prefix>XXXXXX", base as above; the caller removes it.
+// Throws std::runtime_error if it cannot be made.
+std::string MakeTempDir(const std::string& prefix);
+
+// A folder for unix sockets named at most `longest_name` bytes: `dir` itself when
+// "<dir>/<longest_name>" fits kMaxSocketPath, else a new short folder under /tmp (which
+// the caller removes). Throws std::runtime_error if it cannot be made.
+std::string SocketDirFor(const std::string& dir, size_t longest_name);
+
+}  // namespace shardsync::localsync
