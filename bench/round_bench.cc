@@ -17,6 +17,7 @@
 
 #include "absl/time/clock.h"
 #include "common/flags.h"
+#include "common/status_macros.h"
 #include "executor/cuda_device.h"
 #include "executor/nccl_transport.h"
 #include "planner/schedule.h"
@@ -106,11 +107,11 @@ int main(int argc, char** argv) {
       const absl::Time start = absl::Now();
       for (int r = 0; r < count; ++r) {
         const int slot = r % planner::kStagingSlots;
-        if (auto s = (*device)->BeforeTransfer(slot); !s.ok()) return s;
+        SHARDSYNC_RETURN_IF_ERROR((*device)->BeforeTransfer(slot));
         const executor::SendOp out{0, send, bytes};
         const executor::RecvOp in{0, receive, bytes};
-        if (auto s = transport.RunRound("bench", r, {&out, 1}, {&in, 1}, deadline); !s.ok()) return s;
-        if (auto s = (*device)->AfterTransfer(slot); !s.ok()) return s;
+        SHARDSYNC_RETURN_IF_ERROR((transport.RunRound("bench", r, {&out, 1}, {&in, 1}, deadline)));
+        SHARDSYNC_RETURN_IF_ERROR((*device)->AfterTransfer(slot));
       }
       *host_seconds = absl::ToDoubleSeconds(absl::Now() - start);
       return transport.Finish(deadline);

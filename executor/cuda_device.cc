@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/status_macros.h"
 #include "executor/cuda_check.h"
 
 namespace shardsync::executor {
@@ -111,7 +112,7 @@ absl::Status CudaDevice::SynchronizeAll() {
 absl::StatusOr<uint8_t*> CudaDevice::Staging(int32_t peer, bool send, int slot, int64_t bytes) {
   auto& [pointer, size] = staging_[{peer, send, slot}];
   if (size != bytes) {
-    if (auto status = SynchronizeAll(); !status.ok()) return status;  // the old one may be in use
+    SHARDSYNC_RETURN_IF_ERROR(SynchronizeAll());  // the old one may be in use
     if (pointer != nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(pointer));
     pointer = nullptr;
     SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&pointer, bytes));
@@ -121,7 +122,7 @@ absl::StatusOr<uint8_t*> CudaDevice::Staging(int32_t peer, bool send, int slot, 
 }
 
 absl::Status CudaDevice::ReleaseStaging(int32_t peer, bool send) {
-  if (auto status = SynchronizeAll(); !status.ok()) return status;  // the last user may be queued
+  SHARDSYNC_RETURN_IF_ERROR(SynchronizeAll());  // the last user may be queued
   for (int slot = 0; slot < planner::kStagingSlots; ++slot) {
     auto it = staging_.find({peer, send, slot});
     if (it == staging_.end()) continue;
@@ -176,7 +177,7 @@ absl::Status CudaDevice::Pack(const planner::Plan& plan, absl::Span<const planne
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
   // The slot's previous transfer must have read it out.
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_.pack, slots_[slot].transferred, 0));
-  if (auto status = Launch(pack_batch_, streams_.pack); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(Launch(pack_batch_, streams_.pack));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(slots_[slot].packed, streams_.pack));
   return absl::OkStatus();
 }
@@ -191,7 +192,7 @@ absl::Status CudaDevice::Unpack(const planner::Plan& plan, absl::Span<const plan
   }
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_.unpack, slots_[slot].transferred, 0));
-  if (auto status = Launch(unpack_batch_, streams_.unpack); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(Launch(unpack_batch_, streams_.unpack));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(slots_[slot].unpacked, streams_.unpack));
   return absl::OkStatus();
 }
@@ -221,9 +222,9 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   for (int32_t index : fills) {
     const planner::FillOp& f = plan.fills[index];
     const planner::Segment region = planner::FillRegion(f);
-    CopyDescriptor d = Describe(region, 0, planner::SegmentElements(region), nullptr,
-                                buffers[f.fill.holder.buffer] + f.fill.base * planner::ElementBytes(f.dtype), true,
-                                false);
+    CopyDescriptor d =
+        Describe(region, 0, planner::SegmentElements(region), nullptr,
+                 buffers[f.fill.holder.buffer] + f.fill.base * planner::ElementBytes(f.dtype), true, false);
     d.fill = 1;
     local_batch_.descriptors.push_back(d);
   }
@@ -236,7 +237,7 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   }
   const auto [start, end] = local_events_[local_timed_++];
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, streams_.local));
-  if (auto status = Launch(local_batch_, streams_.local); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(Launch(local_batch_, streams_.local));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(end, streams_.local));
   return absl::OkStatus();
 }
@@ -282,7 +283,8 @@ absl::StatusOr<double> CudaDevice::TakeLocalSeconds() {
   for (size_t i = 0; i < local_timed_; ++i) {
     float milliseconds = 0;
     SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(local_events_[i].second));
-    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&milliseconds, local_events_[i].first, local_events_[i].second));
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&milliseconds, local_events_[i].first, local_events_[i].second));
     seconds += milliseconds / 1e3;
   }
   local_timed_ = 0;
@@ -296,7 +298,7 @@ absl::Status CudaDevice::QueueHashes(const uint8_t* data, absl::Span<const HashP
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
   const cudaStream_t stream = streams_.pack;
   if (hash_queued_ + pieces.size() > hash_sums_capacity_ || pieces.size() > hash_pieces_capacity_) {
-    if (auto status = DrainHashes(); !status.ok()) return status;  // the stream is idle after it
+    SHARDSYNC_RETURN_IF_ERROR(DrainHashes());  // the stream is idle after it
     if (pieces.size() > hash_pieces_capacity_) {
       cudaFree(hash_pieces_);
       hash_pieces_ = nullptr;
@@ -334,7 +336,7 @@ absl::Status CudaDevice::DrainHashes() {
 
 absl::StatusOr<std::vector<uint64_t>> CudaDevice::CollectHashes() {
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  if (auto status = DrainHashes(); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(DrainHashes());
   std::vector<uint64_t> sums;
   sums.swap(hash_collected_);
   return sums;

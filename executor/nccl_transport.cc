@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "executor/cuda_check.h"
 
 namespace shardsync::executor {
@@ -27,7 +28,7 @@ void NcclTransport::Drop() {
 
 absl::StatusOr<std::string> NcclTransport::NewCommunicatorId() {
   ncclUniqueId id;
-  if (auto s = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
   return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
 }
 
@@ -53,7 +54,8 @@ absl::Status NcclTransport::Await(absl::Time deadline, bool stream_too, const st
     }
     if (absl::Now() > deadline) {
       Drop();
-      return absl::UnavailableError(absl::StrCat(what, " did not finish before the deadline; the communicator is aborted"));
+      return absl::UnavailableError(
+          absl::StrCat(what, " did not finish before the deadline; the communicator is aborted"));
     }
     if (absl::Now() < spin_until) {
       std::this_thread::yield();
@@ -83,10 +85,8 @@ absl::Status NcclTransport::Setup(const PeerSetup& setup, absl::Time deadline) {
     comm_ = nullptr;
     return s;
   }
-  if (auto s = Await(deadline, false, absl::StrCat("building the NCCL communicator of ", setup.world_size, " ranks"));
-      !s.ok()) {
-    return s;
-  }
+  SHARDSYNC_RETURN_IF_ERROR(
+      Await(deadline, false, absl::StrCat("building the NCCL communicator of ", setup.world_size, " ranks")));
   generation_ = setup.generation;
   communicator_id_ = setup.communicator_id;
   return absl::OkStatus();
@@ -124,15 +124,15 @@ absl::StatusOr<bool> NcclTransport::Agree(absl::string_view sync_id, const PeerS
   if (vote_host_ == nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMallocHost(&vote_host_, 1));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(vote_device_, ready ? 1 : 0, 1, stream_));
   const std::string what = absl::StrCat("sync ", sync_id, ": agreeing with ", peers.world_size - 1, " other ranks");
-  if (auto s = NcclStatus(ncclAllReduce(vote_device_, vote_device_, 1, ncclUint8, ncclMin, comm_, stream_),
-                          "ncclAllReduce");
+  if (auto s =
+          NcclStatus(ncclAllReduce(vote_device_, vote_device_, 1, ncclUint8, ncclMin, comm_, stream_), "ncclAllReduce");
       !s.ok()) {
     Drop();
     return s;
   }
-  if (auto s = Await(deadline, /*stream_too=*/false, what); !s.ok()) return s;  // launched
+  SHARDSYNC_RETURN_IF_ERROR(Await(deadline, /*stream_too=*/false, what));  // launched
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(vote_host_, vote_device_, 1, cudaMemcpyDeviceToHost, stream_));
-  if (auto s = Await(deadline, /*stream_too=*/true, what); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(Await(deadline, /*stream_too=*/true, what));
   return *vote_host_ == 1;
 }
 

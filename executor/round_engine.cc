@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "common/status_macros.h"
 #include "executor/host_copy.h"
 
 namespace shardsync::executor {
@@ -60,7 +61,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
   progress->bytes_done = 0;
   progress->rounds_done = 0;
   // A sync that failed before reading its local time leaves it behind: not this one's.
-  if (auto dropped = device_.TakeLocalSeconds(); !dropped.ok()) return dropped.status();
+  SHARDSYNC_RETURN_IF_ERROR(device_.TakeLocalSeconds().status());
   for (int32_t index : schedule.fills) {
     const planner::FillOp& f = plan.fills[index];
     stats.fill_bytes += planner::NumElements(f.fill.shape) * planner::ElementBytes(f.dtype);
@@ -84,10 +85,11 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
     const planner::Stage& stage = schedule.stages[k];
     // The relay stage reads targets the stage before it wrote: after all of its work.
     if (k > 0) {
-      if (auto s = device_.Fence(); !s.ok()) return s;
+      SHARDSYNC_RETURN_IF_ERROR(device_.Fence());
     }
-    const absl::Span<const int32_t> fills = k == 0 ? absl::Span<const int32_t>(schedule.fills) : absl::Span<const int32_t>();
-    if (auto s = device_.CopyLocal(plan, stage.local_segments, fills, buffers); !s.ok()) return s;
+    const absl::Span<const int32_t> fills =
+        k == 0 ? absl::Span<const int32_t>(schedule.fills) : absl::Span<const int32_t>();
+    SHARDSYNC_RETURN_IF_ERROR(device_.CopyLocal(plan, stage.local_segments, fills, buffers));
     for (int32_t index : stage.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
     for (int32_t round = 0; round < stage.rounds; ++round) {
       const int32_t number = stage.first_round + round;  // the transport's, the same at both ends
@@ -103,9 +105,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
         uint8_t* into = DirectAddress(plan, parts, buffers, /*source=*/false);
         if (into == nullptr) {
-          auto staging = device_.Staging(stream.peer, /*send=*/false, slot, slot_bytes);
-          if (!staging.ok()) return staging.status();
-          into = *staging;
+          SHARDSYNC_ASSIGN_OR_RETURN(into, device_.Staging(stream.peer, /*send=*/false, slot, slot_bytes));
           to_unpack.emplace_back(std::move(parts), into);
           staged[stream.peer] += chunk.bytes;
         }
@@ -117,10 +117,9 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
         const uint8_t* from = DirectAddress(plan, parts, buffers, /*source=*/true);
         if (from == nullptr) {
-          auto staging = device_.Staging(stream.peer, /*send=*/true, slot, slot_bytes);
-          if (!staging.ok()) return staging.status();
-          if (auto s = device_.Pack(plan, parts, buffers, *staging, slot); !s.ok()) return s;
-          from = *staging;
+          SHARDSYNC_ASSIGN_OR_RETURN(auto staging, device_.Staging(stream.peer, /*send=*/true, slot, slot_bytes));
+          SHARDSYNC_RETURN_IF_ERROR(device_.Pack(plan, parts, buffers, staging, slot));
+          from = staging;
           staged[stream.peer] += chunk.bytes;
         }
         sends.push_back(SendOp{stream.peer, from, chunk.bytes});
@@ -134,11 +133,11 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
       }
       stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + in_use_before);
       in_use_before = in_use;
-      if (auto s = device_.BeforeTransfer(slot); !s.ok()) return s;
-      if (auto status = transport_.RunRound(sync_id, number, sends, receives, deadline); !status.ok()) return status;
-      if (auto s = device_.AfterTransfer(slot); !s.ok()) return s;
+      SHARDSYNC_RETURN_IF_ERROR(device_.BeforeTransfer(slot));
+      SHARDSYNC_RETURN_IF_ERROR(transport_.RunRound(sync_id, number, sends, receives, deadline));
+      SHARDSYNC_RETURN_IF_ERROR(device_.AfterTransfer(slot));
       for (const auto& [parts, staging] : to_unpack) {
-        if (auto s = device_.Unpack(plan, parts, staging, buffers, slot); !s.ok()) return s;
+        SHARDSYNC_RETURN_IF_ERROR(device_.Unpack(plan, parts, staging, buffers, slot));
       }
       for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
       stats.chunks += static_cast<int64_t>(receives.size());
@@ -147,11 +146,9 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
       progress->rounds_done = stats.rounds;
     }
   }
-  if (auto s = transport_.Finish(deadline); !s.ok()) return s;
-  if (auto s = device_.Synchronize(); !s.ok()) return s;
-  const absl::StatusOr<double> local_seconds = device_.TakeLocalSeconds();
-  if (!local_seconds.ok()) return local_seconds.status();
-  stats.local_seconds = *local_seconds;
+  SHARDSYNC_RETURN_IF_ERROR(transport_.Finish(deadline));
+  SHARDSYNC_RETURN_IF_ERROR(device_.Synchronize());
+  SHARDSYNC_ASSIGN_OR_RETURN(stats.local_seconds, device_.TakeLocalSeconds());
   progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "common/status_macros.h"
+
 namespace shardsync::executor {
 
 absl::StatusOr<bool> Transport::Agree(absl::string_view sync_id, const PeerSetup& peers, bool ready,
@@ -16,7 +18,7 @@ absl::StatusOr<bool> Transport::Agree(absl::string_view sync_id, const PeerSetup
     sends.push_back(SendOp{r, &vote, 1});
     receives.push_back(RecvOp{r, &votes[r], 1});
   }
-  if (auto status = RunRound(sync_id, kAgreementRound, sends, receives, deadline); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(RunRound(sync_id, kAgreementRound, sends, receives, deadline));
   bool all = ready;
   for (const RecvOp& r : receives) all = all && *r.data == 1;
   return all;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace shardsync::executor {
 namespace {
@@ -78,8 +79,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
   // offset of the scratch (so the device reads whole words).
   constexpr int64_t kPieceBytes = 64 << 10;
   scratch_bytes = std::max<int64_t>(scratch_bytes, 1 << 20);
-  absl::StatusOr<uint8_t*> scratch = device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, scratch_bytes);
-  if (!scratch.ok()) return scratch.status();
+  SHARDSYNC_ASSIGN_OR_RETURN(auto scratch, device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, scratch_bytes));
   struct Part {
     planner::ChunkPart elements;  // of reads.segments[elements.segment]
     int64_t offset;               // in the scratch
@@ -98,7 +98,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
       while (last < batch.size() && batch[last].offset == batch[last - 1].offset + batch[last - 1].bytes) ++last;
       std::vector<planner::ChunkPart> run;
       for (size_t k = first; k < last; ++k) run.push_back(batch[k].elements);
-      if (auto status = device.Pack(reads, run, buffers, *scratch + batch[first].offset, /*slot=*/0); !status.ok()) return status;
+      SHARDSYNC_RETURN_IF_ERROR(device.Pack(reads, run, buffers, scratch + batch[first].offset, /*slot=*/0));
       first = last;
     }
     pieces.clear();
@@ -109,7 +109,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
       }
     }
     // Queued behind this batch's packs and before the next batch's: no wait here.
-    if (auto status = device.QueueHashes(*scratch, pieces); !status.ok()) return status;
+    SHARDSYNC_RETURN_IF_ERROR(device.QueueHashes(scratch, pieces));
     batch.clear();
     used = 0;
     return absl::OkStatus();
@@ -123,7 +123,7 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     for (int64_t begin = 0; begin < elements;) {
       int64_t offset = (used + 15) / 16 * 16;
       if (offset + kPieceBytes > scratch_bytes) {  // room for at least one piece, or flush
-        if (auto status = flush(); !status.ok()) return status;
+        SHARDSYNC_RETURN_IF_ERROR(flush());
         offset = 0;
       }
       // Whole pieces while they fit; the region's last piece may be short.
@@ -134,15 +134,14 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
       begin = end;
     }
   }
-  if (auto status = flush(); !status.ok()) return status;
-  const absl::StatusOr<std::vector<uint64_t>> sums = device.CollectHashes();
-  if (!sums.ok()) return sums.status();
-  if (sums->size() != piece_region.size()) {
-    return absl::InternalError(absl::StrCat("the device hashed ", sums->size(), " pieces of ", piece_region.size()));
+  SHARDSYNC_RETURN_IF_ERROR(flush());
+  SHARDSYNC_ASSIGN_OR_RETURN(const std::vector<uint64_t> sums, device.CollectHashes());
+  if (sums.size() != piece_region.size()) {
+    return absl::InternalError(absl::StrCat("the device hashed ", sums.size(), " pieces of ", piece_region.size()));
   }
-  for (size_t k = 0; k < sums->size(); ++k) region_sums[piece_region[k]] += (*sums)[k];
+  for (size_t k = 0; k < sums.size(); ++k) region_sums[piece_region[k]] += sums[k];
   // The scratch is extra device memory only while verifying: give it back.
-  if (auto status = device.ReleaseStaging(/*peer=*/-1, /*send=*/true); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(device.ReleaseStaging(/*peer=*/-1, /*send=*/true));
 
   Checksums sums_by_key;
   for (size_t r = 0; r < regions.size(); ++r) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "planner/box.h"
 
 namespace shardsync::planner {
@@ -25,9 +26,8 @@ Placement RowsPlacement(int64_t row_lo, int64_t rows, const Index& full_shape, H
 
 absl::Status CheckSameCount(size_t ranks, size_t offsets) {
   if (ranks != offsets || ranks == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("builder needs one offset per rank and at least one rank; got ", ranks, " ranks and ", offsets,
-                     " offsets"));
+    return absl::InvalidArgumentError(absl::StrCat("builder needs one offset per rank and at least one rank; got ",
+                                                   ranks, " ranks and ", offsets, " offsets"));
   }
   return absl::OkStatus();
 }
@@ -99,10 +99,10 @@ std::vector<int64_t> UnevenSplit(int64_t total, int parts) {
 
 absl::StatusOr<Layout> TpSplit(const Index& shape, int axis, const std::vector<int64_t>& sizes,
                                const std::vector<int32_t>& ranks, int32_t buffer, const std::vector<int64_t>& offsets) {
-  if (auto s = CheckSameCount(ranks.size(), offsets.size()); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(CheckSameCount(ranks.size(), offsets.size()));
   if (axis < 0 || axis >= static_cast<int>(shape.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("tp_split axis ", axis, " outside a tensor of shape ",
-                                                   IndexToString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp_split axis ", axis, " outside a tensor of shape ", IndexToString(shape)));
   }
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
@@ -162,13 +162,13 @@ int64_t FusedQkvShardRows(int64_t num_heads, int64_t num_kv_heads, int64_t head_
 absl::StatusOr<QkvViews> FusedQkv(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, const Index& trailing,
                                   const std::vector<int32_t>& ranks, int32_t buffer,
                                   const std::vector<int64_t>& offsets) {
-  if (auto s = CheckSameCount(ranks.size(), offsets.size()); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(CheckSameCount(ranks.size(), offsets.size()));
   const int64_t tp = static_cast<int64_t>(ranks.size());
   const bool kv_replicated = tp >= num_kv_heads;
   if (num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || num_heads % tp != 0 ||
       (kv_replicated ? tp % num_kv_heads != 0 : num_kv_heads % tp != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("fused qkv: ", num_heads, " heads and ", num_kv_heads,
-                                                   " kv heads do not split over tp=", tp));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fused qkv: ", num_heads, " heads and ", num_kv_heads, " kv heads do not split over tp=", tp));
   }
   const int64_t nh = num_heads / tp;
   const int64_t nkv = kv_replicated ? 1 : num_kv_heads / tp;
@@ -183,8 +183,8 @@ absl::StatusOr<QkvViews> FusedQkv(int64_t num_heads, int64_t num_kv_heads, int64
     views.q.placements.push_back(RowsPlacement(r * nh * head_dim, nh * head_dim, q_shape, holder, offsets[r]));
     views.k.placements.push_back(
         RowsPlacement(s * nkv * head_dim, nkv * head_dim, kv_shape, holder, offsets[r] + nh * head_dim * row));
-    views.v.placements.push_back(RowsPlacement(s * nkv * head_dim, nkv * head_dim, kv_shape, holder,
-                                               offsets[r] + (nh + nkv) * head_dim * row));
+    views.v.placements.push_back(
+        RowsPlacement(s * nkv * head_dim, nkv * head_dim, kv_shape, holder, offsets[r] + (nh + nkv) * head_dim * row));
   }
   return views;
 }
@@ -192,7 +192,7 @@ absl::StatusOr<QkvViews> FusedQkv(int64_t num_heads, int64_t num_kv_heads, int64
 absl::StatusOr<std::vector<Layout>> FusedRows(const std::vector<int64_t>& rows, const Index& trailing,
                                               const std::vector<int32_t>& ranks, int32_t buffer,
                                               const std::vector<int64_t>& offsets) {
-  if (auto s = CheckSameCount(ranks.size(), offsets.size()); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(CheckSameCount(ranks.size(), offsets.size()));
   const int64_t tp = static_cast<int64_t>(ranks.size());
   const int64_t row = RowElements(trailing);
   std::vector<Layout> layouts(rows.size());
@@ -220,7 +220,7 @@ int64_t PaddedVocabShardRows(int64_t vocab, int tp) {
 
 absl::StatusOr<Layout> PaddedVocab(int64_t vocab, const Index& trailing, const std::vector<int32_t>& ranks,
                                    int32_t buffer, const std::vector<int64_t>& offsets) {
-  if (auto s = CheckSameCount(ranks.size(), offsets.size()); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(CheckSameCount(ranks.size(), offsets.size()));
   const int tp = static_cast<int>(ranks.size());
   const int64_t per = PaddedVocabShardRows(vocab, tp);
   if (vocab <= 0 || per == 0) {

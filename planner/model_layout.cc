@@ -3,6 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "planner/arena.h"
 #include "planner/box.h"
 #include "planner/builders.h"
@@ -128,7 +129,8 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
     numels.push_back(NumElements(t->shape));
   }
   const int world = static_cast<int>(spec.dp_ranks.size());
-  const std::vector<int64_t> offsets = spec.zero_stage == 3 ? Zero3Offsets(numels, world) : Zero12Offsets(numels, world);
+  const std::vector<int64_t> offsets =
+      spec.zero_stage == 3 ? Zero3Offsets(numels, world) : Zero12Offsets(numels, world);
   for (size_t i = 0; i < sourced.size(); ++i) {
     const ModelTensor& t = *sourced[i];
     index[t.name] = input.tensors.size();
@@ -139,7 +141,8 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
   }
   if (!sourced.empty()) {
     for (int32_t rank : spec.dp_ranks) {
-      input.buffers.push_back(Buffer{Holder{rank, spec.source_buffer}, offsets.back() * ElementBytes(sourced[0]->dtype), {}});
+      input.buffers.push_back(
+          Buffer{Holder{rank, spec.source_buffer}, offsets.back() * ElementBytes(sourced[0]->dtype), {}});
     }
   }
 
@@ -167,9 +170,8 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
     return &input.tensors[it->second];
   };
   auto add = [&](const ModelTensor& t, Layout layout) -> absl::Status {
-    auto target = target_of(t);
-    if (!target.ok()) return target.status();
-    Layout& into = (*target)->target;
+    SHARDSYNC_ASSIGN_OR_RETURN(auto target, target_of(t));
+    Layout& into = target->target;
     into.placements.insert(into.placements.end(), layout.placements.begin(), layout.placements.end());
     into.fills.insert(into.fills.end(), layout.fills.begin(), layout.fills.end());
     return absl::OkStatus();
@@ -203,9 +205,8 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
         if (!layouts.ok()) return Bad(t.name, std::string(layouts.status().message()));
         for (size_t k = 0; k < parts.size() && status.ok(); ++k) status = add(*parts[k], std::move((*layouts)[k]));
       } else {
-        auto layout = replica.Plain(t);
-        if (!layout.ok()) return layout.status();
-        status = add(t, *std::move(layout));
+        SHARDSYNC_ASSIGN_OR_RETURN(auto layout, replica.Plain(t));
+        status = add(t, std::move(layout));
       }
       if (!status.ok()) return status;
     }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "planner/box.h"
 #include "planner/cover.h"
 #include "planner/validate.h"
@@ -124,8 +125,7 @@ bool IsRun(const Segment& s) { return s.axes == 1 && s.src_strides[0] == 1 && s.
 bool TryMergeRuns(Segment& into, const Segment& next) {
   if (!IsRun(into) || !IsRun(next) || !(into.src == next.src) || !(into.dst == next.dst) ||
       into.tensor != next.tensor || into.stage != next.stage || into.src_base + into.shape[0] != next.src_base ||
-      into.dst_base + into.shape[0] != next.dst_base ||
-      int64_t{into.shape[0]} + next.shape[0] > kMaxSegmentAxis) {
+      into.dst_base + into.shape[0] != next.dst_base || int64_t{into.shape[0]} + next.shape[0] > kMaxSegmentAxis) {
     return false;
   }
   into.shape[0] += next.shape[0];
@@ -149,7 +149,8 @@ struct Pending {
 // position for the others.
 class ReplicaGroups {
  public:
-  ReplicaGroups(const TensorLayouts& t, absl::Span<const int32_t> node_of_rank) : lead_(t.target.placements.size(), -1) {
+  ReplicaGroups(const TensorLayouts& t, absl::Span<const int32_t> node_of_rank)
+      : lead_(t.target.placements.size(), -1) {
     std::map<std::pair<int32_t, std::vector<int64_t>>, int32_t> lead_of;
     for (size_t i = 0; i < t.target.placements.size(); ++i) {
       const Placement& p = t.target.placements[i];
@@ -160,7 +161,8 @@ class ReplicaGroups {
       lead_[i] = lead;
       members_[lead].push_back(static_cast<int32_t>(i));
     }
-    for (auto it = members_.begin(); it != members_.end();) it = it->second.size() < 2 ? members_.erase(it) : std::next(it);
+    for (auto it = members_.begin(); it != members_.end();)
+      it = it->second.size() < 2 ? members_.erase(it) : std::next(it);
   }
   // The members of placement i's group (itself first if it leads), or none when alone.
   const std::vector<int32_t>* Members(int32_t i) const {
@@ -255,14 +257,14 @@ absl::StatusOr<std::vector<TensorLayouts>> MatchTensors(const std::vector<Tensor
 }
 
 absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options) {
-  if (auto s = ValidatePlanInput(input); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(ValidatePlanInput(input));
   Plan plan;
   plan.node_of_rank = input.node_of_rank;
   for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
   const bool many_nodes = SpansNodes(input.node_of_rank);
   const auto node = [&](int32_t rank) { return many_nodes ? input.node_of_rank[rank] : 0; };
-  std::vector<int64_t> sent(plan.num_ranks, 0);             // bytes each rank sends so far
-  std::vector<int64_t> from_network(plan.num_ranks, 0);     // bytes each rank receives from other nodes
+  std::vector<int64_t> sent(plan.num_ranks, 0);          // bytes each rank sends so far
+  std::vector<int64_t> from_network(plan.num_ranks, 0);  // bytes each rank receives from other nodes
   std::vector<Pending> pending;
   std::vector<int32_t> pool;  // sources of pending pieces
   std::vector<int32_t> near;  // a piece's sources on the target's node
@@ -318,7 +320,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
         const Segment made =
             MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype, open_box, open_stage);
         plan.stages = std::max(plan.stages, made.stage + 1);
-        if (plan.segments.size() <= made_from || !TryMergeRuns(plan.segments.back(), made)) plan.segments.push_back(made);
+        if (plan.segments.size() <= made_from || !TryMergeRuns(plan.segments.back(), made))
+          plan.segments.push_back(made);
         open_from = nullptr;
       };
       const auto force = [&](const Placement& from, int8_t stage, const Box& box, int64_t bytes) {
@@ -385,7 +388,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     const TensorLayouts& t = input.tensors[p.tensor];
     const Placement& target = t.target.placements[p.target];
     ranks.clear();
-    for (uint32_t i = 0; i < p.sources_count; ++i) ranks.push_back(t.source.placements[pool[p.sources_begin + i]].holder.rank);
+    for (uint32_t i = 0; i < p.sources_count; ++i)
+      ranks.push_back(t.source.placements[pool[p.sources_begin + i]].holder.rank);
     const size_t pick = policy.Choose(target.holder.rank, ranks, sent);
     if (ranks[pick] != target.holder.rank) sent[ranks[pick]] += Volume(p.box) * ElementBytes(t.target_dtype);
     plan.segments[p.segment] = MakeSegment(p.tensor, t.source.placements[pool[p.sources_begin + pick]], t.source_dtype,

@@ -1,6 +1,7 @@
 #include "planner/relay.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace shardsync::planner {
 
@@ -18,9 +19,8 @@ absl::StatusOr<Plan> MakePlanWithRelay(const PlanInput& input, const ReplicaPoli
   // when the relay changed something.
   absl::StatusOr<Plan> relayed = MakePlan(input, policy, PlanOptions{true});
   if (!relayed.ok() || relayed->stages == 1) return relayed;
-  absl::StatusOr<Plan> direct = MakePlan(input, policy, PlanOptions{false});
-  if (!direct.ok()) return direct;
-  const double direct_floor = CostFloorSeconds(StageBytes(*direct), bandwidths);
+  SHARDSYNC_ASSIGN_OR_RETURN(Plan direct, MakePlan(input, policy, PlanOptions{false}));
+  const double direct_floor = CostFloorSeconds(StageBytes(direct), bandwidths);
   const double relayed_floor = CostFloorSeconds(StageBytes(*relayed), bandwidths);
   if (floors != nullptr) *floors = {direct_floor, relayed_floor};
   if (relayed_floor < direct_floor) return relayed;  // moved, as the line below

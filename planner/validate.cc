@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "planner/box.h"
 #include "planner/plan.h"
 
@@ -66,10 +67,9 @@ class SpanSink {
       const ByteSpan& a = kept_[i - 1];
       const ByteSpan& b = kept_[i];
       if (a.holder == b.holder && b.first < a.end) {
-        return absl::InvalidArgumentError(absl::StrCat("the ", a.side, " of tensor '", a.tensor->name, "' and the ",
-                                                       b.side, " of tensor '", b.tensor->name, "' overlap in buffer ",
-                                                       a.holder.buffer, " on rank ", a.holder.rank, " at byte ",
-                                                       b.first));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the ", a.side, " of tensor '", a.tensor->name, "' and the ", b.side, " of tensor '", b.tensor->name,
+            "' overlap in buffer ", a.holder.buffer, " on rank ", a.holder.rank, " at byte ", b.first));
       }
     }
     return absl::OkStatus();
@@ -117,8 +117,8 @@ absl::Status CheckFits(const PlanInput& input, const TensorLayouts& t, const cha
   for (size_t k = 0; k < extent.size(); ++k) {
     if (strides[k] < 0) return Invalid(t, absl::StrCat(where(), " has negative stride ", strides[k]));
     if (strides[k] > kMaxSegmentAxis) {
-      return Invalid(t, absl::StrCat(where(), " has stride ", strides[k], " on axis ", k, "; at most ",
-                                     kMaxSegmentAxis, " elements are supported"));
+      return Invalid(t, absl::StrCat(where(), " has stride ", strides[k], " on axis ", k, "; at most ", kMaxSegmentAxis,
+                                     " elements are supported"));
     }
     volume *= extent[k];
     if (extent[k] > 0) last += static_cast<Wide>(extent[k] - 1) * strides[k];
@@ -153,8 +153,8 @@ absl::Status CheckPlacements(const PlanInput& input, const TensorLayouts& t, con
                                        " lies outside the tensor shape ", IndexToString(t.shape)));
       }
     }
-    auto s = CheckFits(input, t, side, p.holder, p.base, Extent(p.box), p.strides, dtype, buffers, spans);
-    if (!s.ok()) return s;
+    SHARDSYNC_RETURN_IF_ERROR(
+        CheckFits(input, t, side, p.holder, p.base, Extent(p.box), p.strides, dtype, buffers, spans));
   }
   return absl::OkStatus();
 }
@@ -176,7 +176,8 @@ absl::Status ValidateShape(absl::string_view tensor, const Index& shape) {
                                   kMaxSegmentAxis, " are supported"));
     }
     numel *= s;
-    if (numel > (Wide{1} << 62)) return invalid(absl::StrCat("shape ", IndexToString(shape), " has more than 2^62 elements"));
+    if (numel > (Wide{1} << 62))
+      return invalid(absl::StrCat("shape ", IndexToString(shape), " has more than 2^62 elements"));
   }
   return absl::OkStatus();
 }
@@ -190,12 +191,11 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   BufferTable buffers;
   for (const Buffer& b : input.buffers) {
     if (b.holder.rank < 0 || b.holder.buffer < 0 || b.bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder),
-                                                     " has a negative rank, id or size (", b.bytes, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(BufferLabel(input, b.holder), " has a negative rank, id or size (", b.bytes, " bytes)"));
     }
     if (!input.node_of_rank.empty() && b.holder.rank >= static_cast<int32_t>(input.node_of_rank.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder),
-                                                     " has no node (nodes are given for ",
+      return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder), " has no node (nodes are given for ",
                                                      input.node_of_rank.size(), " ranks)"));
     }
     if (!buffers.index.emplace(BufferTable::Key(b.holder), static_cast<int32_t>(buffers.bytes.size())).second) {
@@ -205,21 +205,20 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   }
   // Every placement and fill of a tensor inside its buffer, its span given to `spans`.
   const auto check_spans = [&](const TensorLayouts& t, SpanSink& spans) {
-    auto s = CheckPlacements(input, t, t.source, "source", t.source_dtype, buffers, spans);
-    if (s.ok()) s = CheckPlacements(input, t, t.target, "target", t.target_dtype, buffers, spans);
-    if (!s.ok()) return s;
+    SHARDSYNC_RETURN_IF_ERROR(CheckPlacements(input, t, t.source, "source", t.source_dtype, buffers, spans));
+    SHARDSYNC_RETURN_IF_ERROR(CheckPlacements(input, t, t.target, "target", t.target_dtype, buffers, spans));
     if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
     for (const Fill& f : t.target.fills) {
       if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
       for (int64_t extent : f.shape) {
         if (extent < 0 || extent > kMaxSegmentAxis) {
-          return Invalid(t, absl::StrCat("a fill in ", BufferLabel(input, f.holder), " has shape ",
-                                         IndexToString(f.shape), "; each axis takes 0 to ", kMaxSegmentAxis,
-                                         " elements"));
+          return Invalid(t,
+                         absl::StrCat("a fill in ", BufferLabel(input, f.holder), " has shape ", IndexToString(f.shape),
+                                      "; each axis takes 0 to ", kMaxSegmentAxis, " elements"));
         }
       }
-      s = CheckFits(input, t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, spans);
-      if (!s.ok()) return s;
+      SHARDSYNC_RETURN_IF_ERROR(
+          CheckFits(input, t, "fill", f.holder, f.base, f.shape, f.strides, t.target_dtype, buffers, spans));
     }
     return absl::OkStatus();
   };
@@ -228,17 +227,17 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   for (const TensorLayouts& t : input.tensors) {
     if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
     if (!names.insert(t.name).second) return Invalid(t, "named twice in one batch");
-    if (auto s = ValidateShape(t.name, t.shape); !s.ok()) return s;
+    SHARDSYNC_RETURN_IF_ERROR(ValidateShape(t.name, t.shape));
     if (!CanConvert(t.source_dtype, t.target_dtype)) {
       return Invalid(t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ",
                                      DTypeName(t.target_dtype), " (only equal dtypes or float32 -> bfloat16)"));
     }
-    if (auto s = check_spans(t, spans); !s.ok()) return s;
+    SHARDSYNC_RETURN_IF_ERROR(check_spans(t, spans));
   }
   if (!spans.any_unordered()) return absl::OkStatus();
   spans.StartCollecting();
   for (const TensorLayouts& t : input.tensors) {
-    if (auto s = check_spans(t, spans); !s.ok()) return s;  // passed once: cannot fail
+    SHARDSYNC_RETURN_IF_ERROR(check_spans(t, spans));  // passed once: cannot fail
   }
   return spans.CheckKept();
 }

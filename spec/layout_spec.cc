@@ -1,16 +1,15 @@
 #include "spec/layout_spec.h"
 
-#include "planner/validate.h"
-
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/box.h"
-#include "planner/model_layout.h"
 #include "planner/known_models.h"
+#include "planner/model_layout.h"
 #include "planner/validate.h"
 
 namespace shardsync::spec {
@@ -24,18 +23,15 @@ absl::StatusOr<planner::ModelLayoutSpec> ToModel(const v1::ModelLayout& m, Buffe
   planner::ModelLayoutSpec model;
   if (!m.preset().empty()) {
     if (m.tensors_size() > 0) return absl::InvalidArgumentError("model: give either a preset or tensors, not both");
-    auto config = planner::FindDenseModel(m.preset());
-    if (!config.ok()) return config.status();
-    model = planner::Qwen3Layout(*config, m.fused());
+    SHARDSYNC_ASSIGN_OR_RETURN(auto config, planner::FindDenseModel(m.preset()));
+    model = planner::Qwen3Layout(config, m.fused());
   }
   for (const v1::ModelTensor& t : m.tensors()) {
     planner::ModelTensor tensor;
     tensor.name = t.name();
     tensor.shape = ToIndex(t.shape());
     if (t.dtype() != v1::DTYPE_UNSPECIFIED) {
-      auto dtype = ToDType(t.dtype());
-      if (!dtype.ok()) return dtype.status();
-      tensor.dtype = *dtype;
+      SHARDSYNC_ASSIGN_OR_RETURN(tensor.dtype, ToDType(t.dtype()));
     }
     tensor.style = static_cast<planner::TpStyle>(t.style());
     tensor.split_unit = t.split_unit() == 0 ? 1 : t.split_unit();
@@ -43,7 +39,8 @@ absl::StatusOr<planner::ModelLayoutSpec> ToModel(const v1::ModelLayout& m, Buffe
     model.tensors.push_back(std::move(tensor));
   }
   for (const v1::FusedQkv& g : m.fused_qkv()) {
-    model.fused_qkv.push_back(planner::FusedQkvGroup{g.q(), g.k(), g.v(), g.num_heads(), g.num_kv_heads(), g.head_dim()});
+    model.fused_qkv.push_back(
+        planner::FusedQkvGroup{g.q(), g.k(), g.v(), g.num_heads(), g.num_kv_heads(), g.head_dim()});
   }
   for (const v1::FusedRows& g : m.fused_rows()) {
     model.fused_rows.push_back(planner::FusedRowsGroup{{g.parts().begin(), g.parts().end()}});
@@ -52,9 +49,7 @@ absl::StatusOr<planner::ModelLayoutSpec> ToModel(const v1::ModelLayout& m, Buffe
   model.dp_ranks.assign(m.dp_ranks().begin(), m.dp_ranks().end());
   for (const v1::Replica& r : m.replicas()) model.replicas.emplace_back(r.ranks().begin(), r.ranks().end());
   if (m.target_dtype() != v1::DTYPE_UNSPECIFIED) {
-    auto dtype = ToDType(m.target_dtype());
-    if (!dtype.ok()) return dtype.status();
-    model.target_dtype = *dtype;
+    SHARDSYNC_ASSIGN_OR_RETURN(model.target_dtype, ToDType(m.target_dtype()));
   }
   model.source_buffer = ids.Id("zero_flat");
   model.target_buffer = ids.Id("arena");
@@ -92,16 +87,26 @@ absl::StatusOr<v1::LayoutSpec> ReadLayoutSpecFile(const std::string& path) {
 
 absl::StatusOr<planner::DType> ToDType(v1::DType dtype) {
   switch (dtype) {
-    case v1::FLOAT32: return planner::DType::kFloat32;
-    case v1::BFLOAT16: return planner::DType::kBFloat16;
-    case v1::FLOAT16: return planner::DType::kFloat16;
-    case v1::FLOAT8_E4M3: return planner::DType::kFloat8E4M3;
-    case v1::FLOAT8_E5M2: return planner::DType::kFloat8E5M2;
-    case v1::INT64: return planner::DType::kInt64;
-    case v1::INT32: return planner::DType::kInt32;
-    case v1::INT8: return planner::DType::kInt8;
-    case v1::UINT8: return planner::DType::kUInt8;
-    default: return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", static_cast<int>(dtype)));
+    case v1::FLOAT32:
+      return planner::DType::kFloat32;
+    case v1::BFLOAT16:
+      return planner::DType::kBFloat16;
+    case v1::FLOAT16:
+      return planner::DType::kFloat16;
+    case v1::FLOAT8_E4M3:
+      return planner::DType::kFloat8E4M3;
+    case v1::FLOAT8_E5M2:
+      return planner::DType::kFloat8E5M2;
+    case v1::INT64:
+      return planner::DType::kInt64;
+    case v1::INT32:
+      return planner::DType::kInt32;
+    case v1::INT8:
+      return planner::DType::kInt8;
+    case v1::UINT8:
+      return planner::DType::kUInt8;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", static_cast<int>(dtype)));
   }
 }
 
@@ -118,7 +123,8 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
   side.name = layout.name();
   side.shape = ToIndex(layout.shape());
   auto dtype = ToDType(layout.dtype());
-  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", side.name, "': ", dtype.status().message()));
+  if (!dtype.ok())
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", side.name, "': ", dtype.status().message()));
   side.dtype = *dtype;
   for (const v1::Placement& p : layout.placements()) {
     planner::Placement placement;
@@ -131,12 +137,12 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
     }
     placement.holder = planner::Holder{p.rank(), ids.Id(p.buffer())};
     placement.base = p.base();
-    placement.strides = p.strides().empty() ? planner::ContiguousStrides(planner::Extent(placement.box))
-                                            : ToIndex(p.strides());
+    placement.strides =
+        p.strides().empty() ? planner::ContiguousStrides(planner::Extent(placement.box)) : ToIndex(p.strides());
     side.layout.placements.push_back(std::move(placement));
   }
   // Before anything counts elements: a shape whose count overflows is named as such.
-  if (auto shape = planner::ValidateShape(side.name, side.shape); !shape.ok()) return shape;
+  SHARDSYNC_RETURN_IF_ERROR(planner::ValidateShape(side.name, side.shape));
   for (const v1::FlatPlacement& f : layout.flat_placements()) {
     const int64_t numel = planner::NumElements(side.shape);
     if (f.begin() < 0 || f.begin() > f.end() || f.end() > numel) {
@@ -148,15 +154,15 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
     for (planner::Box& box : planner::FlatIntervalToBoxes(side.shape, f.begin(), f.end())) {
       int64_t flat = 0;
       for (size_t k = 0; k < box.lo.size(); ++k) flat += box.lo[k] * strides[k];
-      side.layout.placements.push_back(
-          planner::Placement{std::move(box), planner::Holder{f.rank(), ids.Id(f.buffer())}, f.base() + flat - f.begin(), strides});
+      side.layout.placements.push_back(planner::Placement{std::move(box), planner::Holder{f.rank(), ids.Id(f.buffer())},
+                                                          f.base() + flat - f.begin(), strides});
     }
   }
   for (const v1::Fill& f : layout.fills()) {
     const planner::Index shape = ToIndex(f.shape());
-    side.layout.fills.push_back(planner::Fill{planner::Holder{f.rank(), ids.Id(f.buffer())}, f.base(), shape,
-                                              f.strides().empty() ? planner::ContiguousStrides(shape)
-                                                                  : ToIndex(f.strides())});
+    side.layout.fills.push_back(
+        planner::Fill{planner::Holder{f.rank(), ids.Id(f.buffer())}, f.base(), shape,
+                      f.strides().empty() ? planner::ContiguousStrides(shape) : ToIndex(f.strides())});
   }
   return side;
 }
@@ -209,11 +215,8 @@ RankSide RankLayouts(const planner::PlanInput& input, const BufferIds& ids, int3
 absl::StatusOr<planner::PlanInput> ToPlanInput(const v1::LayoutSpec& spec, BufferIds& ids) {
   planner::PlanInput input;
   if (spec.has_model()) {
-    auto model = ToModel(spec.model(), ids);
-    if (!model.ok()) return model.status();
-    auto expanded = planner::ExpandModel(*model);
-    if (!expanded.ok()) return expanded.status();
-    input = *std::move(expanded);
+    SHARDSYNC_ASSIGN_OR_RETURN(auto model, ToModel(spec.model(), ids));
+    SHARDSYNC_ASSIGN_OR_RETURN(input, planner::ExpandModel(model));
   }
   for (const v1::BufferInfo& b : spec.buffers()) {
     input.buffers.push_back(planner::Buffer{planner::Holder{b.rank(), ids.Id(b.name())}, b.bytes(), b.name()});
@@ -221,14 +224,12 @@ absl::StatusOr<planner::PlanInput> ToPlanInput(const v1::LayoutSpec& spec, Buffe
   std::vector<planner::TensorSide> sources, targets;
   for (const auto* side : {&spec.sources(), &spec.targets()}) {
     for (const v1::TensorLayout& layout : *side) {
-      auto converted = ToTensorSide(layout, ids);
-      if (!converted.ok()) return converted.status();
-      (side == &spec.sources() ? sources : targets).push_back(*std::move(converted));
+      SHARDSYNC_ASSIGN_OR_RETURN(auto converted, ToTensorSide(layout, ids));
+      (side == &spec.sources() ? sources : targets).push_back(std::move(converted));
     }
   }
-  auto matched = planner::MatchTensors(sources, targets);
-  if (!matched.ok()) return matched.status();
-  for (planner::TensorLayouts& t : *matched) input.tensors.push_back(std::move(t));
+  SHARDSYNC_ASSIGN_OR_RETURN(auto matched, planner::MatchTensors(sources, targets));
+  for (planner::TensorLayouts& t : matched) input.tensors.push_back(std::move(t));
   if (input.tensors.empty()) return absl::InvalidArgumentError("layout spec names no tensor to move");
   return input;
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/format.h"
 #include "client/cli/report.h"
+#include "common/status_macros.h"
 #include "daemon/common/plan_report.h"
 #include "planner/cost.h"
 #include "planner/digest.h"
@@ -22,9 +23,7 @@ namespace {
 absl::StatusOr<planner::PlanInput> LoadInput(const PlanCommandConfig& c, std::string* label) {
   v1::LayoutSpec spec;
   if (!c.spec_path.empty()) {
-    auto read = spec::ReadLayoutSpecFile(c.spec_path);
-    if (!read.ok()) return read.status();
-    spec = *std::move(read);
+    SHARDSYNC_ASSIGN_OR_RETURN(spec, spec::ReadLayoutSpecFile(c.spec_path));
     *label = c.spec_path;
   } else {
     v1::ModelLayout* model = spec.mutable_model();

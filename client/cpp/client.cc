@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 
 namespace shardsync::client {
 namespace {
@@ -47,7 +48,8 @@ Registration::~Registration() {
   if (holder_.joinable()) holder_.join();
 }
 
-AgentClient::AgentClient(const std::string& socket) : stub_(v1::Agent::NewStub(Channel("unix:" + socket, UnixSocketCredentials()))) {}
+AgentClient::AgentClient(const std::string& socket)
+    : stub_(v1::Agent::NewStub(Channel("unix:" + socket, UnixSocketCredentials()))) {}
 
 absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::RegisterRequest& request,
                                                                     absl::Duration timeout) {
@@ -74,8 +76,7 @@ absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::Re
     answered.wait();
     return absl::DeadlineExceededError("the agent did not answer the registration in time");
   }
-  absl::Status status = answered.get();
-  if (!status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(answered.get());
   return registration;
 }
 

@@ -27,8 +27,8 @@ absl::Status CheckPeers(const v1::PrepareRequest& request, int32_t rank) {
     return absl::InvalidArgumentError(absl::StrCat("world of ", request.world_size(), " ranks lacks this rank ", rank));
   }
   if (request.deadline_ms() <= 0 || request.deadline_ms() > kMaxDeadlineMs) {
-    return absl::InvalidArgumentError(absl::StrCat("deadline of ", request.deadline_ms(), " ms is outside (0, ",
-                                                   kMaxDeadlineMs, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("deadline of ", request.deadline_ms(), " ms is outside (0, ", kMaxDeadlineMs, "]"));
   }
   for (const auto& [peer, address] : request.peer_addresses()) {
     if (peer < 0 || peer >= request.world_size() || peer == rank) {
@@ -45,8 +45,8 @@ absl::Status CheckStreams(const planner::Schedule& schedule, int32_t world_size)
     for (const auto* streams : {&stage.sends, &stage.receives}) {
       for (const planner::PeerStream& stream : *streams) {
         if (stream.peer < 0 || stream.peer >= world_size || stream.peer == schedule.rank) {
-          return absl::InvalidArgumentError(absl::StrCat("the schedule has a stream with rank ", stream.peer,
-                                                         " in a world of ", world_size));
+          return absl::InvalidArgumentError(
+              absl::StrCat("the schedule has a stream with rank ", stream.peer, " in a world of ", world_size));
         }
       }
     }
@@ -71,10 +71,10 @@ absl::Status Agent::Admit(const v1::RegisterRequest& request, const Peer& peer) 
   std::vector<uint32_t> allowed = source ? config_.source_uids : config_.target_uids;
   if (allowed.empty()) allowed.push_back(geteuid());
   if (std::find(allowed.begin(), allowed.end(), peer.uid) == allowed.end()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "client '", request.client_id(), "' (uid ", peer.uid, ", pid ", peer.pid, ") may not register ",
-        source ? "sources" : "targets", ": this agent takes them from uid ", absl::StrJoin(allowed, ", uid "),
-        source ? " (--source-uids)" : " (--target-uids)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("client '", request.client_id(), "' (uid ", peer.uid, ", pid ", peer.pid, ") may not register ",
+                     source ? "sources" : "targets", ": this agent takes them from uid ",
+                     absl::StrJoin(allowed, ", uid "), source ? " (--source-uids)" : " (--target-uids)"));
   }
   std::shared_ptr<const executor::ReadyEvent> ready_event;
   if (!request.ready_event().empty() && source) {
@@ -165,11 +165,13 @@ std::string Agent::Metrics() const {
                moved_.received_bytes);
   AppendMetric(&out, "shardsync_agent_local_bytes_total", "counter", "Bytes this rank copied locally.",
                moved_.local_bytes);
-  AppendMetric(&out, "shardsync_agent_target_valid", "gauge", "1 unless a sync failed part way through this rank's targets.", target_valid_);
+  AppendMetric(&out, "shardsync_agent_target_valid", "gauge",
+               "1 unless a sync failed part way through this rank's targets.", target_valid_);
   return out;
 }
 
-absl::Status Agent::Check(const daemon::LocalSchedule& local, std::vector<std::shared_ptr<const BufferEntry>> entries) const {
+absl::Status Agent::Check(const daemon::LocalSchedule& local,
+                          std::vector<std::shared_ptr<const BufferEntry>> entries) const {
   // Each buffer looked up once: a schedule has thousands of segments and a few buffers.
   entries.resize(local.buffer_names.size());
   std::vector<int64_t> sizes(local.buffer_names.size(), 0);
@@ -187,12 +189,13 @@ absl::Status Agent::Check(const daemon::LocalSchedule& local, std::vector<std::s
     }
     const std::shared_ptr<const BufferEntry>& entry = entries[id];
     if (!entry) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is not registered"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor '", tensor, "': buffer '", name, "' is not registered"));
     }
     if (entry->role != role) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name,
-                                                        "' is registered as ", v1::Role_Name(entry->role),
-                                                        ", the plan uses it as ", v1::Role_Name(role)));
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': buffer '", name, "' is registered as ",
+                                                        v1::Role_Name(entry->role), ", the plan uses it as ",
+                                                        v1::Role_Name(role)));
     }
     sizes[id] = entry->memory->bytes();
     return absl::OkStatus();
@@ -231,8 +234,8 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
     auto it = prepared_.find(request.digest());
     if (it == prepared_.end()) {
       *schedule_missing = true;
-      return absl::FailedPreconditionError(absl::StrCat("rank ", config_.rank, " does not hold the schedule of plan ",
-                                                        request.digest()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", config_.rank, " does not hold the schedule of plan ", request.digest()));
     }
     Prepared& prepared = it->second;
     SHARDSYNC_RETURN_IF_ERROR(CheckStreams(prepared.local->schedule, request.world_size()));
@@ -242,7 +245,7 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
     // Buffers, roles and bounds change only with the registry: checked once per version.
     const int64_t version = registry_.version();
     if (prepared.checked_version != version) {
-      if (auto status = Check(*prepared.local); !status.ok()) return status;
+      SHARDSYNC_RETURN_IF_ERROR(Check(*prepared.local));
       prepared.checked_version = version;
       return absl::OkStatus();
     }
@@ -257,13 +260,16 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
     return absl::OkStatus();
   }
   const int64_t version = registry_.version();
-  auto local = daemon::DecodeSchedule(request, config_.rank);
-  if (!local.ok()) return local.status();
-  SHARDSYNC_RETURN_IF_ERROR(planner::CheckChunks(local->plan, local->schedule, request.staging_bytes()));
-  SHARDSYNC_RETURN_IF_ERROR(CheckStreams(local->schedule, request.world_size()));
-  SHARDSYNC_RETURN_IF_ERROR(Check(*local));
-  Prepared prepared{std::make_shared<const daemon::LocalSchedule>(*std::move(local)), request.sync_id(),
-                    request.staging_bytes(), absl::Milliseconds(request.deadline_ms()), PeersOf(request), version};
+  SHARDSYNC_ASSIGN_OR_RETURN(auto local, daemon::DecodeSchedule(request, config_.rank));
+  SHARDSYNC_RETURN_IF_ERROR(planner::CheckChunks(local.plan, local.schedule, request.staging_bytes()));
+  SHARDSYNC_RETURN_IF_ERROR(CheckStreams(local.schedule, request.world_size()));
+  SHARDSYNC_RETURN_IF_ERROR(Check(local));
+  Prepared prepared{std::make_shared<const daemon::LocalSchedule>(std::move(local)),
+                    request.sync_id(),
+                    request.staging_bytes(),
+                    absl::Milliseconds(request.deadline_ms()),
+                    PeersOf(request),
+                    version};
   prepared_.clear();  // one plan per epoch: the previous one is stale
   prepared_[request.digest()] = std::move(prepared);
   return absl::OkStatus();
@@ -294,9 +300,9 @@ absl::StatusOr<Agent::Prepared> Agent::Begin(const v1::ExecuteRequest& request, 
     // Without its communicator or schedule a rank cannot take part in the agreement;
     // it answers at once and the coordinator aborts the ranks waiting in it.
     if (request.prepare().communicator_generation() != built_generation_) {
-      return NotStarted(request.sync_id(), absl::StrCat("communicator generation ",
-                                                        request.prepare().communicator_generation(),
-                                                        " is not built here"));
+      return NotStarted(
+          request.sync_id(),
+          absl::StrCat("communicator generation ", request.prepare().communicator_generation(), " is not built here"));
     }
     bool schedule_missing = false;
     *ready = PrepareLocked(request.prepare(), &schedule_missing);
@@ -333,8 +339,8 @@ absl::Status Agent::HoldBuffers(const Prepared& prepared, std::vector<std::share
   return device_.WaitFor(registry_.ReadyEvents());
 }
 
-absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepared& prepared, const absl::Status& ready,
-                                  absl::Time deadline) {
+absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepared& prepared,
+                                  const absl::Status& ready, absl::Time deadline) {
   if (const absl::Status setup = transport_.Setup(prepared.peers, deadline); !setup.ok()) {
     Finished(false);
     return NotStarted(request.sync_id(), setup.message());
@@ -367,10 +373,10 @@ absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepa
 absl::Status Agent::Verify(const Prepared& prepared, const executor::BufferTable& table,
                            v1::ExecuteResponse& response) {
   const absl::Time start = absl::Now();
-  const absl::StatusOr<executor::Checksums> sums = executor::ComputeChecksums(
-      device_, prepared.local->plan, prepared.local->schedule, table, prepared.staging_bytes);
-  if (!sums.ok()) return sums.status();
-  for (const auto& [key, side] : *sums) {
+  SHARDSYNC_ASSIGN_OR_RETURN(const executor::Checksums sums,
+                             executor::ComputeChecksums(device_, prepared.local->plan, prepared.local->schedule, table,
+                                                        prepared.staging_bytes));
+  for (const auto& [key, side] : sums) {
     v1::TensorChecksum* checksum = response.add_checksums();
     checksum->set_tensor(key.first);
     checksum->set_target_rank(key.second);
@@ -410,17 +416,16 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   // transport, so an Abort is either seen there or reaches the transport after this.
   transport_.Reset();
   absl::Status ready = absl::OkStatus();  // this rank's vote: every check passed
-  absl::StatusOr<Prepared> prepared = Begin(request, &ready);
-  if (!prepared.ok()) return prepared.status();
+  SHARDSYNC_ASSIGN_OR_RETURN(Prepared prepared, Begin(request, &ready));
   // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
   std::vector<std::shared_ptr<const BufferEntry>> held;
   executor::BufferTable table;
-  if (ready.ok()) ready = HoldBuffers(*prepared, held, table);
-  const absl::Time deadline = absl::Now() + prepared->deadline;
-  SHARDSYNC_RETURN_IF_ERROR(SetUpAndAgree(request, *prepared, ready, deadline));
+  if (ready.ok()) ready = HoldBuffers(prepared, held, table);
+  const absl::Time deadline = absl::Now() + prepared.deadline;
+  SHARDSYNC_RETURN_IF_ERROR(SetUpAndAgree(request, prepared, ready, deadline));
 
   // A partial sync may only read on this rank: its targets keep their bytes and validity.
-  const planner::Schedule& schedule = prepared->local->schedule;
+  const planner::Schedule& schedule = prepared.local->schedule;
   bool writes_targets = !schedule.fills.empty();
   for (const planner::Stage& stage : schedule.stages) {
     writes_targets = writes_targets || !stage.local_segments.empty() || !stage.receives.empty();
@@ -429,11 +434,10 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     absl::MutexLock lock(&mu_);
     writing_sync_id_ = request.sync_id();
   }
-  const absl::StatusOr<executor::ExecutionStats> stats =
-      engine_.Run(request.sync_id(), prepared->local->plan, schedule, table, prepared->staging_bytes, deadline,
-                  &progress_);
+  const absl::StatusOr<executor::ExecutionStats> stats = engine_.Run(
+      request.sync_id(), prepared.local->plan, schedule, table, prepared.staging_bytes, deadline, &progress_);
   v1::ExecuteResponse response;
-  const absl::Status verified = stats.ok() && request.verify() ? Verify(*prepared, table, response) : absl::OkStatus();
+  const absl::Status verified = stats.ok() && request.verify() ? Verify(prepared, table, response) : absl::OkStatus();
   Account(request.sync_id(), writes_targets, stats);
   // From here on bytes were written: never answer FAILED_PRECONDITION (see the proto).
   const auto after_writing = [](const absl::Status& status) {

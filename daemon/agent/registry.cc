@@ -1,6 +1,7 @@
 #include "daemon/agent/registry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "planner/validate.h"
 #include "spec/layout_spec.h"
 
@@ -22,13 +23,12 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
   planner::PlanInput input;
   for (const v1::RegisteredBuffer& b : request.buffers()) {
     input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes(),
-                                                   absl::StrCat(request.client_id(), "/", b.name())});
+                                            absl::StrCat(request.client_id(), "/", b.name())});
   }
   for (const v1::TensorLayout& t : request.tensors()) {
-    auto side = spec::ToTensorSide(t, ids);
-    if (!side.ok()) return side.status();
-    planner::TensorLayouts layouts{side->name, side->shape, side->dtype, side->dtype, {}, {}};
-    (request.role() == v1::SOURCE ? layouts.source : layouts.target) = side->layout;
+    SHARDSYNC_ASSIGN_OR_RETURN(auto side, spec::ToTensorSide(t, ids));
+    planner::TensorLayouts layouts{side.name, side.shape, side.dtype, side.dtype, {}, {}};
+    (request.role() == v1::SOURCE ? layouts.source : layouts.target) = side.layout;
     input.tensors.push_back(std::move(layouts));
   }
   return planner::ValidatePlanInput(input);
@@ -40,11 +40,12 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
                            std::shared_ptr<const executor::ReadyEvent> ready_event) {
   if (request.client_id().empty()) return absl::InvalidArgumentError("a registration needs a client_id");
   if (request.role() != v1::SOURCE && request.role() != v1::TARGET) {
-    return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': role must be SOURCE or TARGET"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("client '", request.client_id(), "': role must be SOURCE or TARGET"));
   }
   if (!request.ready_event().empty() && request.role() != v1::SOURCE) {
-    return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(),
-                                                   "': only a SOURCE gives a ready event (the writes a sync waits for)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client '", request.client_id(), "': only a SOURCE gives a ready event (the writes a sync waits for)"));
   }
   for (v1::TensorLayout& t : *request.mutable_tensors()) {
     for (v1::Placement& p : *t.mutable_placements()) p.set_rank(rank_);
@@ -53,7 +54,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   }
   {
     absl::MutexLock lock(&mu_);  // before the work of opening buffers; again when adding
-    if (auto s = CheckLimits(request.client_id(), peer); !s.ok()) return s;
+    SHARDSYNC_RETURN_IF_ERROR(CheckLimits(request.client_id(), peer));
   }
   if (auto s = CheckLayouts(request, rank_); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': ", s.message()));
@@ -78,13 +79,13 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
     // A client registers only its own memory: host shared memory of another user is
     // refused even where the agent could open it.
     if (const std::optional<uint32_t> owner = (*memory)->owner_uid(); owner && *owner != peer.uid) {
-      return absl::PermissionDeniedError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
-                                                      "': the memory belongs to uid ", *owner,
-                                                      ", not to the registering process (pid ", peer.pid, ", uid ",
-                                                      peer.uid, ")"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("client '", request.client_id(), "' buffer '", b.name(), "': the memory belongs to uid ", *owner,
+                       ", not to the registering process (pid ", peer.pid, ", uid ", peer.uid, ")"));
     }
     if (opened.count(b.name())) {
-      return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' names buffer '", b.name(), "' twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("client '", request.client_id(), "' names buffer '", b.name(), "' twice"));
     }
     opened[b.name()] = std::make_shared<BufferEntry>(
         BufferEntry{request.client_id(), request.role(), std::shared_ptr<executor::MappedBuffer>(std::move(*memory))});
@@ -93,7 +94,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   if (clients_.count(request.client_id())) {
     return absl::AlreadyExistsError(absl::StrCat("client '", request.client_id(), "' is already registered"));
   }
-  if (auto s = CheckLimits(request.client_id(), peer); !s.ok()) return s;
+  SHARDSYNC_RETURN_IF_ERROR(CheckLimits(request.client_id(), peer));
   for (const auto& [name, entry] : opened) {
     if (buffers_.count(name)) {
       return absl::AlreadyExistsError(absl::StrCat("buffer '", name, "' is already registered on rank ", rank_));
@@ -129,8 +130,9 @@ absl::Status Registry::CheckLimits(const std::string& client_id, const Peer& pee
   int32_t of_uid = 0;
   for (const auto& [id, client] : clients_) of_uid += client.peer.uid == peer.uid;
   if (of_uid >= limits_.clients_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat("client '", client_id, "': uid ", peer.uid, " holds ", of_uid,
-                                                     " registrations, the limit per uid (--max-registrations-per-uid)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("client '", client_id, "': uid ", peer.uid, " holds ", of_uid,
+                     " registrations, the limit per uid (--max-registrations-per-uid)"));
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "spec/layout_spec.h"
 
 namespace shardsync::daemon {
@@ -166,7 +167,8 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
   encoders.reserve(schedules.size());
   for (const planner::Schedule& schedule : schedules) {
     encoder_of.at(schedule.rank) = static_cast<int32_t>(encoders.size());
-    encoders.emplace_back(plan, schedule, buffer_names, google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena));
+    encoders.emplace_back(plan, schedule, buffer_names,
+                          google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena));
   }
   // Records in plan order: one pass over the plan, read where it lies (a rank's segments
   // are spread over all of it: fetching them rank by rank missed the cache on each).
@@ -187,7 +189,8 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
       v1::StageSpec* out = request.add_stages();
       for (int32_t index : stage.local_segments) out->add_local_segments(sender_record[index]);
       for (const planner::PeerStream& stream : stage.sends) EncodeStream(stream, sender_record, out->add_sends());
-      for (const planner::PeerStream& stream : stage.receives) EncodeStream(stream, receiver_record, out->add_receives());
+      for (const planner::PeerStream& stream : stage.receives)
+        EncodeStream(stream, receiver_record, out->add_receives());
       out->set_rounds(stage.rounds);
       out->set_first_round(stage.first_round);
     }
@@ -224,8 +227,8 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
   const int32_t tensors = request.tensor_names_size();
   const std::string& table = request.segment_table();
   if (table.size() % kSegmentRecordBytes != 0) {
-    return Malformed(absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes,
-                                  ")"));
+    return Malformed(
+        absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes, ")"));
   }
   // The local id of a side's buffer: -1 on the other rank's side (never touched here);
   // false when this rank's side names no buffer of the request.
@@ -241,7 +244,8 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     planner::Segment s;
     if (in.tensor < 0 || in.tensor >= tensors) return Malformed("tensor index");
     const std::string& tensor = request.tensor_names(in.tensor);
-    if (in.axes < 1 || in.axes > planner::kMaxAxes) return Malformed(absl::StrCat("tensor '", tensor, "': segment axes"));
+    if (in.axes < 1 || in.axes > planner::kMaxAxes)
+      return Malformed(absl::StrCat("tensor '", tensor, "': segment axes"));
     if (in.src_rank != rank && in.dst_rank != rank) return Malformed("a segment that does not touch this rank");
     if (!named(in.src_rank, in.src_buffer, &s.src.buffer) || !named(in.dst_rank, in.dst_buffer, &s.dst.buffer)) {
       return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
@@ -322,17 +326,16 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     for (const auto& [in, out, sending] : {std::make_tuple(&in_stage.sends(), &stage.sends, true),
                                            std::make_tuple(&in_stage.receives(), &stage.receives, false)}) {
       for (const v1::PeerStreamSpec& spec : *in) {
-        auto stream = DecodeStream(spec, local.plan);
-        if (!stream.ok()) return stream.status();
-        for (int32_t index : stream->segments) {
+        SHARDSYNC_ASSIGN_OR_RETURN(auto stream, DecodeStream(spec, local.plan));
+        for (int32_t index : stream.segments) {
           const planner::Segment& s = local.plan.segments[index];
-          if ((sending ? s.src.rank : s.dst.rank) != rank || (sending ? s.dst.rank : s.src.rank) != stream->peer) {
-            return Malformed(absl::StrCat("a segment in the stream with rank ", stream->peer, " has other ends"));
+          if ((sending ? s.src.rank : s.dst.rank) != rank || (sending ? s.dst.rank : s.src.rank) != stream.peer) {
+            return Malformed(absl::StrCat("a segment in the stream with rank ", stream.peer, " has other ends"));
           }
           if (!of_stage(index)) return Malformed(absl::StrCat("a segment streamed in stage ", k, " is not of it"));
         }
-        if (static_cast<int32_t>(stream->chunks.size()) > stage.rounds) return Malformed("more chunks than rounds");
-        out->push_back(*std::move(stream));
+        if (static_cast<int32_t>(stream.chunks.size()) > stage.rounds) return Malformed("more chunks than rounds");
+        out->push_back(std::move(stream));
       }
     }
   }

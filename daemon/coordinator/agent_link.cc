@@ -1,6 +1,7 @@
 #include "daemon/coordinator/agent_link.h"
 
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace shardsync::coordinator {
@@ -20,10 +21,10 @@ class GrpcLink : public AgentLink {
     return Call<v1::AbortResponse>(&v1::AgentControl::Stub::Abort, request, deadline).status();
   }
   absl::StatusOr<std::string> NewCommunicatorId(absl::Time deadline) override {
-    auto response = Call<v1::NewCommunicatorIdResponse>(&v1::AgentControl::Stub::NewCommunicatorId,
-                                                        v1::NewCommunicatorIdRequest(), deadline);
-    if (!response.ok()) return response.status();
-    return response->communicator_id();
+    SHARDSYNC_ASSIGN_OR_RETURN(auto response,
+                               Call<v1::NewCommunicatorIdResponse>(&v1::AgentControl::Stub::NewCommunicatorId,
+                                                                   v1::NewCommunicatorIdRequest(), deadline));
+    return response.communicator_id();
   }
   absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) override {
     return Call<v1::RankProgress>(&v1::AgentControl::Stub::Progress, v1::ProgressRequest(), deadline);

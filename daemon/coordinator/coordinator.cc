@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics_http.h"
+#include "common/status_macros.h"
 
 namespace shardsync::coordinator {
 namespace {
@@ -32,19 +33,17 @@ void Coordinator::SetLocalAgent(const std::string& incarnation, std::shared_ptr<
 }
 
 absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& request) {
-  absl::StatusOr<AgentDirectory::Joined> joined = directory_.Join(request);
-  if (!joined.ok()) return joined.status();
-  if (joined->restarted) validity_.Restarted(request.rank());
-  return std::move(joined->response);
+  SHARDSYNC_ASSIGN_OR_RETURN(AgentDirectory::Joined joined, directory_.Join(request));
+  if (joined.restarted) validity_.Restarted(request.rank());
+  return std::move(joined.response);
 }
 
 absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishRequest& request) {
-  const absl::StatusOr<int64_t> epoch = directory_.Publish(request);
-  if (!epoch.ok()) return epoch.status();
+  SHARDSYNC_ASSIGN_OR_RETURN(const int64_t epoch, directory_.Publish(request));
   validity_.Republished(request.rank());
   runner_.ReleaseStalePlans();
   v1::PublishResponse response;
-  response.set_layout_epoch(*epoch);
+  response.set_layout_epoch(epoch);
   return response;
 }
 

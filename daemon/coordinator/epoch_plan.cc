@@ -19,17 +19,16 @@ absl::StatusOr<EpochPlan> PlanEpoch(const std::map<int32_t, v1::PublishRequest>&
                                     const EpochOptions& options) {
   SHARDSYNC_RETURN_IF_ERROR(CheckSourceOwners(published, options.shared_source_uids));
   spec::BufferIds ids;
-  absl::StatusOr<planner::PlanInput> input = CollectPlanInput(published, ids, target_ranks);
-  if (!input.ok()) return input.status();
-  if (input->tensors.empty()) return absl::FailedPreconditionError("no target tensor is registered: nothing to sync");
-  for (const planner::Buffer& b : input->buffers) {
+  SHARDSYNC_ASSIGN_OR_RETURN(planner::PlanInput input, CollectPlanInput(published, ids, target_ranks));
+  if (input.tensors.empty()) return absl::FailedPreconditionError("no target tensor is registered: nothing to sync");
+  for (const planner::Buffer& b : input.buffers) {
     if (b.holder.rank >= options.world_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", b.holder.rank, " is outside a world of ", options.world_size));
     }
   }
-  input->node_of_rank = node_of_rank;
-  absl::StatusOr<EpochPlan> epoch = CompileEpoch(*input, ids.names(), options);
+  input.node_of_rank = node_of_rank;
+  absl::StatusOr<EpochPlan> epoch = CompileEpoch(input, ids.names(), options);
   if (!epoch.ok()) {
     if (auto tensor = epoch.status().GetPayload(planner::kUncoveredTensorPayload)) {
       return absl::Status(epoch.status().code(),
@@ -43,17 +42,13 @@ absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const st
                                        const EpochOptions& options) {
   EpochPlan epoch;
   absl::Time start = absl::Now();
-  absl::StatusOr<planner::Plan> plan = planner::MakePlanWithRelay(input, *planner::LocalFirstLeastLoaded(),
-                                                                  options.relay, options.bandwidths, &epoch.floors);
-  if (!plan.ok()) return plan.status();
-  epoch.plan = *std::move(plan);
+  SHARDSYNC_ASSIGN_OR_RETURN(epoch.plan, planner::MakePlanWithRelay(input, *planner::LocalFirstLeastLoaded(),
+                                                                    options.relay, options.bandwidths, &epoch.floors));
   epoch.plan.num_ranks = options.world_size;
   epoch.timings.plan_seconds = SecondsSince(start);
 
   start = absl::Now();
-  absl::StatusOr<std::vector<planner::Schedule>> schedules = planner::MakeSchedules(epoch.plan, options.staging_bytes);
-  if (!schedules.ok()) return schedules.status();
-  epoch.schedules = *std::move(schedules);
+  SHARDSYNC_ASSIGN_OR_RETURN(epoch.schedules, planner::MakeSchedules(epoch.plan, options.staging_bytes));
   epoch.timings.schedule_seconds = SecondsSince(start);
 
   start = absl::Now();

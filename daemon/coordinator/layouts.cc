@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "planner/box.h"
 
 namespace shardsync::coordinator {
@@ -23,10 +24,10 @@ absl::Status Merge(std::map<std::string, Gathered>& into, const v1::TensorLayout
   if (added) return absl::OkStatus();
   planner::TensorSide& have = it->second.side;
   if (have.shape != side->shape || have.dtype != side->dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", side->name, "': rank ", it->second.first_rank, " registered shape ", planner::IndexToString(have.shape),
-        " ", planner::DTypeName(have.dtype), ", rank ", rank, " registered ", planner::IndexToString(side->shape), " ",
-        planner::DTypeName(side->dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", side->name, "': rank ", it->second.first_rank, " registered shape ",
+                     planner::IndexToString(have.shape), " ", planner::DTypeName(have.dtype), ", rank ", rank,
+                     " registered ", planner::IndexToString(side->shape), " ", planner::DTypeName(side->dtype)));
   }
   have.layout.placements.insert(have.layout.placements.end(), side->layout.placements.begin(),
                                 side->layout.placements.end());
@@ -47,22 +48,19 @@ absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::
     for (const v1::PublishedLayout& layout : publication.layouts()) {
       for (const v1::BufferInfo& b : layout.buffers()) {
         input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes(),
-                                                       absl::StrCat(layout.client_id(), "/", b.name())});
+                                                absl::StrCat(layout.client_id(), "/", b.name())});
       }
       // A target is held where it was published: a partial sync leaves out the others.
       if (layout.role() == v1::TARGET && !writes_targets_of(rank)) continue;
       for (const v1::TensorLayout& t : layout.tensors()) {
-        auto status = Merge(layout.role() == v1::SOURCE ? sources : targets, t, rank, ids);
-        if (!status.ok()) return status;
+        SHARDSYNC_RETURN_IF_ERROR(Merge(layout.role() == v1::SOURCE ? sources : targets, t, rank, ids));
       }
     }
   }
   std::vector<planner::TensorSide> source_sides, target_sides;
   for (auto& [name, g] : sources) source_sides.push_back(std::move(g.side));
   for (auto& [name, g] : targets) target_sides.push_back(std::move(g.side));
-  auto matched = planner::MatchTensors(source_sides, target_sides);
-  if (!matched.ok()) return matched.status();
-  input.tensors = *std::move(matched);
+  SHARDSYNC_ASSIGN_OR_RETURN(input.tensors, planner::MatchTensors(source_sides, target_sides));
   return input;
 }
 
@@ -73,7 +71,9 @@ absl::Status CheckSourceOwners(const std::map<int32_t, v1::PublishRequest>& publ
     int32_t rank;
     std::string client;
   };
-  const auto shared = [&](uint32_t uid) { return std::find(shared_uids.begin(), shared_uids.end(), uid) != shared_uids.end(); };
+  const auto shared = [&](uint32_t uid) {
+    return std::find(shared_uids.begin(), shared_uids.end(), uid) != shared_uids.end();
+  };
   std::map<std::string, Owner> owners;  // by tensor: the first source's
   for (const auto& [rank, publication] : published) {
     for (const v1::PublishedLayout& layout : publication.layouts()) {
@@ -115,8 +115,11 @@ std::string MissingSourceHint(const std::map<int32_t, v1::PublishRequest>& publi
     }
     (has_tensor ? holding : lacking).push_back(rank);
   }
-  const auto ranks = [](const std::vector<int32_t>& r) { return r.empty() ? "none" : "rank " + absl::StrJoin(r, ", rank "); };
-  return absl::StrCat(" (sources of '", tensor, "' published by ", ranks(holding), "; by none of ", ranks(lacking), ")");
+  const auto ranks = [](const std::vector<int32_t>& r) {
+    return r.empty() ? "none" : "rank " + absl::StrJoin(r, ", rank ");
+  };
+  return absl::StrCat(" (sources of '", tensor, "' published by ", ranks(holding), "; by none of ", ranks(lacking),
+                      ")");
 }
 
 }  // namespace shardsync::coordinator

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "daemon/common/plan_report.h"
 #include "daemon/coordinator/layouts.h"
 #include "spdlog/spdlog.h"
@@ -33,10 +34,9 @@ absl::StatusOr<int32_t> CompareChecksums(const std::vector<v1::ExecuteResponse>&
   }
   if (!differ.empty()) {
     const size_t shown = std::min<size_t>(differ.size(), 10);
-    return absl::DataLossError(absl::StrCat("verify failed: the targets differ from their sources in ", differ.size(),
-                                            " placement(s): ",
-                                            absl::StrJoin(differ.begin(), differ.begin() + shown, "; "),
-                                            differ.size() > shown ? "; ..." : ""));
+    return absl::DataLossError(absl::StrCat(
+        "verify failed: the targets differ from their sources in ", differ.size(), " placement(s): ",
+        absl::StrJoin(differ.begin(), differ.begin() + shown, "; "), differ.size() > shown ? "; ..." : ""));
   }
   return static_cast<int32_t>(sums.size());
 }
@@ -66,9 +66,9 @@ absl::StatusOr<std::vector<int32_t>> SyncRunner::SelectTargetRanks(
       return absl::InvalidArgumentError(absl::StrCat("target rank ", rank, " is outside a world of ", world));
     }
     if (!std::binary_search(holding.begin(), holding.end(), rank)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target rank ", rank, " holds no target to write (targets are registered on ",
-          holding.empty() ? "no rank" : "rank " + absl::StrJoin(holding, ", rank "), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("target rank ", rank, " holds no target to write (targets are registered on ",
+                       holding.empty() ? "no rank" : "rank " + absl::StrJoin(holding, ", rank "), ")"));
     }
   }
   return std::vector<int32_t>(unique.begin(), unique.end());
@@ -78,8 +78,8 @@ absl::StatusOr<bool> SyncRunner::EnsurePlan(const std::vector<int32_t>& target_r
   const int64_t epoch_now = directory_.epoch();
   const std::vector<int32_t> nodes = directory_.NodeOfRank();
   // A new epoch, or an agent that came back on another node: plan again.
-  if (!plans_.empty() && (plans_.begin()->second.epoch != epoch_now ||
-                          plans_.begin()->second.compiled.plan.node_of_rank != nodes)) {
+  if (!plans_.empty() &&
+      (plans_.begin()->second.epoch != epoch_now || plans_.begin()->second.compiled.plan.node_of_rank != nodes)) {
     plans_.clear();
     plan_ = nullptr;
   }
@@ -90,22 +90,22 @@ absl::StatusOr<bool> SyncRunner::EnsurePlan(const std::vector<int32_t>& target_r
   const absl::Time start = absl::Now();
   int64_t epoch = 0;
   const std::map<int32_t, v1::PublishRequest> published = directory_.Published(&epoch);
-  absl::StatusOr<EpochPlan> compiled = PlanEpoch(published, nodes, target_ranks, options_.epoch);
-  if (!compiled.ok()) return compiled.status();
+  SHARDSYNC_ASSIGN_OR_RETURN(EpochPlan compiled, PlanEpoch(published, nodes, target_ranks, options_.epoch));
   CachedPlan cache;
   cache.epoch = epoch;
   cache.target_ranks = target_ranks.empty() ? TargetRanks(published) : target_ranks;
   cache.partial = !target_ranks.empty();
-  cache.compiled = *std::move(compiled);
+  cache.compiled = std::move(compiled);
   cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const std::pair<double, double>& floors = cache.compiled.floors;
-  spdlog::info("planned epoch {}{}: {} tensors, {} segments, {} stage(s), digest {} in {:.2f} ms{}", epoch,
-               target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
-               cache.compiled.plan.tensor_names.size(), cache.compiled.plan.segments.size(), cache.compiled.plan.stages,
-               cache.compiled.digest, cache.plan_seconds * 1e3,
-               floors.first > 0 ? absl::StrFormat(" (floor %.3f ms direct, %.3f ms relayed)", floors.first * 1e3,
-                                                  floors.second * 1e3)
-                                : "");
+  spdlog::info(
+      "planned epoch {}{}: {} tensors, {} segments, {} stage(s), digest {} in {:.2f} ms{}", epoch,
+      target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
+      cache.compiled.plan.tensor_names.size(), cache.compiled.plan.segments.size(), cache.compiled.plan.stages,
+      cache.compiled.digest, cache.plan_seconds * 1e3,
+      floors.first > 0
+          ? absl::StrFormat(" (floor %.3f ms direct, %.3f ms relayed)", floors.first * 1e3, floors.second * 1e3)
+          : "");
   // Keep the full plan and this one: a refill is rare, and a plan can be large.
   for (auto it = plans_.begin(); it != plans_.end();) it = it->first.empty() ? std::next(it) : plans_.erase(it);
   plan_ = &(plans_[target_ranks] = std::move(cache));
@@ -152,9 +152,8 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
     return status;
   };
   if (const std::vector<int32_t> missing = directory_.MissingRanks(); !missing.empty()) {
-    return finish(absl::FailedPreconditionError(absl::StrCat("rank ", absl::StrJoin(missing, ", rank "),
-                                                             " has not joined (world of ", options_.epoch.world_size,
-                                                             ")")));
+    return finish(absl::FailedPreconditionError(absl::StrCat(
+        "rank ", absl::StrJoin(missing, ", rank "), " has not joined (world of ", options_.epoch.world_size, ")")));
   }
   const absl::StatusOr<std::vector<int32_t>> target_ranks = SelectTargetRanks(request.target_ranks());
   if (!target_ranks.ok()) {
@@ -213,9 +212,8 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
 
 absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest& request) {
   absl::MutexLock sync_lock(&sync_mu_);
-  const absl::StatusOr<std::vector<int32_t>> target_ranks = SelectTargetRanks(request.target_ranks());
-  if (!target_ranks.ok()) return target_ranks.status();
-  if (auto planned = EnsurePlan(*target_ranks); !planned.ok()) return planned.status();
+  SHARDSYNC_ASSIGN_OR_RETURN(const std::vector<int32_t> target_ranks, SelectTargetRanks(request.target_ranks()));
+  SHARDSYNC_RETURN_IF_ERROR(EnsurePlan(target_ranks).status());
   const CachedPlan& cached = *plan_;
   const planner::Bandwidths& configured = options_.epoch.bandwidths;
   const auto speed = [](double gbps, double fallback) { return gbps > 0 ? gbps * 1e9 : fallback; };

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "executor/cuda_check.h"
 #include "executor/cuda_device.h"
 #include "executor/transport.h"
@@ -47,8 +48,8 @@ class Hub {
     absl::MutexLock lock(&mu_);
     const auto present = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return from.count(key) > 0; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&present), deadline)) {
-      return absl::UnavailableError(absl::StrCat("round ", std::get<0>(key), ": rank ", std::get<1>(key),
-                                                 " -> rank ", std::get<2>(key), " never met"));
+      return absl::UnavailableError(absl::StrCat("round ", std::get<0>(key), ": rank ", std::get<1>(key), " -> rank ",
+                                                 std::get<2>(key), " never met"));
     }
     T value = from[key];
     from.erase(key);
@@ -59,7 +60,9 @@ class Hub {
   std::map<Key, cudaEvent_t> copied_ ABSL_GUARDED_BY(mu_);
 };
 
-inline void HoldStream(void* microseconds) { usleep(static_cast<useconds_t>(reinterpret_cast<intptr_t>(microseconds))); }
+inline void HoldStream(void* microseconds) {
+  usleep(static_cast<useconds_t>(reinterpret_cast<intptr_t>(microseconds)));
+}
 
 inline absl::Status Hold(cudaStream_t stream, int64_t microseconds) {
   if (microseconds <= 0) return absl::OkStatus();
@@ -85,11 +88,11 @@ class HeldDevice final : public Device {
   }
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
                       const BufferTable& buffers, int slot) override {
-    if (auto status = Hold(inner_.unpack_stream(), unpack_us_); !status.ok()) return status;
+    SHARDSYNC_RETURN_IF_ERROR(Hold(inner_.unpack_stream(), unpack_us_));
     return inner_.Unpack(plan, parts, in, buffers, slot);
   }
   absl::Status BeforeTransfer(int slot) override {
-    if (auto status = inner_.BeforeTransfer(slot); !status.ok()) return status;
+    SHARDSYNC_RETURN_IF_ERROR(inner_.BeforeTransfer(slot));
     return Hold(inner_.network_stream(), link_us_);
   }
   absl::Status AfterTransfer(int slot) override { return inner_.AfterTransfer(slot); }
@@ -130,25 +133,24 @@ class CopyTransport final : public Transport {
       hub_.Post({round, r.peer, rank_}, {r.data, r.bytes, ready});
     }
     for (const SendOp& s : sends) {
-      auto posted = hub_.TakePosted({round, rank_, s.peer}, deadline);
-      if (!posted.ok()) return posted.status();
-      if (posted->bytes != s.bytes) {
-        return absl::InternalError(absl::StrCat("round ", round, ": rank ", rank_, " sends ", s.bytes,
-                                                " bytes, rank ", s.peer, " expects ", posted->bytes));
+      // The key's braces hold commas: the expression goes in parentheses.
+      SHARDSYNC_ASSIGN_OR_RETURN(auto posted, (hub_.TakePosted({round, rank_, s.peer}, deadline)));
+      if (posted.bytes != s.bytes) {
+        return absl::InternalError(absl::StrCat("round ", round, ": rank ", rank_, " sends ", s.bytes, " bytes, rank ",
+                                                s.peer, " expects ", posted.bytes));
       }
-      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, posted->ready, 0));
-      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventDestroy(posted->ready));
-      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(posted->data, s.data, s.bytes, cudaMemcpyDeviceToDevice, stream_));
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, posted.ready, 0));
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventDestroy(posted.ready));
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(posted.data, s.data, s.bytes, cudaMemcpyDeviceToDevice, stream_));
       cudaEvent_t done;
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, stream_));
       hub_.Copied({round, rank_, s.peer}, done);
     }
     for (const RecvOp& r : receives) {
-      auto done = hub_.TakeCopied({round, r.peer, rank_}, deadline);
-      if (!done.ok()) return done.status();
-      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, *done, 0));
-      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventDestroy(*done));
+      SHARDSYNC_ASSIGN_OR_RETURN(cudaEvent_t done, (hub_.TakeCopied({round, r.peer, rank_}, deadline)));
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, done, 0));
+      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventDestroy(done));
     }
     return absl::OkStatus();
   }
@@ -164,7 +166,6 @@ class CopyTransport final : public Transport {
   Hub& hub_;
   cudaStream_t stream_;
 };
-
 
 // Many streams of one rank with itself over a one-rank NCCL communicator: the engine
 // sees each stream under its own peer id (so each has its own staging), NCCL sees

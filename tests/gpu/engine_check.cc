@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/status_macros.h"
 #include "executor/cuda_device.h"
 #include "executor/nccl_transport.h"
 #include "executor/round_engine.h"
@@ -50,17 +51,14 @@ struct SelfRank {
 
 absl::StatusOr<SelfRank> OpenSelfRank() {
   SelfRank rank;
-  auto device = CudaDevice::Open(0);
-  if (!device.ok()) return device.status();
-  rank.device = *std::move(device);
+  SHARDSYNC_ASSIGN_OR_RETURN(rank.device, CudaDevice::Open(0));
   rank.nccl = std::make_unique<NcclTransport>(0, rank.device->network_stream());
-  auto id = rank.nccl->NewCommunicatorId();
-  if (!id.ok()) return id.status();
+  SHARDSYNC_ASSIGN_OR_RETURN(auto id, rank.nccl->NewCommunicatorId());
   PeerSetup setup;
   setup.world_size = 1;
-  setup.communicator_id = *id;
+  setup.communicator_id = id;
   setup.generation = 1;
-  if (auto status = rank.nccl->Setup(setup, absl::Now() + absl::Seconds(60)); !status.ok()) return status;
+  SHARDSYNC_RETURN_IF_ERROR(rank.nccl->Setup(setup, absl::Now() + absl::Seconds(60)));
   return rank;
 }
 
@@ -217,7 +215,8 @@ Outcome SyncOnce(uint64_t seed, const Options& options, SelfRank* self) {
   if (!outcome.error.empty()) return outcome;
   const std::vector<std::string> errors = ::shardsync::testing::CheckSync(*input, values, before, buffers);
   if (!errors.empty()) outcome.error = errors.front();
-  if (outcome.staged_peak > budget) outcome.error = absl::StrCat("staging of ", outcome.staged_peak, " > budget ", budget);
+  if (outcome.staged_peak > budget)
+    outcome.error = absl::StrCat("staging of ", outcome.staged_peak, " > budget ", budget);
   return outcome;
 }
 
@@ -263,11 +262,11 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"seeds\": %lld, \"transport\": \"%s\", \"slow_link_us\": %lld, \"slow_unpack_us\": %lld, \"rounds\": %lld, "
-      "\"relayed\": %lld, \"failed\": %lld, \"first_error\": \"%s\", \"agreement\": \"%s\", \"agree_median_us\": %.1f}\n",
+      "\"relayed\": %lld, \"failed\": %lld, \"first_error\": \"%s\", \"agreement\": \"%s\", \"agree_median_us\": "
+      "%.1f}\n",
       static_cast<long long>(seeds), transport.c_str(), static_cast<long long>(options.link_us),
       static_cast<long long>(options.unpack_us), static_cast<long long>(rounds), static_cast<long long>(relayed),
-      static_cast<long long>(failed),
-      first_error.c_str(), agreement.empty() ? "ok" : agreement.c_str(), agree_us);
+      static_cast<long long>(failed), first_error.c_str(), agreement.empty() ? "ok" : agreement.c_str(), agree_us);
   const bool agreed = agreement.empty() || !options.nccl_self;
   return failed == 0 && agreed ? 0 : 1;
 }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace shardsync::testing {
 namespace {
@@ -40,8 +41,8 @@ absl::StatusOr<uint8_t*> At(HostBuffers& buffers, planner::Holder holder, int64_
   auto it = buffers.find(holder);
   const int64_t byte = element * element_bytes;
   if (it == buffers.end() || byte < 0 || byte + element_bytes > static_cast<int64_t>(it->second.size())) {
-    return absl::OutOfRangeError(absl::StrCat("element ", element, " outside buffer ", holder.buffer, " on rank ",
-                                              holder.rank));
+    return absl::OutOfRangeError(
+        absl::StrCat("element ", element, " outside buffer ", holder.buffer, " on rank ", holder.rank));
   }
   return it->second.data() + byte;
 }
@@ -55,10 +56,9 @@ absl::Status Pack(const planner::Plan& plan, const std::vector<ChunkPart>& parts
     for (int64_t e = part.begin; e < part.end; ++e) {
       int64_t src, dst;
       Locate(s, e, &src, &dst);
-      auto from = At(buffers, s.src, src, ElementBytes(s.src_dtype));
-      if (!from.ok()) return from.status();
+      SHARDSYNC_ASSIGN_OR_RETURN(auto from, At(buffers, s.src, src, ElementBytes(s.src_dtype)));
       staging.resize(staging.size() + out);
-      Convert(*from, s.src_dtype, staging.data() + staging.size() - out, s.dst_dtype);
+      Convert(from, s.src_dtype, staging.data() + staging.size() - out, s.dst_dtype);
     }
   }
   return absl::OkStatus();
@@ -73,10 +73,9 @@ absl::Status Unpack(const planner::Plan& plan, const std::vector<ChunkPart>& par
     for (int64_t e = part.begin; e < part.end; ++e) {
       int64_t src, dst;
       Locate(s, e, &src, &dst);
-      auto to = At(buffers, s.dst, dst, bytes);
-      if (!to.ok()) return to.status();
+      SHARDSYNC_ASSIGN_OR_RETURN(auto to, At(buffers, s.dst, dst, bytes));
       if (at + bytes > staging.size()) return absl::InternalError("receive chunk is longer than the sent chunk");
-      std::memcpy(*to, staging.data() + at, bytes);
+      std::memcpy(to, staging.data() + at, bytes);
       at += bytes;
     }
   }
@@ -87,7 +86,8 @@ absl::Status Unpack(const planner::Plan& plan, const std::vector<ChunkPart>& par
 }  // namespace
 
 uint16_t Float32ToBFloat16(uint32_t bits) {
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0)
+    return static_cast<uint16_t>((bits >> 16) | 0x40);
   const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
@@ -105,8 +105,8 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
   for (const planner::Schedule& schedule : schedules) {
     stats.rounds = std::max(stats.rounds, schedule.rounds());
     if (static_cast<int32_t>(schedule.stages.size()) != plan.stages) {
-      return absl::InternalError(absl::StrCat("rank ", schedule.rank, " has ", schedule.stages.size(), " stages of ",
-                                              plan.stages));
+      return absl::InternalError(
+          absl::StrCat("rank ", schedule.rank, " has ", schedule.stages.size(), " stages of ", plan.stages));
     }
   }
   for (int32_t k = 0; k < plan.stages; ++k) {
@@ -119,8 +119,8 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
       for (int32_t index : stage.local_segments) {
         const Segment& s = plan.segments[index];
         const std::vector<ChunkPart> whole{{index, 0, planner::SegmentElements(s)}};
-        if (auto st = Pack(plan, whole, readable, staging); !st.ok()) return st;
-        if (auto st = Unpack(plan, whole, buffers, staging); !st.ok()) return st;
+        SHARDSYNC_RETURN_IF_ERROR(Pack(plan, whole, readable, staging));
+        SHARDSYNC_RETURN_IF_ERROR(Unpack(plan, whole, buffers, staging));
         stats.local_bytes += static_cast<int64_t>(staging.size());
       }
       if (k > 0) continue;
@@ -133,9 +133,8 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
             dst += (flat % f.fill.shape[d]) * f.fill.strides[d];
             flat /= f.fill.shape[d];
           }
-          auto to = At(buffers, f.fill.holder, dst, ElementBytes(f.dtype));
-          if (!to.ok()) return to.status();
-          std::memset(*to, 0, ElementBytes(f.dtype));
+          SHARDSYNC_ASSIGN_OR_RETURN(auto to, At(buffers, f.fill.holder, dst, ElementBytes(f.dtype)));
+          std::memset(to, 0, ElementBytes(f.dtype));
         }
       }
     }
@@ -157,7 +156,7 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
                                                     " of stage ", k, " from rank ", schedule.rank));
           }
           const planner::Chunk& chunk = send.chunks[round];
-          if (auto st = Pack(plan, planner::ChunkParts(plan, send, chunk), readable, staging); !st.ok()) return st;
+          SHARDSYNC_RETURN_IF_ERROR(Pack(plan, planner::ChunkParts(plan, send, chunk), readable, staging));
           if (static_cast<int64_t>(staging.size()) > planner::MaxChunkBytes(staging_bytes) ||
               static_cast<int64_t>(staging.size()) != chunk.bytes) {
             return absl::InternalError(absl::StrCat("chunk of ", staging.size(), " bytes breaks the slot of ",
@@ -167,7 +166,7 @@ absl::StatusOr<ExecutionStats> Execute(const planner::Plan& plan, const std::vec
           stats.peak_staging_bytes = std::max<int64_t>(stats.peak_staging_bytes, staging.size());
           stats.sent_bytes += static_cast<int64_t>(staging.size());
           const std::vector<ChunkPart> received = planner::ChunkParts(plan, *it->second, it->second->chunks[round]);
-          if (auto st = Unpack(plan, received, buffers, staging); !st.ok()) return st;
+          SHARDSYNC_RETURN_IF_ERROR(Unpack(plan, received, buffers, staging));
         }
       }
     }

@@ -1,12 +1,13 @@
 // The layout spec reader: examples plan and sync; malformed specs are refused clearly.
-#include <catch2/catch.hpp>
+#include "spec/layout_spec.h"
 
+#include <catch2/catch.hpp>
 #include <random>
 
+#include "common/status_macros.h"
 #include "planner/plan.h"
-#include "planner/validate.h"
 #include "planner/schedule.h"
-#include "spec/layout_spec.h"
+#include "planner/validate.h"
 #include "tests/planner/reference_executor.h"
 #include "tests/planner/sync_check.h"
 
@@ -16,10 +17,9 @@ namespace {
 using Catch::Matchers::Contains;
 
 absl::StatusOr<planner::PlanInput> FromJson(const std::string& json) {
-  auto spec = ParseLayoutSpecJson(json);
-  if (!spec.ok()) return spec.status();
+  SHARDSYNC_ASSIGN_OR_RETURN(auto spec, ParseLayoutSpecJson(json));
   BufferIds ids;
-  return ToPlanInput(*spec, ids);
+  return ToPlanInput(spec, ids);
 }
 
 std::string ErrorOf(const std::string& json) {
@@ -68,8 +68,8 @@ TEST_CASE("a spec with an unknown key, an unknown preset or a bad dtype is refus
   CHECK_THAT(ErrorOf(R"({"modle": {}})"), Contains("modle"));
   CHECK_THAT(ErrorOf(R"({"model": {"preset": "gpt-5", "zero_stage": 3, "dp_ranks": [0]}})"),
              Contains("unknown model 'gpt-5'"));
-  CHECK_THAT(ErrorOf(R"({"sources": [{"name": "w", "shape": [2]}]})"), Contains("tensor 'w'") &&
-                                                                           Contains("unsupported dtype"));
+  CHECK_THAT(ErrorOf(R"({"sources": [{"name": "w", "shape": [2]}]})"),
+             Contains("tensor 'w'") && Contains("unsupported dtype"));
   CHECK_THAT(ErrorOf("{not json"), Contains("layout spec"));
   CHECK_THAT(ErrorOf("{}"), Contains("no tensor"));
   CHECK_FALSE(ReadLayoutSpecFile("examples/does-not-exist.json").ok());
@@ -124,7 +124,8 @@ TEST_CASE("a target placement that maps two elements to one place is refused, na
   for (const std::string strides : {"[0, 1]", "[2, 1]", "[1, 1]", "[4, 0]"}) {
     INFO(strides);
     auto input = FromJson(OneTargetJson(R"({"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [4, 4]},
-                                            "strides": )" + strides + "}"));
+                                            "strides": )" +
+                                        strides + "}"));
     REQUIRE(input.ok());
     const absl::Status status = planner::ValidatePlanInput(*input);
     CHECK_THAT(std::string(status.message()), Contains("tensor 'w'") && Contains("buffer 'arena' on rank 1") &&
@@ -133,7 +134,8 @@ TEST_CASE("a target placement that maps two elements to one place is refused, na
   for (const std::string strides : {"[4, 1]", "[1, 4]", "[8, 2]"}) {  // row-major, column-major, a strided slice
     INFO(strides);
     auto input = FromJson(OneTargetJson(R"({"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [4, 4]},
-                                            "strides": )" + strides + "}"));
+                                            "strides": )" +
+                                        strides + "}"));
     REQUIRE(input.ok());
     const absl::Status status = planner::ValidatePlanInput(*input);
     if (strides == "[8, 2]") {  // one-to-one, but past the 32-byte buffer
@@ -172,27 +174,32 @@ TEST_CASE("errors name a buffer as registered, not by its index") {
 TEST_CASE("a shape whose element count overflows is refused as such, before any count") {
   for (const char* shape : {"[1099511627776, 1099511627776]", "[2147483647, 2147483647, 2147483647]"}) {
     INFO(shape);
-    const std::string error = ErrorOf(std::string(R"({"sources": [{"name": "w", "dtype": "BFLOAT16", "shape": )") +
-                                      shape + R"(, "flat_placements": [{"rank": 0, "buffer": "flat", "begin": 0, "end": 4}]}]})");
+    const std::string error =
+        ErrorOf(std::string(R"({"sources": [{"name": "w", "dtype": "BFLOAT16", "shape": )") + shape +
+                R"(, "flat_placements": [{"rank": 0, "buffer": "flat", "begin": 0, "end": 4}]}]})");
     CHECK_THAT(error, Contains("tensor 'w'") && !Contains("lies outside"));
     CHECK_THAT(error, Contains("at most 2147483647") || Contains("more than 2^62 elements"));
   }
 }
 
 TEST_CASE("a target whose name or shape does not match a source is refused") {
-  const std::string buffers = R"("buffers": [{"rank": 0, "name": "b", "bytes": 64}, {"rank": 1, "name": "b", "bytes": 64}])";
+  const std::string buffers =
+      R"("buffers": [{"rank": 0, "name": "b", "bytes": 64}, {"rank": 1, "name": "b", "bytes": 64}])";
   const std::string source =
       R"("sources": [{"name": "w", "shape": [4], "dtype": "BFLOAT16", "placements": [{"rank": 0, "buffer": "b", "box": {"lo": [0], "hi": [4]}}]}])";
-  CHECK_THAT(ErrorOf("{" + buffers + "," + source +
-                     R"(, "targets": [{"name": "x", "shape": [4], "dtype": "BFLOAT16"}]})"),
-             Contains("'x'") && Contains("no source"));
-  CHECK_THAT(ErrorOf("{" + buffers + "," + source +
-                     R"(, "targets": [{"name": "w", "shape": [5], "dtype": "BFLOAT16"}]})"),
-             Contains("shape mismatch"));
+  CHECK_THAT(
+      ErrorOf("{" + buffers + "," + source + R"(, "targets": [{"name": "x", "shape": [4], "dtype": "BFLOAT16"}]})"),
+      Contains("'x'") && Contains("no source"));
+  CHECK_THAT(
+      ErrorOf("{" + buffers + "," + source + R"(, "targets": [{"name": "w", "shape": [5], "dtype": "BFLOAT16"}]})"),
+      Contains("shape mismatch"));
 }
 
-TEST_CASE("inputs the fuzzer found are refused: a box without hi, sources sharing bytes, a target over a source, a huge extent") {
-  constexpr char kTwoRanks[] = R"({"buffers": [{"rank": 0, "name": "flat", "bytes": 64}, {"rank": 1, "name": "flat", "bytes": 64},
+TEST_CASE(
+    "inputs the fuzzer found are refused: a box without hi, sources sharing bytes, a target over a source, a huge "
+    "extent") {
+  constexpr char kTwoRanks[] =
+      R"({"buffers": [{"rank": 0, "name": "flat", "bytes": 64}, {"rank": 1, "name": "flat", "bytes": 64},
       {"rank": 0, "name": "shard", "bytes": 32}, {"rank": 1, "name": "shard", "bytes": 32}],
     "targets": [{"name": "w", "shape": [4, 8], "dtype": "BFLOAT16", "placements": [
       {"rank": 0, "buffer": "shard", "base": 0, "box": {"lo": [0, 0], "hi": [4, 4]}},
