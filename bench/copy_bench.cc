@@ -14,8 +14,8 @@
 
 #include "common/flags.h"
 #include "executor/cuda_device.h"
-#include "planner/model_layout.h"
 #include "planner/known_models.h"
+#include "planner/model_layout.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 
@@ -23,13 +23,13 @@ namespace {
 
 using namespace shardsync;
 
-#define CHECK_CUDA(call)                                                               \
-  do {                                                                                 \
-    const cudaError_t error = (call);                                                  \
-    if (error != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(error));              \
-      std::exit(1);                                                                    \
-    }                                                                                  \
+#define CHECK_CUDA(call)                                                  \
+  do {                                                                    \
+    const cudaError_t error = (call);                                     \
+    if (error != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(error)); \
+      std::exit(1);                                                       \
+    }                                                                     \
   } while (0)
 
 planner::PlanInput Qwen(const char* model, int zero, std::vector<std::vector<int32_t>> replicas) {
@@ -91,7 +91,8 @@ void RunCase(const std::string& name, const planner::PlanInput& input, int ordin
   if (!device.ok()) std::exit(1);
   std::vector<double> kernel;
   for (int i = 0; i <= repeats; ++i) {
-    if (!(*device)->CopyLocal(*plan, schedule.stages[0].local_segments, {}, table).ok() || !(*device)->Synchronize().ok()) {
+    if (!(*device)->CopyLocal(*plan, schedule.stages[0].local_segments, {}, table).ok() ||
+        !(*device)->Synchronize().ok()) {
       std::exit(1);
     }
     if (i > 0) kernel.push_back(*(*device)->TakeLocalSeconds());

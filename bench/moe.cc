@@ -50,7 +50,8 @@ std::vector<Dense> DenseTensors(const MoeShape& m) {
 }
 
 // Target layout of one tensor over one TP group, packed into each rank's arena.
-planner::Layout TpTarget(const Index& shape, Split split, const std::vector<int32_t>& ranks, planner::ArenaPacker& arena) {
+planner::Layout TpTarget(const Index& shape, Split split, const std::vector<int32_t>& ranks,
+                         planner::ArenaPacker& arena) {
   const planner::DType dtype = planner::DType::kBFloat16;
   std::vector<int64_t> offsets;
   if (split == kWhole) {
@@ -86,8 +87,12 @@ planner::PlanInput MoeLayout(const MoeShape& m) {
     for (int r = 0; r < world; ++r) all[r] = r;
     for (const Dense& d : DenseTensors(m)) {
       const int64_t part = planner::Zero3PartitionSize(planner::NumElements(d.shape), world);
-      planner::TensorLayouts t{d.name, d.shape, dtype, dtype,
-                               planner::Zero3(d.shape, all, kDenseFlat, dense_flat.ReserveCommon(all, part, dtype)), {}};
+      planner::TensorLayouts t{d.name,
+                               d.shape,
+                               dtype,
+                               dtype,
+                               planner::Zero3(d.shape, all, kDenseFlat, dense_flat.ReserveCommon(all, part, dtype)),
+                               {}};
       std::vector<planner::Layout> targets;
       for (int k = 0; k < m.replicas; ++k) {
         for (int j = 0; j < m.infer_ep; ++j) targets.push_back(TpTarget(d.shape, d.split, tp_group(k, j), arena));
@@ -111,8 +116,12 @@ planner::PlanInput MoeLayout(const MoeShape& m) {
                                           {"down_proj.weight", {m.hidden, m.expert_intermediate}, kRow}};
       for (const Dense& w : weights) {
         const int64_t part = planner::Zero3PartitionSize(planner::NumElements(w.shape), m.train_dp);
-        planner::TensorLayouts t{p + w.name, w.shape, dtype, dtype,
-                                 planner::Zero3(w.shape, dp, kExpertFlat, expert_flat.ReserveCommon(dp, part, dtype)), {}};
+        planner::TensorLayouts t{p + w.name,
+                                 w.shape,
+                                 dtype,
+                                 dtype,
+                                 planner::Zero3(w.shape, dp, kExpertFlat, expert_flat.ReserveCommon(dp, part, dtype)),
+                                 {}};
         std::vector<planner::Layout> targets;
         for (int k = 0; k < m.replicas; ++k) {
           targets.push_back(TpTarget(w.shape, w.split, tp_group(k, static_cast<int>(e / infer_per_ep)), arena));

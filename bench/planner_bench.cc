@@ -16,13 +16,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/moe.h"
-#include "planner/model_layout.h"
-#include "planner/known_models.h"
-#include "planner/plan.h"
-#include "planner/schedule.h"
 #include "planner/cost.h"
 #include "planner/digest.h"
+#include "planner/known_models.h"
+#include "planner/model_layout.h"
+#include "planner/plan.h"
 #include "planner/relay.h"
+#include "planner/schedule.h"
 
 namespace shardsync::bench {
 namespace {
@@ -31,7 +31,7 @@ struct Config {
   std::vector<std::string> cases;  // empty: all
   int repeats = 5;
   int64_t staging_bytes = int64_t{128} << 20;
-  int moe_layers = 61;       // layers of the experts-only MoE case
+  int moe_layers = 61;  // layers of the experts-only MoE case
   // Layers of the MoE case with dense tensors too: ZeRO-3 over all 1,024 ranks into TP=4
   // in every rollout group makes ~10M segments per layer, so the whole model does not
   // fit this machine's memory; the case runs a slice of it.
@@ -177,10 +177,9 @@ int RunCase(const Case& c, const Config& config) {
       Median(plan_ms) + Median(schedule_ms), plan_ms.size(), static_cast<long long>(stats.total_sent_bytes),
       static_cast<long long>(stats.total_local_bytes), static_cast<long long>(max_sent),
       static_cast<long long>(max_received), static_cast<long long>(max_local), static_cast<long long>(max_segments),
-      floor_ms, absl::StrJoin(stage_floors_ms, ",").c_str(), plan.stages, static_cast<long long>(stats.total_network_bytes),
-      static_cast<long long>(stats.total_relayed_bytes), digest.c_str(), digest_ms,
-      static_cast<long long>(PeakRssMiB()),
-      absl::StrJoin(per_rank, ",").c_str());
+      floor_ms, absl::StrJoin(stage_floors_ms, ",").c_str(), plan.stages,
+      static_cast<long long>(stats.total_network_bytes), static_cast<long long>(stats.total_relayed_bytes),
+      digest.c_str(), digest_ms, static_cast<long long>(PeakRssMiB()), absl::StrJoin(per_rank, ",").c_str());
   std::fflush(stdout);
   return 0;
 }

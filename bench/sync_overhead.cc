@@ -29,9 +29,9 @@ int main(int argc, char** argv) {
   for (int r = 0; r < options.agents; ++r) ranks.push_back(std::to_string(r));
   // One zero-element tensor, replicated on every rank on both sides: every rank
   // registers it, every agent is prepared and executes, and no byte moves.
-  const std::string spec = absl::StrCat(
-      R"({"model": {"tensors": [{"name": "empty", "shape": [0, 8]}], "zero_stage": 1, "dp_ranks": [)",
-      absl::StrJoin(ranks, ", "), R"(], "replicas": [{"ranks": [)", absl::StrJoin(ranks, ", "), "]}]}}");
+  const std::string spec =
+      absl::StrCat(R"({"model": {"tensors": [{"name": "empty", "shape": [0, 8]}], "zero_stage": 1, "dp_ranks": [)",
+                   absl::StrJoin(ranks, ", "), R"(], "replicas": [{"ranks": [)", absl::StrJoin(ranks, ", "), "]}]}}");
   localsync::Cluster cluster(options);
   localsync::Deployment deployment(cluster, "overhead", spec, 1);
   for (const std::string& line : deployment.WaitReady()) {
@@ -53,9 +53,10 @@ int main(int argc, char** argv) {
     if (i > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));  // the first plans
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("{\"agents\": %d, \"agent0_serves_coordinator\": %s, \"syncs\": %d, \"median_ms\": %.3f, "
-              "\"p99_ms\": %.3f, \"min_ms\": %.3f}\n",
-              options.agents, options.agent0_serves_coordinator ? "true" : "false", syncs, ms[ms.size() / 2],
-              ms[ms.size() * 99 / 100], ms.front());
+  std::printf(
+      "{\"agents\": %d, \"agent0_serves_coordinator\": %s, \"syncs\": %d, \"median_ms\": %.3f, "
+      "\"p99_ms\": %.3f, \"min_ms\": %.3f}\n",
+      options.agents, options.agent0_serves_coordinator ? "true" : "false", syncs, ms[ms.size() / 2],
+      ms[ms.size() * 99 / 100], ms.front());
   return 0;
 }

@@ -27,8 +27,9 @@ void AddDaemonFlags(CLI::App& app, DaemonFlags& flags) {
   flags::AddLogLevel(app, flags.log_level);
   flags::AddConfigFile(app);
   AddTlsFlags(app, flags.tls);
-  app.footer("The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port. The unix socket "
-             "of an agent is never encrypted.");
+  app.footer(
+      "The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port. The unix socket "
+      "of an agent is never encrypted.");
 }
 
 void BlockStopSignals() {

@@ -111,8 +111,9 @@ CLI::Option* AddLogLevel(CLI::App& app, std::string& level) {
 }
 
 void AddConfigFile(CLI::App& app) {
-  app.set_config("--config", "", "settings as 'name = value' lines, named like these flags (no '--'); a flag on "
-                                 "the command line wins over the file");
+  app.set_config("--config", "",
+                 "settings as 'name = value' lines, named like these flags (no '--'); a flag on "
+                 "the command line wins over the file");
   app.config_formatter(std::make_shared<ConfigFile>());
   app.allow_config_extras(CLI::config_extras_mode::error);
 }

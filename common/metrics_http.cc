@@ -10,9 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/time/clock.h"
-
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/daemon_process.h"
 
 namespace shardsync {
@@ -20,7 +19,8 @@ namespace shardsync {
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
                                                                     std::function<std::string()> render) {
   const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("metrics address '", address, "' has no port"));
+  if (colon == std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address, "' has no port"));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(std::atoi(address.substr(colon + 1).c_str())));
@@ -120,8 +120,8 @@ void MetricsServer::Serve() {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsIfAsked(const std::string& address,
-                                                                    const std::string& port_file,
-                                                                    std::function<std::string()> render) {
+                                                                   const std::string& port_file,
+                                                                   std::function<std::string()> render) {
   if (address.empty()) return std::unique_ptr<MetricsServer>();
   auto server = MetricsServer::Start(address, std::move(render));
   if (!server.ok() || port_file.empty()) return server;
@@ -131,8 +131,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsIfAsked(const std::st
   return server;
 }
 
-void AppendMetric(std::string* out, const std::string& name, const char* type, const std::string& help,
-                  double value) {
+void AppendMetric(std::string* out, const std::string& name, const char* type, const std::string& help, double value) {
   absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value, "\n");
 }
 

@@ -36,12 +36,11 @@ class MetricsServer {
 // `address` is empty, else a started server whose port is written to `port_file` (if
 // given).
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsIfAsked(const std::string& address,
-                                                                    const std::string& port_file,
-                                                                    std::function<std::string()> render);
+                                                                   const std::string& port_file,
+                                                                   std::function<std::string()> render);
 
 // Prometheus text format, one metric family at a time.
-void AppendMetric(std::string* out, const std::string& name, const char* type, const std::string& help,
-                  double value);
+void AppendMetric(std::string* out, const std::string& name, const char* type, const std::string& help, double value);
 
 // A histogram with fixed upper bounds (seconds or any unit), rendered cumulatively.
 class Histogram {

@@ -27,12 +27,10 @@ absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& 
 
 void AddTlsFlags(CLI::App& app, TlsConfig& config) {
   constexpr char kGroup[] = "TCP security (mutual TLS, or --insecure: one of them is required)";
-  app.add_option("--tls-ca", config.ca_file, "PEM CA: every peer must present a certificate it signed")
-      ->group(kGroup);
+  app.add_option("--tls-ca", config.ca_file, "PEM CA: every peer must present a certificate it signed")->group(kGroup);
   app.add_option("--tls-cert", config.cert_file, "PEM certificate of this process (names its host or IP)")
       ->group(kGroup);
-  app.add_option("--tls-key", config.key_file, "PEM private key of that certificate")
-      ->group(kGroup);
+  app.add_option("--tls-key", config.key_file, "PEM private key of that certificate")->group(kGroup);
   app.add_option("--tls-server-name", config.server_name,
                  "the name (SAN) every daemon's certificate carries, checked instead of the dialed host "
                  "(default: the dialed host or IP)")
@@ -43,7 +41,8 @@ void AddTlsFlags(CLI::App& app, TlsConfig& config) {
 
 absl::StatusOr<Credentials> LoadCredentials(const TlsConfig& config) {
   const int given = !config.ca_file.empty() + !config.cert_file.empty() + !config.key_file.empty();
-  if (config.insecure && (given > 0 || !config.server_name.empty())) return absl::InvalidArgumentError("--insecure and --tls-* exclude each other");
+  if (config.insecure && (given > 0 || !config.server_name.empty()))
+    return absl::InvalidArgumentError("--insecure and --tls-* exclude each other");
   if (config.insecure) {
     return Credentials{grpc::InsecureServerCredentials(), grpc::InsecureChannelCredentials(), "", true};
   }

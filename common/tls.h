@@ -11,17 +11,17 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace shardsync {
 
 struct TlsConfig {
-  std::string ca_file;    // PEM: the CA every peer's certificate must chain to
-  std::string cert_file;  // PEM: this process's certificate (server and client)
-  std::string key_file;   // PEM: its private key
+  std::string ca_file;      // PEM: the CA every peer's certificate must chain to
+  std::string cert_file;    // PEM: this process's certificate (server and client)
+  std::string key_file;     // PEM: its private key
   std::string server_name;  // the name every daemon's certificate carries; empty: the dialed host
-  bool insecure = false;  // plaintext, asked for explicitly
+  bool insecure = false;    // plaintext, asked for explicitly
 };
 
 // Adds --tls-ca, --tls-cert, --tls-key, --tls-server-name and --insecure, parsed into
@@ -29,7 +29,7 @@ struct TlsConfig {
 void AddTlsFlags(CLI::App& app, TlsConfig& config);
 
 struct Credentials {
-  std::shared_ptr<grpc::ServerCredentials> server;   // requires and verifies client certificates
+  std::shared_ptr<grpc::ServerCredentials> server;    // requires and verifies client certificates
   std::shared_ptr<grpc::ChannelCredentials> channel;  // presents ours, verifies the server's
   std::string server_name;                            // checked instead of the dialed host
   bool insecure = false;

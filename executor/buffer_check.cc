@@ -21,9 +21,9 @@ bool Fits(int64_t base, const Axis* shape, const Axis* strides, int axes, int64_
 absl::Status Outside(const std::string& tensor, const char* what, int32_t buffer,
                      absl::Span<const int64_t> buffer_bytes, absl::Span<const std::string> buffer_names) {
   const bool known = buffer >= 0 && static_cast<size_t>(buffer) < buffer_bytes.size();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "tensor '", tensor, "': ", what, " lies outside buffer '", known ? buffer_names[buffer] : absl::StrCat(buffer),
-      "' (", known ? buffer_bytes[buffer] : 0, " bytes)"));
+  return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "': ", what, " lies outside buffer '",
+                                                    known ? buffer_names[buffer] : absl::StrCat(buffer), "' (",
+                                                    known ? buffer_bytes[buffer] : 0, " bytes)"));
 }
 
 }  // namespace

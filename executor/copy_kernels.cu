@@ -13,7 +13,8 @@ __device__ int64_t Offset(const CopyDescriptor& d, int64_t element, const int64_
 }
 
 __device__ uint16_t ToBFloat16(uint32_t bits) {
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0)
+    return static_cast<uint16_t>((bits >> 16) | 0x40);
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
@@ -46,9 +47,12 @@ constexpr int64_t kShortRowBytes = 16 << 10;
 __device__ void CooperativeCopy(const uint8_t* src, uint8_t* dst, int64_t bytes, int thread, int threads) {
   const uintptr_t s = reinterpret_cast<uintptr_t>(src), d = reinterpret_cast<uintptr_t>(dst);
   int width = 1;
-  if (((s ^ d) & 15) == 0) width = 16;
-  else if (((s ^ d) & 3) == 0) width = 4;
-  else if (((s ^ d) & 1) == 0) width = 2;
+  if (((s ^ d) & 15) == 0)
+    width = 16;
+  else if (((s ^ d) & 3) == 0)
+    width = 4;
+  else if (((s ^ d) & 1) == 0)
+    width = 2;
   // Bytes before the first aligned address, one by one.
   const int64_t misaligned = (width - static_cast<int64_t>(s & (width - 1))) & (width - 1);
   const int64_t head = bytes < misaligned ? bytes : misaligned;
@@ -70,9 +74,11 @@ __device__ void CooperativeCopy(const uint8_t* src, uint8_t* dst, int64_t bytes,
     }
     for (; i < words; i += threads) to[i] = from[i];
   } else if (width == 4) {
-    for (int64_t i = thread; i < words; i += threads) reinterpret_cast<uint32_t*>(wd)[i] = reinterpret_cast<const uint32_t*>(ws)[i];
+    for (int64_t i = thread; i < words; i += threads)
+      reinterpret_cast<uint32_t*>(wd)[i] = reinterpret_cast<const uint32_t*>(ws)[i];
   } else if (width == 2) {
-    for (int64_t i = thread; i < words; i += threads) reinterpret_cast<uint16_t*>(wd)[i] = reinterpret_cast<const uint16_t*>(ws)[i];
+    for (int64_t i = thread; i < words; i += threads)
+      reinterpret_cast<uint16_t*>(wd)[i] = reinterpret_cast<const uint16_t*>(ws)[i];
   } else {
     for (int64_t i = thread; i < words; i += threads) wd[i] = ws[i];
   }
@@ -85,14 +91,17 @@ __global__ void CopyKernel(const CopyDescriptor* descriptors, const int64_t* fir
   const int64_t block = blockIdx.x;
   while (lo < hi) {
     const int32_t mid = (lo + hi + 1) / 2;
-    if (first_block[mid] <= block) lo = mid; else hi = mid - 1;
+    if (first_block[mid] <= block)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const CopyDescriptor& d = descriptors[lo];
   const int64_t start = (block - first_block[lo]) * kElementsPerBlock;
   const int64_t end = min(d.count, start + kElementsPerBlock);
   const int last = d.axes - 1;
-  const bool rows = !d.fill && !d.convert && (d.src_packed || d.src_strides[last] == 1) &&
-                    (d.dst_packed || d.dst_strides[last] == 1);
+  const bool rows =
+      !d.fill && !d.convert && (d.src_packed || d.src_strides[last] == 1) && (d.dst_packed || d.dst_strides[last] == 1);
   if (rows) {
     // Contiguous along the innermost axis on both sides: copy row pieces as bytes. The
     // pieces of [start, end): the first may start inside a row, the others at a row's

@@ -1,9 +1,9 @@
 // Batched strided copies on a CUDA device: many segments' pieces in one launch.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "executor/word_hash.h"
 

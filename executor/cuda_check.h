@@ -22,9 +22,8 @@ inline absl::Status NcclStatus(ncclResult_t result, const char* call) {
 }  // namespace shardsync::executor
 
 // Returns the converted status from the enclosing function when a call fails.
-#define SHARDSYNC_CUDA_RETURN_IF_ERROR(call)                                                  \
-  do {                                                                                        \
-    if (::absl::Status shardsync_status = ::shardsync::executor::CudaStatus((call), #call);  \
-        !shardsync_status.ok())                                                               \
-      return shardsync_status;                                                                \
+#define SHARDSYNC_CUDA_RETURN_IF_ERROR(call)                                                                        \
+  do {                                                                                                              \
+    if (::absl::Status shardsync_status = ::shardsync::executor::CudaStatus((call), #call); !shardsync_status.ok()) \
+      return shardsync_status;                                                                                      \
   } while (false)

@@ -42,7 +42,8 @@ absl::StatusOr<int64_t> AllocationBytes(void* pointer) {
   }
   CUdeviceptr base = 0;
   size_t size = 0;
-  if (reinterpret_cast<GetAddressRange>(function)(&base, &size, reinterpret_cast<CUdeviceptr>(pointer)) != CUDA_SUCCESS) {
+  if (reinterpret_cast<GetAddressRange>(function)(&base, &size, reinterpret_cast<CUdeviceptr>(pointer)) !=
+      CUDA_SUCCESS) {
     return absl::InternalError("cuMemGetAddressRange failed on an opened IPC handle");
   }
   return static_cast<int64_t>(size - (reinterpret_cast<CUdeviceptr>(pointer) - base));
@@ -52,12 +53,12 @@ absl::StatusOr<int64_t> AllocationBytes(void* pointer) {
 
 absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::Open(const MemoryHandle& handle, int64_t bytes) {
   if (handle.cuda_ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t),
-                                                   " bytes, not ", handle.cuda_ipc_handle.size()));
+    return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ",
+                                                   handle.cuda_ipc_handle.size()));
   }
   if (handle.device != ordinal_) {
-    return absl::InvalidArgumentError(absl::StrCat("the buffer is on CUDA device ", handle.device,
-                                                   "; this agent serves device ", ordinal_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the buffer is on CUDA device ", handle.device, "; this agent serves device ", ordinal_));
   }
   if (bytes < 0 || handle.offset_bytes < 0) return absl::InvalidArgumentError("negative size or offset");
   cudaIpcMemHandle_t ipc;
@@ -69,8 +70,9 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::Open(const MemoryH
   if (!allocation.ok() || handle.offset_bytes + bytes > *allocation) {
     cudaIpcCloseMemHandle(mapping);
     if (!allocation.ok()) return allocation.status();
-    return absl::InvalidArgumentError(absl::StrCat("the IPC allocation holds ", *allocation, " bytes; the registration claims ",
-                                                   bytes, " at offset ", handle.offset_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("the IPC allocation holds ", *allocation,
+                                                   " bytes; the registration claims ", bytes, " at offset ",
+                                                   handle.offset_bytes));
   }
   return std::unique_ptr<MappedBuffer>(
       new CudaIpcBuffer(ordinal_, mapping, static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes));

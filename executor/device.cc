@@ -5,8 +5,8 @@
 namespace shardsync::executor {
 
 absl::StatusOr<std::shared_ptr<const ReadyEvent>> Device::OpenReadyEvent(const std::string&) {
-  return absl::InvalidArgumentError(absl::StrCat("a ready event needs a CUDA agent (--device N); this one runs on ",
-                                                 name()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("a ready event needs a CUDA agent (--device N); this one runs on ", name()));
 }
 
 absl::Status Device::WaitFor(absl::Span<const std::shared_ptr<const ReadyEvent>> events) {

@@ -51,8 +51,8 @@ class Device {
                             const BufferTable& buffers, uint8_t* out, int slot) = 0;
   // The reverse: packed target-dtype bytes from `in` (staging of `slot`) into the parts'
   // targets, after the transfer that filled it.
-  virtual absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                              const uint8_t* in, const BufferTable& buffers, int slot) = 0;
+  virtual absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
+                              const BufferTable& buffers, int slot) = 0;
   // Around the transport's round on `slot`: the transfer starts after this slot's packs
   // and after the unpacks of the round that last received into it.
   virtual absl::Status BeforeTransfer(int slot) = 0;
@@ -87,14 +87,14 @@ class HostDevice final : public Device {
   absl::string_view name() const override { return "host"; }
   absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int slot, int64_t bytes) override;
   absl::Status ReleaseStaging(int32_t peer, bool send) override;
-  absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                    const BufferTable& buffers, uint8_t* out, int slot) override;
+  absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
+                    uint8_t* out, int slot) override;
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
                       const BufferTable& buffers, int slot) override;
   absl::Status BeforeTransfer(int) override { return absl::OkStatus(); }
   absl::Status AfterTransfer(int) override { return absl::OkStatus(); }
-  absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
-                         absl::Span<const int32_t> fills, const BufferTable& buffers) override;
+  absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
+                         const BufferTable& buffers) override;
   absl::Status Fence() override { return absl::OkStatus(); }  // every copy is done on return
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;

@@ -39,8 +39,8 @@ void Walk(const Segment& s, int64_t begin, int64_t end, Run&& run) {
 }
 
 // Copies `count` elements, converting float32 -> bfloat16 where the dtypes differ.
-void CopyRun(const uint8_t* from, int64_t from_stride, DType from_dtype, uint8_t* to, int64_t to_stride,
-             DType to_dtype, int64_t count) {
+void CopyRun(const uint8_t* from, int64_t from_stride, DType from_dtype, uint8_t* to, int64_t to_stride, DType to_dtype,
+             int64_t count) {
   const int64_t in = ElementBytes(from_dtype), out = ElementBytes(to_dtype);
   if (from_dtype == to_dtype) {
     if (from_stride == 1 && to_stride == 1) {
@@ -61,7 +61,8 @@ void CopyRun(const uint8_t* from, int64_t from_stride, DType from_dtype, uint8_t
 }  // namespace
 
 uint16_t Float32ToBFloat16(uint32_t bits) {
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0)
+    return static_cast<uint16_t>((bits >> 16) | 0x40);
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 

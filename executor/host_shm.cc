@@ -19,7 +19,13 @@ class HostShmBuffer final : public MappedBuffer {
  public:
   // Owns `fd` (kept to check the object's size) and the mapping.
   HostShmBuffer(std::string name, int fd, void* mapping, size_t mapped, uint8_t* data, int64_t bytes, uint32_t owner)
-      : name_(std::move(name)), fd_(fd), mapping_(mapping), mapped_(mapped), data_(data), bytes_(bytes), owner_(owner) {}
+      : name_(std::move(name)),
+        fd_(fd),
+        mapping_(mapping),
+        mapped_(mapped),
+        data_(data),
+        bytes_(bytes),
+        owner_(owner) {}
   ~HostShmBuffer() override {
     munmap(mapping_, mapped_);
     close(fd_);
@@ -30,10 +36,11 @@ class HostShmBuffer final : public MappedBuffer {
   std::optional<uint32_t> owner_uid() const override { return owner_; }
   absl::Status CheckIntact() const override {
     struct stat info {};
-    if (fstat(fd_, &info) != 0) return absl::InternalError(absl::StrCat("fstat('", name_, "'): ", std::strerror(errno)));
+    if (fstat(fd_, &info) != 0)
+      return absl::InternalError(absl::StrCat("fstat('", name_, "'): ", std::strerror(errno)));
     if (info.st_size < static_cast<off_t>(mapped_)) {
-      return absl::FailedPreconditionError(absl::StrCat("shm '", name_, "' was shrunk to ", info.st_size,
-                                                        " bytes under its registration of ", mapped_));
+      return absl::FailedPreconditionError(
+          absl::StrCat("shm '", name_, "' was shrunk to ", info.st_size, " bytes under its registration of ", mapped_));
     }
     return absl::OkStatus();
   }
@@ -76,8 +83,8 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryH
   if (bytes > 0) {
     if (const int error = posix_fallocate(fd, handle.offset_bytes, bytes); error != 0) {
       close(fd);
-      return absl::ResourceExhaustedError(absl::StrCat("shm '", handle.shm_name, "': cannot back ", bytes,
-                                                       " bytes: ", std::strerror(error)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("shm '", handle.shm_name, "': cannot back ", bytes, " bytes: ", std::strerror(error)));
     }
   }
   const size_t mapped = static_cast<size_t>(std::max<int64_t>(need, 1));
@@ -87,9 +94,8 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryH
     close(fd);
     return absl::InternalError(absl::StrCat("mmap('", handle.shm_name, "'): ", std::strerror(error)));
   }
-  return std::unique_ptr<MappedBuffer>(new HostShmBuffer(handle.shm_name, fd, mapping, mapped,
-                                                         static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes,
-                                                         info.st_uid));
+  return std::unique_ptr<MappedBuffer>(new HostShmBuffer(
+      handle.shm_name, fd, mapping, mapped, static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes, info.st_uid));
 }
 
 }  // namespace shardsync::executor

@@ -54,8 +54,8 @@ absl::Status Mailbox::Wait(absl::Time deadline) {
     for (const auto& [peer, slot] : slots_) {
       if (!slot.done) missing.push_back(peer);
     }
-    return absl::UnavailableError(absl::StrCat("no data from rank ", absl::StrJoin(missing, ", rank "),
-                                               " before the deadline"));
+    return absl::UnavailableError(
+        absl::StrCat("no data from rank ", absl::StrJoin(missing, ", rank "), " before the deadline"));
   }
   slots_.clear();
   return absl::OkStatus();

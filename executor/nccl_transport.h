@@ -6,11 +6,11 @@
 // hanging.
 #pragma once
 
-#include <atomic>
-#include <string>
-
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include <atomic>
+#include <string>
 
 #include "executor/transport.h"
 
@@ -49,7 +49,7 @@ class NcclTransport final : public Transport {
   int64_t generation_ = -1;
   std::string communicator_id_;  // of generation_
   std::atomic<bool> aborted_{false};
-  std::string queued_;  // what the queued rounds were, for an error message
+  std::string queued_;              // what the queued rounds were, for an error message
   uint8_t* vote_device_ = nullptr;  // Agree's byte, made on first use
   uint8_t* vote_host_ = nullptr;    // pinned, for the answer
 };

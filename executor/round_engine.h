@@ -50,8 +50,7 @@ class RoundEngine {
   // checked (bounds, roles) at Prepare. Sources are only read.
   absl::StatusOr<ExecutionStats> Run(absl::string_view sync_id, const planner::Plan& plan,
                                      const planner::Schedule& schedule, const BufferTable& buffers,
-                                     int64_t staging_bytes, absl::Time deadline,
-                                     ExecutionProgress* progress = nullptr);
+                                     int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress = nullptr);
 
  private:
   Device& device_;

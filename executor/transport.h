@@ -32,8 +32,8 @@ struct PeerSetup {
   int32_t rank = 0;
   int32_t world_size = 0;
   std::map<int32_t, std::string> addresses;  // host transport: peers' AgentControl addresses
-  std::string communicator_id;                // NCCL: the unique id of `generation`
-  int64_t generation = 0;                     // NCCL: a new value means a new communicator
+  std::string communicator_id;               // NCCL: the unique id of `generation`
+  int64_t generation = 0;                    // NCCL: a new value means a new communicator
 };
 
 // The round number of Agree's exchange on a host transport (rounds count from 0).

@@ -32,8 +32,8 @@ struct Bandwidths {
 };
 
 struct PlanStats {
-  std::vector<RankStats> ranks;                 // every stage
-  std::vector<std::vector<RankStats>> stages;   // [stage][rank]: bytes only
+  std::vector<RankStats> ranks;                               // every stage
+  std::vector<std::vector<RankStats>> stages;                 // [stage][rank]: bytes only
   std::map<std::pair<int32_t, int32_t>, int64_t> link_bytes;  // (from, to) -> bytes
   int64_t total_sent_bytes = 0;
   int64_t total_network_bytes = 0;  // of total_sent_bytes: between nodes

@@ -80,9 +80,9 @@ class Coverer {
     Box slab = region;
     for (size_t s = 0; s + 1 < level.cuts.size(); ++s) {
       const int64_t lo = level.cuts[s], hi = level.cuts[s + 1];
-      level.live.erase(std::remove_if(level.live.begin(), level.live.end(),
-                                      [&](int32_t c) { return cands_[c].box.hi[axis] <= lo; }),
-                       level.live.end());
+      level.live.erase(
+          std::remove_if(level.live.begin(), level.live.end(), [&](int32_t c) { return cands_[c].box.hi[axis] <= lo; }),
+          level.live.end());
       while (next < level.by_start.size() && cands_[level.by_start[next]].box.lo[axis] <= lo) {
         if (cands_[level.by_start[next]].box.hi[axis] > lo) level.live.push_back(level.by_start[next]);
         ++next;

@@ -53,8 +53,8 @@ struct ModelLayoutSpec {
   std::vector<ModelTensor> tensors;
   std::vector<FusedQkvGroup> fused_qkv;
   std::vector<FusedRowsGroup> fused_rows;
-  int zero_stage = 3;              // 1, 2 or 3
-  std::vector<int32_t> dp_ranks;   // trainer: global rank of each DP index
+  int zero_stage = 3;                          // 1, 2 or 3
+  std::vector<int32_t> dp_ranks;               // trainer: global rank of each DP index
   std::vector<std::vector<int32_t>> replicas;  // rollout: each replica's ranks by TP rank
   // The rollout's dtype when it differs from the trainer's (a float32 master into a
   // bfloat16 copy); unset: the same dtype.

@@ -7,10 +7,10 @@
 #include <limits>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "planner/block_vector.h"
 #include "planner/types.h"
@@ -40,7 +40,7 @@ struct Segment {
   int32_t tensor = 0;  // index into PlanInput::tensors
   DType src_dtype = DType::kBFloat16;
   DType dst_dtype = DType::kBFloat16;
-  int8_t axes = 0;  // entries used in the arrays below, >= 1
+  int8_t axes = 0;   // entries used in the arrays below, >= 1
   int8_t stage = 0;  // 0: from a source; 1: relayed from a target stage 0 wrote
   std::array<SegmentAxis, kMaxAxes> shape{};
   std::array<SegmentAxis, kMaxAxes> src_strides{};
@@ -67,8 +67,8 @@ struct Plan {
   BlockVector<Segment> segments;
   std::vector<FillOp> fills;
   std::vector<std::string> tensor_names;
-  int32_t num_ranks = 0;  // one past the highest rank of any buffer
-  int32_t stages = 1;     // 2 when some segment is relayed
+  int32_t num_ranks = 0;              // one past the highest rank of any buffer
+  int32_t stages = 1;                 // 2 when some segment is relayed
   std::vector<int32_t> node_of_rank;  // as planned (PlanInput::node_of_rank)
 };
 

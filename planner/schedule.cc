@@ -79,15 +79,15 @@ absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t sta
     const Stage& stage = schedule.stages[k];
     for (int32_t index : stage.local_segments) {
       if (plan.segments[index].stage != static_cast<int8_t>(k)) {
-        return absl::InvalidArgumentError(absl::StrCat("a local copy of stage ", plan.segments[index].stage,
-                                                       " is listed in stage ", k));
+        return absl::InvalidArgumentError(
+            absl::StrCat("a local copy of stage ", plan.segments[index].stage, " is listed in stage ", k));
       }
     }
     for (const auto* streams : {&stage.sends, &stage.receives}) {
       for (const PeerStream& stream : *streams) {
         if (static_cast<int64_t>(stream.chunks.size()) > stage.rounds) {
-          return absl::InvalidArgumentError(absl::StrCat("the stream with rank ", stream.peer, " has more chunks than ",
-                                                         stage.rounds, " rounds"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("the stream with rank ", stream.peer, " has more chunks than ", stage.rounds, " rounds"));
         }
         for (int32_t index : stream.segments) {
           if (plan.segments[index].stage != static_cast<int8_t>(k)) {
@@ -151,10 +151,10 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
       }
       const int64_t element = ElementBytes(s.dst_dtype);
       if (element > budget) {
-        return absl::InvalidArgumentError(absl::StrCat("staging budget of ", staging_bytes, " bytes (",
-                                                       kStagingBuffersPerPeer, " slots of ", budget,
-                                                       ") cannot hold one ", DTypeName(s.dst_dtype),
-                                                       " element of tensor '", plan.tensor_names[s.tensor], "' per slot"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("staging budget of ", staging_bytes, " bytes (", kStagingBuffersPerPeer, " slots of ", budget,
+                         ") cannot hold one ", DTypeName(s.dst_dtype), " element of tensor '",
+                         plan.tensor_names[s.tensor], "' per slot"));
       }
       link_bytes += SegmentElements(s) * element;
       if (link_bytes > most_bytes) {

@@ -1,6 +1,7 @@
 // One rank's part of a plan: local copies, fills, and per peer an ordered stream of
-// send segments and one of receive segments, cut into chunks that fit one staging slot. Both ends of a link derive the same stream order and the same cuts from the
-// plan, so chunk k that rank a sends to b is exactly chunk k that b receives from a.
+// send segments and one of receive segments, cut into chunks that fit one staging slot. Both ends of a link derive the
+// same stream order and the same cuts from the plan, so chunk k that rank a sends to b is exactly chunk k that b
+// receives from a.
 #pragma once
 
 #include <cstdint>

@@ -12,10 +12,14 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kFloat32, "float32", 4},        {DType::kBFloat16, "bfloat16", 2},
-    {DType::kFloat16, "float16", 2},        {DType::kFloat8E4M3, "float8_e4m3", 1},
-    {DType::kFloat8E5M2, "float8_e5m2", 1}, {DType::kInt64, "int64", 8},
-    {DType::kInt32, "int32", 4},            {DType::kInt8, "int8", 1},
+    {DType::kFloat32, "float32", 4},
+    {DType::kBFloat16, "bfloat16", 2},
+    {DType::kFloat16, "float16", 2},
+    {DType::kFloat8E4M3, "float8_e4m3", 1},
+    {DType::kFloat8E5M2, "float8_e5m2", 1},
+    {DType::kInt64, "int64", 8},
+    {DType::kInt32, "int32", 4},
+    {DType::kInt8, "int8", 1},
     {DType::kUInt8, "uint8", 1},
 };
 
@@ -33,9 +37,7 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
 }
 
-bool CanConvert(DType from, DType to) {
-  return from == to || (from == DType::kFloat32 && to == DType::kBFloat16);
-}
+bool CanConvert(DType from, DType to) { return from == to || (from == DType::kFloat32 && to == DType::kBFloat16); }
 
 Index ContiguousStrides(const Index& shape) {
   Index strides(shape.size(), 1);

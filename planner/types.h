@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <string>
 #include <utility>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardsync::planner {
 

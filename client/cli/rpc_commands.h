@@ -14,15 +14,15 @@ namespace shardsync::cli {
 struct RpcCommandConfig {
   std::string coordinator = "127.0.0.1:7070";
   Credentials credentials;  // TLS, or plaintext with --insecure
-  int64_t timeout_ms = 0;  // 0: the coordinator's sync deadline; other calls 30 s
+  int64_t timeout_ms = 0;   // 0: the coordinator's sync deadline; other calls 30 s
   // explain only; 0: the coordinator's cost model
   double link_gbps = 0;
   double memory_gbps = 0;
   double network_gbps = 0;
   bool json = false;
-  bool watch = false;   // sync: live progress per rank while it runs
-  bool verify = false;  // sync: compare target checksums with their sources
-  bool layout = false;  // explain: bytes per link too
+  bool watch = false;                 // sync: live progress per rank while it runs
+  bool verify = false;                // sync: compare target checksums with their sources
+  bool layout = false;                // explain: bytes per link too
   std::vector<int32_t> target_ranks;  // sync, explain: only these ranks' targets (empty: all)
 };
 

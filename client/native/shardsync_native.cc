@@ -57,12 +57,12 @@ extern "C" shardsync_channel* shardsync_channel_open(const char* address, const 
 }
 
 extern "C" int shardsync_unary_call(shardsync_channel* channel, const char* method, const void* request,
-                                    size_t request_size, double timeout_seconds, void** response,
-                                    size_t* response_size, char* message, size_t message_size) {
+                                    size_t request_size, double timeout_seconds, void** response, size_t* response_size,
+                                    char* message, size_t message_size) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                           std::chrono::duration<double>(timeout_seconds)));
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(timeout_seconds)));
   grpc::Slice slice(request, request_size);
   grpc::ByteBuffer request_buffer(&slice, 1);
   grpc::ByteBuffer response_buffer;

@@ -16,8 +16,7 @@ typedef struct shardsync_channel shardsync_channel;
 // otherwise mutual TLS with these PEM bytes (all three given), checking `server_name`
 // when not NULL instead of the dialed host. NULL on error, with the reason in `error`.
 shardsync_channel* shardsync_channel_open(const char* address, const char* ca_pem, const char* cert_pem,
-                                          const char* key_pem, const char* server_name, char* error,
-                                          size_t error_size);
+                                          const char* key_pem, const char* server_name, char* error, size_t error_size);
 
 // Calls `method` ("/shardsync.v1.Coordinator/Sync") with `request` and waits up to
 // `timeout_seconds`. Returns the gRPC status code (0: OK). On OK, `*response` holds

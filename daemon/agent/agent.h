@@ -114,11 +114,11 @@ class Agent {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Prepared> prepared_ ABSL_GUARDED_BY(mu_);  // by digest
-  absl::Mutex execute_mu_;  // one sync at a time on this rank
+  absl::Mutex execute_mu_;                                         // one sync at a time on this rank
   std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string running_sync_id_ ABSL_GUARDED_BY(mu_);
-  std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
-  std::string writing_sync_id_ ABSL_GUARDED_BY(mu_);  // past the agreement: writing targets
+  std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);    // an Abort that came before its Execute
+  std::string writing_sync_id_ ABSL_GUARDED_BY(mu_);    // past the agreement: writing targets
   int64_t built_generation_ ABSL_GUARDED_BY(mu_) = -1;  // of the communicator the transport holds
   // Its targets hold a completed sync's bytes: not at start, nor after a target is
   // registered or a sync stopped part way, until a sync writes them (the link is told).

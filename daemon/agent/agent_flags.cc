@@ -72,8 +72,8 @@ std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
   if (c.coordinator.empty() == !c.serve_coordinator) {
     return "give one of --coordinator and --serve-coordinator (true)";
   }
-  const char* coordinator_flags[] = {"--world",       "--staging-bytes", "--sync-timeout-ms",   "--relay",
-                                     "--link-gbps",   "--network-gbps",  "--memory-gbps", "--shared-source-uids"};
+  const char* coordinator_flags[] = {"--world",     "--staging-bytes", "--sync-timeout-ms", "--relay",
+                                     "--link-gbps", "--network-gbps",  "--memory-gbps",     "--shared-source-uids"};
   for (const char* name : coordinator_flags) {
     if (!c.serve_coordinator && app.count(name) > 0) return std::string(name) + " goes with --serve-coordinator";
   }

@@ -20,8 +20,7 @@ absl::Status GrpcTransport::Setup(const executor::PeerSetup& setup, absl::Time) 
   return absl::OkStatus();
 }
 
-absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
-                                     absl::Span<const executor::SendOp> sends,
+absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
                                      absl::Span<const executor::RecvOp> receives, absl::Time deadline) {
   mailbox_.Post(sync_id, round, receives);
   struct Call {
@@ -54,12 +53,13 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
       call->request.set_data(send.data, send.bytes);
       in_flight_.push_back(&call->context);
       Call* raw = call.get();
-      stubs_.at(address->second)->async()->Transfer(&raw->context, &raw->request, &raw->response,
-                                                    [raw, &done_mu, &done](grpc::Status status) {
-                                                      absl::MutexLock done_lock(&done_mu);
-                                                      raw->status = std::move(status);
-                                                      ++done;
-                                                    });
+      stubs_.at(address->second)
+          ->async()
+          ->Transfer(&raw->context, &raw->request, &raw->response, [raw, &done_mu, &done](grpc::Status status) {
+            absl::MutexLock done_lock(&done_mu);
+            raw->status = std::move(status);
+            ++done;
+          });
       calls.push_back(std::move(call));
     }
   }
@@ -75,7 +75,8 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round,
   }
   std::vector<std::string> failed;
   for (const auto& call : calls) {
-    if (!call->status.ok()) failed.push_back(absl::StrCat("rank ", call->peer, " (", call->status.error_message(), ")"));
+    if (!call->status.ok())
+      failed.push_back(absl::StrCat("rank ", call->peer, " (", call->status.error_message(), ")"));
   }
   if (!failed.empty()) {
     return absl::UnavailableError(absl::StrCat("sending round ", round, " failed to ", absl::StrJoin(failed, ", ")));

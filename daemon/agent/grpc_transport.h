@@ -39,7 +39,7 @@ class GrpcTransport final : public executor::Transport {
   std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   // The calls of the round running now (a rank runs one at a time); Abort cancels them.
   std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
-  std::string running_sync_ ABSL_GUARDED_BY(mu_);                     // whose calls they are
+  std::string running_sync_ ABSL_GUARDED_BY(mu_);  // whose calls they are
   // The last sync aborted and why: a round it starts later sends nothing (its sends
   // would wait for a peer that may be gone).
   std::string aborted_sync_ ABSL_GUARDED_BY(mu_);

@@ -21,8 +21,8 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::stri
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is longer than ",
-                                                   sizeof(address.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", path, "' is longer than ", sizeof(address.sun_path) - 1, " bytes"));
   }
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
   // Only a stale socket of an earlier run is replaced: never another file, nor a socket

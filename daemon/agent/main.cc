@@ -3,21 +3,21 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "common/metrics_http.h"
 #include "common/tls.h"
-#include "absl/strings/str_cat.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/agent_flags.h"
-#include "daemon/agent/local_agent_link.h"
-#include "daemon/coordinator/services.h"
-#include "daemon/agent/services.h"
 #include "daemon/agent/grpc_transport.h"
+#include "daemon/agent/local_agent_link.h"
+#include "daemon/agent/services.h"
+#include "daemon/coordinator/services.h"
 #include "executor/cuda_device.h"
 #include "executor/cuda_memory.h"
 #include "executor/fault_transport.h"
@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));  // stdout is not the log
   spdlog::set_level(spdlog::level::from_str(c.daemon.log_level));
   spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
-  if (credentials->insecure) spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
+  if (credentials->insecure)
+    spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
 
   shardsync::BlockStopSignals();
   // Each host buffer keeps a descriptor (its size is checked before every sync): allow as
@@ -106,7 +107,8 @@ int main(int argc, char** argv) {
   if (c.serve_coordinator) {
     c.coordinator_config.credentials = *credentials;
     coordinator = std::make_unique<shardsync::coordinator::Coordinator>(c.coordinator_config);
-    coordinator->SetLocalAgent(link_config.join.incarnation(), std::make_shared<shardsync::agent::LocalAgentLink>(agent));
+    coordinator->SetLocalAgent(link_config.join.incarnation(),
+                               std::make_shared<shardsync::agent::LocalAgentLink>(agent));
     coordinator_service = std::make_unique<shardsync::coordinator::CoordinatorService>(*coordinator);
     // Also on the unix socket: the trainer beside it syncs without TCP or TLS.
     local_coordinator_service = std::make_unique<shardsync::coordinator::CoordinatorService>(*coordinator);
@@ -164,8 +166,9 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(metrics.status().message()));
     return 1;
   }
-  spdlog::info("serving clients on {} and the coordinator and peers on {}{}", c.socket, address,
-               coordinator ? absl::StrCat("; the coordinator of a world of ", c.coordinator_config.world_size, " too") : "");
+  spdlog::info(
+      "serving clients on {} and the coordinator and peers on {}{}", c.socket, address,
+      coordinator ? absl::StrCat("; the coordinator of a world of ", c.coordinator_config.world_size, " too") : "");
 
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
   agent.Shutdown();

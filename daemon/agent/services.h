@@ -28,7 +28,8 @@ class LocalService final : public v1::Agent::Service {
 class ControlService final : public v1::AgentControl::Service {
  public:
   explicit ControlService(Agent& agent) : agent_(agent) {}
-  grpc::Status Prepare(grpc::ServerContext*, const v1::PrepareRequest* request, v1::PrepareResponse* response) override {
+  grpc::Status Prepare(grpc::ServerContext*, const v1::PrepareRequest* request,
+                       v1::PrepareResponse* response) override {
     *response = agent_.Prepare(*request);
     return grpc::Status::OK;
   }
@@ -37,7 +38,8 @@ class ControlService final : public v1::AgentControl::Service {
     agent_.Abort(*request);
     return grpc::Status::OK;
   }
-  grpc::Status Transfer(grpc::ServerContext* context, const v1::TransferRequest* request, v1::TransferResponse*) override;
+  grpc::Status Transfer(grpc::ServerContext* context, const v1::TransferRequest* request,
+                        v1::TransferResponse*) override;
   grpc::Status NewCommunicatorId(grpc::ServerContext*, const v1::NewCommunicatorIdRequest*,
                                  v1::NewCommunicatorIdResponse* response) override;
   grpc::Status Progress(grpc::ServerContext*, const v1::ProgressRequest*, v1::RankProgress* response) override {

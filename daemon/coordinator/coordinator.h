@@ -26,11 +26,11 @@ struct CoordinatorConfig {
   planner::RelayMode relay = planner::RelayMode::kAuto;
   // The cost model: the relay choice (kAuto) and Explain's floor (bytes per second).
   planner::Bandwidths bandwidths{360e9, 4200e9, 50e9};
-  int64_t staging_bytes = int64_t{128} << 20;  // per peer, both directions
+  int64_t staging_bytes = int64_t{128} << 20;       // per peer, both directions
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
   absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
-  Credentials credentials;  // of the channels to agents: TLS or, if asked, plaintext
-  std::vector<uint32_t> shared_source_uids;  // may be sources of one tensor together
+  Credentials credentials;                          // of the channels to agents: TLS or, if asked, plaintext
+  std::vector<uint32_t> shared_source_uids;         // may be sources of one tensor together
 };
 
 class Coordinator {

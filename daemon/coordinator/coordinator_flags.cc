@@ -25,14 +25,14 @@ std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& 
   options.push_back(flags::AddInt(app, "--staging-bytes", config.staging_bytes,
                                   "staging budget per peer, both directions, bytes", planner::kMinStagingBytes));
   options.push_back(app.add_option_function<int64_t>(
-                           "--sync-timeout-ms",
-                           [&config](int64_t ms) { config.sync_timeout = absl::Milliseconds(ms); },
+                           "--sync-timeout-ms", [&config](int64_t ms) { config.sync_timeout = absl::Milliseconds(ms); },
                            "default deadline of a sync's Execute")
                         ->check(flags::kDecimal)
                         ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
                         ->default_str(std::to_string(absl::ToInt64Milliseconds(config.sync_timeout))));
-  const std::map<std::string, planner::RelayMode> relay_modes{
-      {"auto", planner::RelayMode::kAuto}, {"always", planner::RelayMode::kAlways}, {"never", planner::RelayMode::kNever}};
+  const std::map<std::string, planner::RelayMode> relay_modes{{"auto", planner::RelayMode::kAuto},
+                                                              {"always", planner::RelayMode::kAlways},
+                                                              {"never", planner::RelayMode::kNever}};
   options.push_back(app.add_option("--relay", config.relay,
                                    "bytes between nodes (agents' --node): auto relays when the cost model's floor is "
                                    "lower (each piece crosses the network once into one replica on a node, the others "

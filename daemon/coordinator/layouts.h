@@ -16,7 +16,8 @@ namespace shardsync::coordinator {
 // With `target_ranks` (a partial sync), only the targets those ranks published; every
 // target when empty.
 absl::StatusOr<planner::PlanInput> CollectPlanInput(const std::map<int32_t, v1::PublishRequest>& published,
-                                                    spec::BufferIds& ids, const std::vector<int32_t>& target_ranks = {});
+                                                    spec::BufferIds& ids,
+                                                    const std::vector<int32_t>& target_ranks = {});
 
 // One user writes a tensor's sources: refuses (PERMISSION_DENIED, naming both) a tensor
 // whose sources were registered by processes of different uids, unless both uids are

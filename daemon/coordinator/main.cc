@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
       "if all said ok.",
       "shardsync-coordinator");
   shardsync::coordinator::AddCoordinatorFlags(app, config).front()->required();  // --world
-  shardsync::flags::AddAddress(app, "--listen", listen, "host:port to serve agents and clients (port 0 lets the OS choose)");
+  shardsync::flags::AddAddress(app, "--listen", listen,
+                               "host:port to serve agents and clients (port 0 lets the OS choose)");
   app.add_option("--port-file", port_file, "write the bound port here once serving (for scripts, tests)");
   shardsync::flags::AddInt<int64_t>(app, "--rpc-deadline-ms", rpc_deadline_ms, "deadline of Prepare and Abort calls", 1,
                                     3600000);

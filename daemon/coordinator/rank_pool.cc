@@ -23,7 +23,8 @@ void RankPool::Run(const std::function<void(int32_t)>& fn) {
   }
   fn(0);
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](int32_t* running) { return *running == 0; }, &running_));
+  mu_.Await(absl::Condition(
+      +[](int32_t* running) { return *running == 0; }, &running_));
   job_ = nullptr;
 }
 

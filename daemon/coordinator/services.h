@@ -2,8 +2,8 @@
 #pragma once
 
 #include "common/grpc_status.h"
-#include "proto/shardsync.grpc.pb.h"
 #include "daemon/coordinator/coordinator.h"
+#include "proto/shardsync.grpc.pb.h"
 
 namespace shardsync::coordinator {
 
@@ -14,16 +14,19 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request, v1::JoinResponse* response) override {
     return Answer(coordinator_.Join(*request), response);
   }
-  grpc::Status Publish(grpc::ServerContext*, const v1::PublishRequest* request, v1::PublishResponse* response) override {
+  grpc::Status Publish(grpc::ServerContext*, const v1::PublishRequest* request,
+                       v1::PublishResponse* response) override {
     return Answer(coordinator_.Publish(*request), response);
   }
   grpc::Status Sync(grpc::ServerContext*, const v1::SyncRequest* request, v1::SyncResponse* response) override {
     return Answer(coordinator_.Sync(*request), response);
   }
-  grpc::Status Explain(grpc::ServerContext*, const v1::ExplainRequest* request, v1::ExplainResponse* response) override {
+  grpc::Status Explain(grpc::ServerContext*, const v1::ExplainRequest* request,
+                       v1::ExplainResponse* response) override {
     return Answer(coordinator_.Explain(*request), response);
   }
-  grpc::Status Status(grpc::ServerContext*, const v1::CoordinatorStatusRequest*, v1::CoordinatorStatus* response) override {
+  grpc::Status Status(grpc::ServerContext*, const v1::CoordinatorStatusRequest*,
+                      v1::CoordinatorStatus* response) override {
     *response = coordinator_.Status();
     return grpc::Status::OK;
   }

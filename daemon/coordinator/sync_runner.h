@@ -88,12 +88,12 @@ class SyncRunner {
   AgentDirectory& directory_;
   TargetValidity& validity_;
 
-  absl::Mutex sync_mu_;  // one sync (or explain) at a time; held before state_mu_
+  absl::Mutex sync_mu_;                            // one sync (or explain) at a time; held before state_mu_
   RankPool phase_pool_ ABSL_GUARDED_BY(sync_mu_);  // Prepare and Execute fan out on it
   // The current epoch's plans by target selection (empty: every target): the full
   // plan and the last partial one.
   std::map<std::vector<int32_t>, CachedPlan> plans_ ABSL_GUARDED_BY(sync_mu_);
-  const CachedPlan* plan_ ABSL_GUARDED_BY(sync_mu_) = nullptr;  // the running sync's or explain's
+  const CachedPlan* plan_ ABSL_GUARDED_BY(sync_mu_) = nullptr;          // the running sync's or explain's
   std::map<int32_t, std::string> delivered_ ABSL_GUARDED_BY(sync_mu_);  // rank -> digest it holds
   // The communicator every agent builds for NCCL: a new id and generation after any
   // failed sync or change of agents (empty ids for host transports).

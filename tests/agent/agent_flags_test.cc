@@ -1,11 +1,10 @@
 // shardsync-agent's flags: one of --coordinator and a true --serve-coordinator, the
 // coordinator's flags only with the latter, --device cpu or an ordinal 0..1023.
-#include <catch2/catch.hpp>
+#include "daemon/agent/agent_flags.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include "daemon/agent/agent_flags.h"
 
 namespace shardsync::agent {
 namespace {
@@ -35,7 +34,7 @@ TEST_CASE("an agent joins a coordinator or serves one, never neither or both") {
   CHECK(Parsed({}).code == 2);
   CHECK(Parsed({"--serve-coordinator=false"}).code == 2);
   CHECK(Parsed({"--serve-coordinator", "--world", "2", "--coordinator", "h:1"}).code == 2);
-  CHECK(Parsed({"--serve-coordinator"}).code == 2);                    // no --world
+  CHECK(Parsed({"--serve-coordinator"}).code == 2);  // no --world
   CHECK(Parsed({"--serve-coordinator", "--world", "1", "--rank", "3"}).code == 2);
 }
 

@@ -3,7 +3,6 @@
 // call that prepares itself. A rank that is not ready stops every rank before any
 // byte is written, and says why.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <random>
 #include <thread>

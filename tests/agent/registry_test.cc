@@ -1,10 +1,9 @@
 // The agent's registry refuses memory that belongs to another user than the process
 // registering it (where the memory has an owner, as host shared memory does).
-#include <catch2/catch.hpp>
-
-#include <vector>
-
 #include "daemon/agent/registry.h"
+
+#include <catch2/catch.hpp>
+#include <vector>
 
 namespace shardsync::agent {
 namespace {
@@ -31,7 +30,7 @@ class FakeBackend final : public executor::MemoryBackend {
   absl::string_view name() const override { return "fake"; }
   bool Accepts(const executor::MemoryHandle& handle) const override { return !handle.shm_name.empty(); }
   absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Open(const executor::MemoryHandle& handle,
-                                                              int64_t bytes) override {
+                                                               int64_t bytes) override {
     std::optional<uint32_t> owner;
     if (handle.shm_name.rfind("uid:", 0) == 0) owner = static_cast<uint32_t>(std::stoul(handle.shm_name.substr(4)));
     return std::unique_ptr<executor::MappedBuffer>(new FakeBuffer(bytes, owner));
@@ -55,8 +54,8 @@ TEST_CASE("a client registers only memory its own uid owns") {
   const Peer peer{1234, 1000};
   const absl::Status other = registry.Add(Request("intruder", "uid:0"), peer);
   CHECK(absl::IsPermissionDenied(other));
-  CHECK_THAT(std::string(other.message()), Contains("client 'intruder'") && Contains("belongs to uid 0") &&
-                                               Contains("pid 1234, uid 1000"));
+  CHECK_THAT(std::string(other.message()),
+             Contains("client 'intruder'") && Contains("belongs to uid 0") && Contains("pid 1234, uid 1000"));
   CHECK(registry.Clients().empty());
 
   REQUIRE(registry.Add(Request("owner", "uid:1000"), peer).ok());

@@ -1,13 +1,13 @@
 // The flags every main parses (common/flags.h): strict numbers, switches and addresses,
 // config files that cannot turn a switch on by accident, unknown names refused.
-#include <catch2/catch.hpp>
+#include "common/flags.h"
 
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "common/daemon_process.h"
-#include "common/flags.h"
 #include "daemon/coordinator/coordinator_flags.h"
 
 namespace shardsync {
@@ -38,17 +38,24 @@ std::string WriteFile(const std::string& name, const std::string& text) {
 }
 
 TEST_CASE("a switch is true bare or given true or 1, false given false or 0; anything else is refused") {
-  for (const auto& [args, insecure] : std::vector<std::pair<std::vector<std::string>, bool>>{
-           {{"--insecure"}, true}, {{"--insecure=true"}, true}, {{"--insecure=1"}, true},
-           {{"--insecure=false"}, false}, {{"--insecure=0"}, false}, {{}, false}}) {
+  for (const auto& [args, insecure] :
+       std::vector<std::pair<std::vector<std::string>, bool>>{{{"--insecure"}, true},
+                                                              {{"--insecure=true"}, true},
+                                                              {{"--insecure=1"}, true},
+                                                              {{"--insecure=false"}, false},
+                                                              {{"--insecure=0"}, false},
+                                                              {{}, false}}) {
     CoordinatorFlags f;
     INFO((args.empty() ? std::string("(none)") : args[0]));
     REQUIRE(f.Parse(args) == -1);
     CHECK(f.daemon.tls.insecure == insecure);
   }
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"--insecure", "false"}, {"--insecure=no"}, {"--insecure=2"}, {"--insecure=off"}, {"--insecure="},
-           {"--insecure={}"}}) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{{"--insecure", "false"},
+                                                                                    {"--insecure=no"},
+                                                                                    {"--insecure=2"},
+                                                                                    {"--insecure=off"},
+                                                                                    {"--insecure="},
+                                                                                    {"--insecure={}"}}) {
     CoordinatorFlags f;
     INFO((args[0] + (args.size() > 1 ? " " + args[1] : "")));
     CHECK(f.Parse(args) == 2);  // a usage error: the daemon stops before serving
@@ -57,8 +64,9 @@ TEST_CASE("a switch is true bare or given true or 1, false given false or 0; any
 
 TEST_CASE("a config file sets flags the command line has not; insecure = false there is false") {
   CoordinatorFlags f;
-  const std::string path = WriteFile("c1", "# the coordinator\nworld = 3\nstaging-bytes = 65536  # a comment\n"
-                                           "insecure = false\nlog-level = warn\n");
+  const std::string path = WriteFile("c1",
+                                     "# the coordinator\nworld = 3\nstaging-bytes = 65536  # a comment\n"
+                                     "insecure = false\nlog-level = warn\n");
   REQUIRE(f.Parse({"--config", path, "--world", "5"}) == -1);
   CHECK(f.config.world_size == 5);  // the command line wins
   CHECK(f.config.staging_bytes == 65536);
@@ -74,9 +82,9 @@ TEST_CASE("a config file sets flags the command line has not; insecure = false t
           -1);
   CHECK_FALSE(long_comment.daemon.tls.insecure);
 
-  for (const std::string& text : {"world = 1\ninsecure = off\n", "world = 1\nbogus = 1\n", "world = 1x\n",
-                                  "world = 1\ninsecure =\n", "world = 1\ninsecure = # no\n",
-                                  "world = 1\ninsecure = {}\n", "[coordinator]\nworld = 1\n", "world = 010\n"}) {
+  for (const std::string& text :
+       {"world = 1\ninsecure = off\n", "world = 1\nbogus = 1\n", "world = 1x\n", "world = 1\ninsecure =\n",
+        "world = 1\ninsecure = # no\n", "world = 1\ninsecure = {}\n", "[coordinator]\nworld = 1\n", "world = 010\n"}) {
     CoordinatorFlags bad;
     INFO(text);
     CHECK(bad.Parse({"--config", WriteFile("c4", text)}) == 2);
@@ -85,24 +93,37 @@ TEST_CASE("a config file sets flags the command line has not; insecure = false t
   CHECK(missing.Parse({"--config", "/nonexistent/config"}) == 2);
 
   CoordinatorFlags whole_lines;  // a value is the rest of its line: brackets, spaces and all
-  REQUIRE(whole_lines.Parse({"--config", WriteFile("c5", "world = 1\nmetrics-listen = [::]:9470\n"
-                                                           "tls-ca = /etc/my certs/ca.pem\n")}) == -1);
+  REQUIRE(whole_lines.Parse({"--config", WriteFile("c5",
+                                                   "world = 1\nmetrics-listen = [::]:9470\n"
+                                                   "tls-ca = /etc/my certs/ca.pem\n")}) == -1);
   CHECK(whole_lines.config.world_size == 1);
   CHECK(whole_lines.daemon.metrics_listen == "[::]:9470");
   CHECK(whole_lines.daemon.tls.ca_file == "/etc/my certs/ca.pem");
 }
 
 TEST_CASE("numbers are whole, decimal and in range; addresses have a real port; names are known") {
-  const std::vector<std::vector<std::string>> refused = {
-      {"--world", "1.9"},        {"--world", "0x10"},          {"--world", "010x"},       {"--world", "010"},
-      {"--world", "-0"},         {"--world=", "3"},
-      {"--world", "0"},          {"--world", "2147483647"},    {"--world", "-1"},
-      {"--world", ""},           {"--staging-bytes", "0.5"},   {"--staging-bytes", "8"},
-      {"--world", "1", "--staging-bytes", "-1"},              {"--world", "1", "--metrics-listen", ":99999"},
-      {"--world", "1", "--metrics-listen", "localhost"},      {"--world", "1", "--log-level", "verbose"},
-      {"--world", "1", "--link-gbps", "nan"},                 {"--world", "1", "--link-gbps", "0"},
-      {"--world", "1", "--relay", "sometimes"},               {"--world", "1", "--sync-timeout-ms", "1e3"},
-      {"--world", "1", "--bogus", "1"},                       {"--world", "1", "stray"}};
+  const std::vector<std::vector<std::string>> refused = {{"--world", "1.9"},
+                                                         {"--world", "0x10"},
+                                                         {"--world", "010x"},
+                                                         {"--world", "010"},
+                                                         {"--world", "-0"},
+                                                         {"--world=", "3"},
+                                                         {"--world", "0"},
+                                                         {"--world", "2147483647"},
+                                                         {"--world", "-1"},
+                                                         {"--world", ""},
+                                                         {"--staging-bytes", "0.5"},
+                                                         {"--staging-bytes", "8"},
+                                                         {"--world", "1", "--staging-bytes", "-1"},
+                                                         {"--world", "1", "--metrics-listen", ":99999"},
+                                                         {"--world", "1", "--metrics-listen", "localhost"},
+                                                         {"--world", "1", "--log-level", "verbose"},
+                                                         {"--world", "1", "--link-gbps", "nan"},
+                                                         {"--world", "1", "--link-gbps", "0"},
+                                                         {"--world", "1", "--relay", "sometimes"},
+                                                         {"--world", "1", "--sync-timeout-ms", "1e3"},
+                                                         {"--world", "1", "--bogus", "1"},
+                                                         {"--world", "1", "stray"}};
   for (const std::vector<std::string>& args : refused) {
     CoordinatorFlags f;
     std::string joined;

@@ -1,13 +1,13 @@
 // The agent's decoding of a schedule: what the planner made comes back the same, and a
 // segment record the executor cannot use is refused with what is wrong in it.
-#include <catch2/catch.hpp>
+#include "daemon/common/schedule_codec.h"
 
+#include <catch2/catch.hpp>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "daemon/common/schedule_codec.h"
 #include "planner/builders.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
@@ -27,8 +27,8 @@ v1::PrepareRequest ScheduleOfRankOne(planner::Segment* segment) {
   auto target = planner::TpSplit(shape, 1, {8, 8}, {1, 1}, 0, {0, 0});
   REQUIRE(target.ok());
   target->placements.erase(target->placements.begin());  // keep the columns [8, 16)
-  input.tensors.push_back(planner::TensorLayouts{"w", shape, planner::DType::kBFloat16, planner::DType::kBFloat16,
-                                                 source, *target});
+  input.tensors.push_back(
+      planner::TensorLayouts{"w", shape, planner::DType::kBFloat16, planner::DType::kBFloat16, source, *target});
   auto plan = planner::MakePlan(input, *planner::LocalFirstLeastLoaded());
   REQUIRE(plan.ok());
   REQUIRE(plan->segments.size() == 1);

@@ -1,10 +1,10 @@
 // What the coordinator hands the planner from the agents' publications: every target,
 // or for a partial sync only the targets of the ranks named.
-#include <catch2/catch.hpp>
+#include "daemon/coordinator/layouts.h"
 
+#include <catch2/catch.hpp>
 #include <set>
 
-#include "daemon/coordinator/layouts.h"
 #include "planner/plan.h"
 
 namespace shardsync::coordinator {
@@ -87,8 +87,9 @@ TEST_CASE("a tensor's sources come from one uid unless the operator shares it am
   published[3].mutable_layouts(0)->set_client_id("intruder");
   const absl::Status refused = CheckSourceOwners(published, {});
   CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
-  CHECK_THAT(std::string(refused.message()), Catch::Matchers::Contains("from uid 1000") &&
-                                                 Catch::Matchers::Contains("from uid 1001 (client 'intruder' on rank 3)"));
+  CHECK_THAT(std::string(refused.message()),
+             Catch::Matchers::Contains("from uid 1000") &&
+                 Catch::Matchers::Contains("from uid 1001 (client 'intruder' on rank 3)"));
   CHECK(CheckSourceOwners(published, {1000, 1001}).ok());
   CHECK_FALSE(CheckSourceOwners(published, {1001}).ok());  // both must be named
 }

@@ -1,9 +1,9 @@
 // What a registration costs the coordinator is given back when it goes: a 100k-tensor
 // publication, planned, then replaced by an empty one, leaves the coordinator's
 // resident memory near where it started.
-#include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <string>
 

@@ -1,14 +1,14 @@
 // The coordinator's rank pool: every Run calls each rank once, all at once (rank 0 on the
 // caller's thread), and returns only when all have returned; Runs follow one another.
-#include <catch2/catch.hpp>
+#include "daemon/coordinator/rank_pool.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <set>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "daemon/coordinator/rank_pool.h"
 
 namespace shardsync::coordinator {
 namespace {
@@ -40,7 +40,8 @@ TEST_CASE("the ranks of one Run overlap: a call can wait for the others") {
     ++arrived;
     threads.insert(std::this_thread::get_id());
     // Every rank waits here until all have arrived: only possible if they run at once.
-    mu.Await(absl::Condition(+[](int* n) { return *n == kRanks; }, &arrived));
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n == kRanks; }, &arrived));
   });
   CHECK(arrived == kRanks);
   CHECK(threads.size() == kRanks);

@@ -1,7 +1,6 @@
 // The coordinator's requests are checked at its edge: a rank outside the world, a
 // missing or oversized name, or a Publish before a Join is refused and changes nothing.
 #include <catch2/catch.hpp>
-
 #include <string>
 
 #include "common/tls.h"

@@ -1,10 +1,9 @@
 // Two ways to run syncs beyond a coordinator process writing every target: agent 0
 // serving as the coordinator (--serve-coordinator), and partial targets (a sync that
 // writes the targets of the ranks named). Real daemons and client processes (CPU).
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <iterator>
 
@@ -28,8 +27,9 @@ TEST_CASE("agent 0 serving the coordinator in its own process: every sync exact,
     options.agent0_serves_coordinator = true;
     Cluster cluster(options);  // no coordinator process: agent 0 is it
     const bool alone = agents == 1;
-    Deployment deployment(cluster, "served", ModelJson(3, alone ? R"([{"ranks": [0]}])" : kLayouts[0].replicas,
-                                                       alone ? "[0]" : "[0, 1, 2, 3]"), 51);
+    Deployment deployment(
+        cluster, "served",
+        ModelJson(3, alone ? R"([{"ranks": [0]}])" : kLayouts[0].replicas, alone ? "[0]" : "[0, 1, 2, 3]"), 51);
     RequireReady(deployment);
     auto first = SyncOnce(cluster, absl::Seconds(20));
     if (!first.ok()) cluster.DumpLogs();
@@ -65,7 +65,8 @@ TEST_CASE("agent 0 serving the coordinator in its own process: every sync exact,
   }
 }
 
-TEST_CASE("agent 0 serving the coordinator killed and restarted on its port: the others rejoin, the next sync is exact") {
+TEST_CASE(
+    "agent 0 serving the coordinator killed and restarted on its port: the others rejoin, the next sync is exact") {
   ClusterOptions options;
   options.agent0_serves_coordinator = true;
   Cluster cluster(options);

@@ -1,8 +1,8 @@
 // Bad registrations, against a real agent: each is refused with a clear reason before
 // anything is held, and the agent's registry stays as it was.
-#include <catch2/catch.hpp>
-
 #include <sys/mman.h>
+
+#include <catch2/catch.hpp>
 
 #include "client/cpp/client.h"
 #include "tools/localsync/cluster.h"

@@ -2,10 +2,9 @@
 // source, concurrent syncs queue, malformed and oversized messages are refused with the
 // daemons still serving, an agent writes only into target placements, never into
 // sources, and knows which process registered what.
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -144,11 +143,15 @@ TEST_CASE("malformed protobuf on every service is refused; the daemons keep serv
   const auto agent_socket = grpc::CreateChannel("unix:" + cluster.socket(1), grpc::InsecureChannelCredentials());
   // Truncated varints, a length past the end, a wrong wire type, random bytes.
   const std::vector<std::string> garbage = {std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 10),
-                                            std::string("\x0a\x7f" "abc", 5), std::string("\x0f\x01", 2),
-                                            std::string("\x12\xff\xff\xff\xff\x0f", 6)};
+                                            std::string("\x0a\x7f"
+                                                        "abc",
+                                                        5),
+                                            std::string("\x0f\x01", 2), std::string("\x12\xff\xff\xff\xff\x0f", 6)};
   const std::vector<std::pair<const std::shared_ptr<grpc::Channel>*, std::string>> methods = {
-      {&coordinator, "/shardsync.v1.Coordinator/Join"},   {&coordinator, "/shardsync.v1.Coordinator/Publish"},
-      {&coordinator, "/shardsync.v1.Coordinator/Sync"},   {&coordinator, "/shardsync.v1.Coordinator/Explain"},
+      {&coordinator, "/shardsync.v1.Coordinator/Join"},
+      {&coordinator, "/shardsync.v1.Coordinator/Publish"},
+      {&coordinator, "/shardsync.v1.Coordinator/Sync"},
+      {&coordinator, "/shardsync.v1.Coordinator/Explain"},
       {&agent_socket, "/shardsync.v1.Agent/Status"}};
   int refused = 0;
   for (const auto& [channel, method] : methods) {
@@ -179,8 +182,8 @@ TEST_CASE("a chunk for a sync the agent has not prepared is refused at once, not
   auto status = cluster.coordinator_client().Status(absl::Seconds(5));
   REQUIRE(status.ok());
   REQUIRE(status->agents_size() == 2);
-  auto stub = v1::AgentControl::NewStub(
-      grpc::CreateChannel(status->agents(1).address(), grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::AgentControl::NewStub(grpc::CreateChannel(status->agents(1).address(), grpc::InsecureChannelCredentials()));
   v1::TransferRequest transfer;
   transfer.set_sync_id("sync-nobody-prepared");
   transfer.set_from_rank(0);
@@ -206,14 +209,14 @@ TEST_CASE("a message over a server's limit is refused; the daemons keep serving"
   Deployment deployment(cluster, "limits", kTwoRankModel, 3);
   RequireReady(deployment);
   const std::string big((64 << 20) + 1024, 'x');  // just over 64 MiB: the default limit of both
-  const grpc::Status coordinator = CallWithGarbage(
-      grpc::CreateChannel(cluster.coordinator(), grpc::InsecureChannelCredentials()), "/shardsync.v1.Coordinator/Publish",
-      big);
+  const grpc::Status coordinator =
+      CallWithGarbage(grpc::CreateChannel(cluster.coordinator(), grpc::InsecureChannelCredentials()),
+                      "/shardsync.v1.Coordinator/Publish", big);
   INFO(coordinator.error_message());
   CHECK(coordinator.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  const grpc::Status agent = CallWithGarbage(
-      grpc::CreateChannel("unix:" + cluster.socket(0), grpc::InsecureChannelCredentials()), "/shardsync.v1.Agent/Status",
-      big);
+  const grpc::Status agent =
+      CallWithGarbage(grpc::CreateChannel("unix:" + cluster.socket(0), grpc::InsecureChannelCredentials()),
+                      "/shardsync.v1.Agent/Status", big);
   INFO(agent.error_message());
   CHECK(agent.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   auto sync = SyncOnce(cluster, absl::Seconds(20), /*verify=*/true);

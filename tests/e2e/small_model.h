@@ -2,7 +2,6 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <string>
 #include <vector>
 
@@ -22,7 +21,8 @@ inline std::string ModelJson(int zero_stage, const std::string& replicas, const 
       {"name": "up", "shape": [40, 16], "style": "COLUMN"},
       {"name": "down", "shape": [16, 40], "style": "ROW"},
       {"name": "cube", "shape": [7, 5, 3], "style": "COLUMN"}],
-    "zero_stage": )", zero_stage, R"(, "dp_ranks": )", dp, R"(, "replicas": )", replicas, "}}");
+    "zero_stage": )",
+                      zero_stage, R"(, "dp_ranks": )", dp, R"(, "replicas": )", replicas, "}}");
 }
 
 struct Layout {

@@ -1,8 +1,7 @@
-#include <catch2/catch.hpp>
-
-#include <cstring>
-
 #include "executor/host_copy.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
 
 namespace shardsync::executor {
 namespace {

@@ -2,12 +2,12 @@
 // /dev/shm is a refusal then, not a SIGBUS later), and a shrunk object is noticed.
 #include "executor/host_shm.h"
 
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 
 namespace shardsync::executor {

@@ -1,18 +1,18 @@
 // The round engine on every rank at once (threads, loopback transport): random layouts
 // sync bit for bit, staging stays within the budget, and a silent peer is named.
-#include <catch2/catch.hpp>
+#include "executor/round_engine.h"
 
+#include <catch2/catch.hpp>
 #include <random>
 #include <set>
 #include <thread>
 #include <tuple>
 
 #include "executor/mailbox.h"
-#include "executor/round_engine.h"
 #include "planner/builders.h"
+#include "planner/cost.h"
 #include "planner/model_layout.h"
 #include "planner/schedule.h"
-#include "planner/cost.h"
 #include "tests/executor/buffer_table.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/sync_check.h"
@@ -42,7 +42,8 @@ std::vector<absl::StatusOr<ExecutionStats>> RunEveryRank(const planner::Plan& pl
       LoopbackTransport transport(r, world.pointers);
       HostDevice device;
       RoundEngine engine(device, transport);
-      results[r] = engine.Run("sync-1", plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20));
+      results[r] =
+          engine.Run("sync-1", plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20));
     });
   }
   for (std::thread& t : threads) t.join();

@@ -43,7 +43,8 @@ std::vector<std::pair<std::string, int32_t>> Mismatches(const Checksums& sums) {
 }
 
 // Every rank's round engine on its own thread over loopback.
-void RunSync(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules, testing::HostBuffers& buffers) {
+void RunSync(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules,
+             testing::HostBuffers& buffers) {
   std::map<int32_t, Mailbox> mailboxes;
   std::map<int32_t, Mailbox*> pointers;
   for (int32_t r = 0; r < plan.num_ranks; ++r) pointers[r] = &mailboxes[r];
@@ -54,8 +55,8 @@ void RunSync(const planner::Plan& plan, const std::vector<planner::Schedule>& sc
       LoopbackTransport transport(r, pointers);
       HostDevice device;
       RoundEngine engine(device, transport);
-      results[r] = engine.Run("sync", plan, schedules[r], TableFor(r, buffers), 256, absl::Now() + absl::Seconds(20))
-                       .status();
+      results[r] =
+          engine.Run("sync", plan, schedules[r], TableFor(r, buffers), 256, absl::Now() + absl::Seconds(20)).status();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -152,7 +153,8 @@ TEST_CASE("relayed: a forwarded copy is checked against the relay's target, and 
     // The relay's target changed: the relay differs from its sources (and the copy from it).
     uint8_t& relay = buffers.at(s.src)[s.src_base * planner::ElementBytes(s.src_dtype)];
     relay ^= 1;
-    const std::vector<std::pair<std::string, int32_t>> found = Mismatches(SumOverRanks(*plan, schedules, buffers, 1 << 20));
+    const std::vector<std::pair<std::string, int32_t>> found =
+        Mismatches(SumOverRanks(*plan, schedules, buffers, 1 << 20));
     CHECK(std::count(found.begin(), found.end(), std::make_pair(plan->tensor_names[s.tensor], s.src.rank)) == 1);
     CHECK(std::count(found.begin(), found.end(), copy_key) == 1);
     relay ^= 1;

@@ -51,7 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!join.ParseFromArray(bytes, static_cast<int>(length))) continue;
       if (!join.address().empty()) join.set_address("127.0.0.1:1");
       const auto joined = coordinator.Join(join);
-      if (joined.ok() && (join.rank() < 0 || join.rank() >= config.world_size)) Finding("took a rank outside the world");
+      if (joined.ok() && (join.rank() < 0 || join.rank() >= config.world_size))
+        Finding("took a rank outside the world");
     } else if (op == 1) {
       v1::PublishRequest publish;
       if (!publish.ParseFromArray(bytes, static_cast<int>(length))) continue;

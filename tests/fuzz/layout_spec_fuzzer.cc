@@ -53,7 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!plan.ok()) return 0;  // refused: a target not covered, a mismatch
   const int64_t staging = 64 + static_cast<int64_t>(size % 4096);
   const absl::StatusOr<std::vector<planner::Schedule>> schedules = planner::MakeSchedules(*plan, staging);
-  if (!schedules.ok()) Finding("a plan the planner made cannot be scheduled", std::string(schedules.status().message()));
+  if (!schedules.ok())
+    Finding("a plan the planner made cannot be scheduled", std::string(schedules.status().message()));
 
   testing::HostBuffers buffers = testing::AllocateBuffers(*input);
   std::mt19937_64 rng(size);

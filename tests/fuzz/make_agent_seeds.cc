@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
       fuzz::AppendRecord(&input, fuzz::AgentOp::kWithdraw, "rollout");
       fuzz::AppendRecord(&input, fuzz::AgentOp::kExecute, cached.SerializeAsString());
       fuzz::AppendRecord(&input, fuzz::AgentOp::kReport, "");
-      const std::string name = std::string(argv[1]) + "/seed-world" + std::to_string(world) + "-r" + std::to_string(rank);
+      const std::string name =
+          std::string(argv[1]) + "/seed-world" + std::to_string(world) + "-r" + std::to_string(rank);
       std::ofstream(name, std::ios::binary) << input;
     }
   }

@@ -59,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           if (plan.segments[index].stage != static_cast<int8_t>(k)) Finding("a stream segment in another stage");
         }
         for (const planner::Chunk& chunk : stream.chunks) {
-          if (chunk.first < 0 || chunk.last >= static_cast<int32_t>(stream.segments.size()) || chunk.first > chunk.last) {
+          if (chunk.first < 0 || chunk.last >= static_cast<int32_t>(stream.segments.size()) ||
+              chunk.first > chunk.last) {
             Finding("a chunk out of its stream");
           }
         }

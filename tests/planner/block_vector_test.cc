@@ -1,11 +1,10 @@
-#include <catch2/catch.hpp>
+#include "planner/block_vector.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include "planner/block_vector.h"
 
 namespace shardsync::planner {
 namespace {

@@ -1,8 +1,7 @@
-#include <catch2/catch.hpp>
-
-#include <random>
-
 #include "planner/box.h"
+
+#include <catch2/catch.hpp>
+#include <random>
 
 namespace shardsync::planner {
 namespace {

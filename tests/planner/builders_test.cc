@@ -1,8 +1,9 @@
 // Pins the layout facts the builders match (DeepSpeed, vLLM, SGLang; planner/builders.h).
+#include "planner/builders.h"
+
 #include <catch2/catch.hpp>
 
 #include "planner/box.h"
-#include "planner/builders.h"
 #include "planner/model_layout.h"
 #include "planner/plan.h"
 

@@ -1,12 +1,12 @@
 // The plan: replica policy cases pinned from the DeepSpeed draft, and every refusal
 // naming its tensor, rank and box.
-#include <catch2/catch.hpp>
+#include "planner/plan.h"
 
+#include <catch2/catch.hpp>
 #include <map>
 
 #include "planner/box.h"
 #include "planner/builders.h"
-#include "planner/plan.h"
 
 namespace shardsync::planner {
 namespace {
@@ -126,27 +126,27 @@ TEST_CASE("planner refuses an uncovered target box, naming tensor, rank and box"
 
 TEST_CASE("planner refuses target placements that overlap on one buffer") {
   PlanInput input = WithBuffers(2, 1024);
-  input.tensors.push_back(TensorLayouts{"a", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}),
-                                        WholeTarget(8, {1}, 0)});
-  input.tensors.push_back(TensorLayouts{"b", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 8),
-                                        WholeTarget(8, {1}, 4)});
-  CHECK_THAT(PlanError(input), Contains("tensor 'a'") && Contains("tensor 'b'") && Contains("overlap") &&
-                                   Contains("rank 1"));
+  input.tensors.push_back(
+      TensorLayouts{"a", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}), WholeTarget(8, {1}, 0)});
+  input.tensors.push_back(
+      TensorLayouts{"b", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 8), WholeTarget(8, {1}, 4)});
+  CHECK_THAT(PlanError(input),
+             Contains("tensor 'a'") && Contains("tensor 'b'") && Contains("overlap") && Contains("rank 1"));
 }
 
 TEST_CASE("placements registered out of buffer order are accepted, and an overlap is found whatever the order") {
   // a at elements [16, 24) of buffer 1, then b at [0, 8): out of order, disjoint.
   PlanInput input = WithBuffers(2, 1024);
-  input.tensors.push_back(TensorLayouts{"a", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}),
-                                        WholeTarget(8, {1}, 16)});
-  input.tensors.push_back(TensorLayouts{"b", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 8),
-                                        WholeTarget(8, {1}, 0)});
+  input.tensors.push_back(
+      TensorLayouts{"a", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}), WholeTarget(8, {1}, 16)});
+  input.tensors.push_back(
+      TensorLayouts{"b", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 8), WholeTarget(8, {1}, 0)});
   CHECK(MakePlan(input, *LocalFirstLeastLoaded()).ok());
   // c at [12, 20) overlaps a, and comes after b, which started lower.
-  input.tensors.push_back(TensorLayouts{"c", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 16),
-                                        WholeTarget(8, {1}, 12)});
-  CHECK_THAT(PlanError(input), Contains("tensor 'c'") && Contains("tensor 'a'") && Contains("overlap") &&
-                                   Contains("at byte 32"));
+  input.tensors.push_back(
+      TensorLayouts{"c", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 16), WholeTarget(8, {1}, 12)});
+  CHECK_THAT(PlanError(input),
+             Contains("tensor 'c'") && Contains("tensor 'a'") && Contains("overlap") && Contains("at byte 32"));
 }
 
 TEST_CASE("planner refuses a box outside the tensor, naming tensor and rank") {
@@ -154,25 +154,26 @@ TEST_CASE("planner refuses a box outside the tensor, naming tensor and rank") {
   Layout target = WholeTarget(8, {1});
   target.placements[0].box.hi[0] = 9;
   input.tensors.push_back(TensorLayouts{"w", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}), target});
-  CHECK_THAT(PlanError(input), Contains("tensor 'w'") && Contains("[0:9)") && Contains("rank 1") &&
-                                   Contains("outside the tensor"));
+  CHECK_THAT(PlanError(input),
+             Contains("tensor 'w'") && Contains("[0:9)") && Contains("rank 1") && Contains("outside the tensor"));
 }
 
 TEST_CASE("planner refuses a placement that does not fit its buffer") {
   PlanInput input = WithBuffers(2, 16);  // 8 bf16 elements
-  input.tensors.push_back(TensorLayouts{"w", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 1),
-                                        WholeTarget(8, {1})});
-  CHECK_THAT(PlanError(input), Contains("tensor 'w'") && Contains("rank 0") && Contains("needs 18 bytes") &&
-                                   Contains("has 16"));
+  input.tensors.push_back(
+      TensorLayouts{"w", Index{8}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}, 1), WholeTarget(8, {1})});
+  CHECK_THAT(PlanError(input),
+             Contains("tensor 'w'") && Contains("rank 0") && Contains("needs 18 bytes") && Contains("has 16"));
 }
 
 TEST_CASE("planner refuses overflowing strides, negative values and unregistered buffers") {
   PlanInput input = WithBuffers(2, 1024);
   Layout source = Whole(8, {0});
   source.placements[0].strides[0] = int64_t{1} << 62;
-  input.tensors.push_back(TensorLayouts{"w", Index{8}, DType::kBFloat16, DType::kBFloat16, source, WholeTarget(8, {1})});
-  CHECK_THAT(PlanError(input), Contains("tensor 'w'") && Contains("stride 4611686018427387904") &&
-                                   Contains("at most 2147483647"));
+  input.tensors.push_back(
+      TensorLayouts{"w", Index{8}, DType::kBFloat16, DType::kBFloat16, source, WholeTarget(8, {1})});
+  CHECK_THAT(PlanError(input),
+             Contains("tensor 'w'") && Contains("stride 4611686018427387904") && Contains("at most 2147483647"));
 
   // Each stride and extent within 32 bits, the last element's offset past 2^63.
   const int64_t big = kMaxSegmentAxis;
@@ -184,8 +185,8 @@ TEST_CASE("planner refuses overflowing strides, negative values and unregistered
   CHECK_THAT(PlanError(wide), Contains("tensor 'h'") && Contains("buffer has 1024"));
 
   PlanInput long_axis = WithBuffers(2, 1024);
-  long_axis.tensors.push_back(TensorLayouts{"l", Index{big + 1}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}),
-                                            WholeTarget(8, {1})});
+  long_axis.tensors.push_back(
+      TensorLayouts{"l", Index{big + 1}, DType::kBFloat16, DType::kBFloat16, Whole(8, {0}), WholeTarget(8, {1})});
   CHECK_THAT(PlanError(long_axis), Contains("tensor 'l'") && Contains("an axis of 2147483648 elements"));
 
   input.tensors[0].source = Whole(8, {0});
@@ -217,8 +218,8 @@ TEST_CASE("tensors match by name; shape and dtype mismatches and unknown names a
   CHECK_THAT(std::string(unknown.status().message()), Contains("'missing'"));
 
   PlanInput input = WithBuffers(2, 1024);
-  input.tensors.push_back(TensorLayouts{"w", Index{8}, DType::kFloat16, DType::kBFloat16, Whole(8, {0}),
-                                        WholeTarget(8, {1})});
+  input.tensors.push_back(
+      TensorLayouts{"w", Index{8}, DType::kFloat16, DType::kBFloat16, Whole(8, {0}), WholeTarget(8, {1})});
   CHECK_THAT(PlanError(input), Contains("tensor 'w'") && Contains("dtype mismatch") && Contains("float16"));
 }
 
@@ -229,7 +230,8 @@ TEST_CASE("empty batches, zero-sized tensors and scalars plan correctly") {
   CHECK(empty->segments.empty());
 
   input.tensors.push_back(TensorLayouts{"zero", Index{0, 4}, DType::kBFloat16, DType::kBFloat16,
-                                        Zero3(Index{0, 4}, {0, 1}, 0, 0), *TpSplit(Index{0, 4}, 1, {2, 2}, {0, 1}, 1, {0, 0})});
+                                        Zero3(Index{0, 4}, {0, 1}, 0, 0),
+                                        *TpSplit(Index{0, 4}, 1, {2, 2}, {0, 1}, 1, {0, 0})});
   input.tensors.push_back(TensorLayouts{"scalar", Index{}, DType::kBFloat16, DType::kBFloat16,
                                         Replicated(Index{}, {0}, 0, {0}), Replicated(Index{}, {1}, 1, {0})});
   auto plan = MakePlan(input, *LocalFirstLeastLoaded());

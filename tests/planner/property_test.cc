@@ -1,14 +1,13 @@
 // Property tests: many seeded random layouts planned, scheduled and applied by the
 // host reference executor; every target element must equal its source, bit for bit.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <random>
 
+#include "planner/cost.h"
 #include "planner/model_layout.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/cost.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/reference_executor.h"
 #include "tests/planner/sync_check.h"
@@ -19,9 +18,10 @@ namespace {
 // From exactly one element of the widest dtype the batch moves, to unbounded.
 int64_t RandomBudget(const planner::PlanInput& input, std::mt19937_64& rng) {
   int64_t element = 1;
-  for (const planner::TensorLayouts& t : input.tensors) element = std::max(element, planner::ElementBytes(t.target_dtype));
-  const int64_t options[] = {planner::kStagingBuffersPerPeer * element, planner::kStagingBuffersPerPeer * element * 3 / 2,
-                             64, 1000, int64_t{1} << 40};
+  for (const planner::TensorLayouts& t : input.tensors)
+    element = std::max(element, planner::ElementBytes(t.target_dtype));
+  const int64_t options[] = {planner::kStagingBuffersPerPeer * element,
+                             planner::kStagingBuffersPerPeer * element * 3 / 2, 64, 1000, int64_t{1} << 40};
   return options[rng() % 5];
 }
 

@@ -58,8 +58,9 @@ planner::ModelLayoutSpec RandomModel(std::mt19937_64& rng) {
     vocab_ok = vocab_ok && 64 % tp == 0;
   }
   const int dtype_case = Uniform(rng, 0, 3);
-  const planner::DType dtype = std::vector<planner::DType>{planner::DType::kBFloat16, planner::DType::kFloat32,
-                                                           planner::DType::kUInt8, planner::DType::kFloat32}[dtype_case];
+  const planner::DType dtype =
+      std::vector<planner::DType>{planner::DType::kBFloat16, planner::DType::kFloat32, planner::DType::kUInt8,
+                                  planner::DType::kFloat32}[dtype_case];
   if (dtype_case == 3) spec.target_dtype = planner::DType::kBFloat16;
 
   const int count = Uniform(rng, 1, 6);
@@ -97,8 +98,8 @@ planner::ModelLayoutSpec RandomModel(std::mt19937_64& rng) {
       }
       spec.fused_rows.push_back(group);
     } else if (kind == 2 && vocab_ok) {  // padded vocabulary, maybe with a tied head
-      spec.tensors.push_back(Tensor(name + ".embed", Index{Uniform(rng, 1, 150), Uniform(rng, 1, 3)}, dtype,
-                                         TpStyle::kVocab));
+      spec.tensors.push_back(
+          Tensor(name + ".embed", Index{Uniform(rng, 1, 150), Uniform(rng, 1, 3)}, dtype, TpStyle::kVocab));
       if (Uniform(rng, 0, 1)) {
         ModelTensor head = spec.tensors.back();
         head.name = name + ".lm_head";
@@ -139,7 +140,8 @@ planner::PlanInput RandomMixedSources(std::mt19937_64& rng) {
     const std::vector<int32_t> ranks = RandomRanks(rng, world, Uniform(rng, 1, world));
     const std::vector<int64_t> sizes = planner::UnevenSplit(shape[axis], static_cast<int>(ranks.size()));
     std::vector<int64_t> offsets;
-    for (size_t i = 0; i < ranks.size(); ++i) offsets.push_back(sources.Reserve(ranks[i], planner::ElementsPerIndex(shape, axis) * sizes[i], dtype));
+    for (size_t i = 0; i < ranks.size(); ++i)
+      offsets.push_back(sources.Reserve(ranks[i], planner::ElementsPerIndex(shape, axis) * sizes[i], dtype));
     source_parts.push_back(*planner::TpSplit(shape, axis, sizes, ranks, 0, offsets));
   }
   if (Uniform(rng, 0, 1)) {  // TP shards that are themselves ZeRO-3 partitioned
@@ -153,7 +155,8 @@ planner::PlanInput RandomMixedSources(std::mt19937_64& rng) {
     for (const planner::Placement& p : outer.placements) {
       const Index extent = planner::Extent(p.box);
       const std::vector<int32_t> ranks = RandomRanks(rng, world, Uniform(rng, 1, world));
-      const int64_t shard_part = planner::Zero3PartitionSize(planner::NumElements(extent), static_cast<int>(ranks.size()));
+      const int64_t shard_part =
+          planner::Zero3PartitionSize(planner::NumElements(extent), static_cast<int>(ranks.size()));
       inner.push_back(planner::Zero3(extent, ranks, 0, sources.ReserveCommon(ranks, shard_part, dtype)));
     }
     source_parts.push_back(*planner::Nest(outer, inner));
@@ -164,7 +167,8 @@ planner::PlanInput RandomMixedSources(std::mt19937_64& rng) {
   Layout outer;
   std::vector<Layout> inner;
   for (int k = 0; k < replicas; ++k) {
-    outer.placements.push_back(planner::Placement{planner::FullBox(shape), planner::Holder{k, 0}, 0, planner::ContiguousStrides(shape)});
+    outer.placements.push_back(
+        planner::Placement{planner::FullBox(shape), planner::Holder{k, 0}, 0, planner::ContiguousStrides(shape)});
     const int target_axis = Uniform(rng, 0, static_cast<int>(shape.size()) - 1);
     const std::vector<int32_t> ranks = RandomRanks(rng, world, Uniform(rng, 1, world));
     const std::vector<int64_t> sizes = planner::UnevenSplit(shape[target_axis], static_cast<int>(ranks.size()));

@@ -1,17 +1,17 @@
 // Ranks on several nodes: a piece is read from a holder on the target's node when one
 // has it, and with the relay each element crosses the network once per node, into one
 // replica, whose target the node's other replicas copy in stage 1.
-#include <catch2/catch.hpp>
+#include "planner/relay.h"
 
+#include <catch2/catch.hpp>
 #include <map>
 #include <random>
 
 #include "planner/builders.h"
+#include "planner/cost.h"
 #include "planner/model_layout.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
-#include "planner/cost.h"
-#include "planner/relay.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/reference_executor.h"
 #include "tests/planner/sync_check.h"
@@ -31,8 +31,7 @@ PlanInput TrainerNodeRolloutNode(int tp) {
     spec.replicas.push_back(ranks);
   }
   spec.tensors = {MakeTensor("w", Index{16, 8}, DType::kBFloat16, TpStyle::kColumn),
-                  MakeTensor("o", Index{8, 16}, DType::kBFloat16, TpStyle::kRow),
-                  MakeTensor("norm", Index{8})};
+                  MakeTensor("o", Index{8, 16}, DType::kBFloat16, TpStyle::kRow), MakeTensor("norm", Index{8})};
   PlanInput input = *ExpandModel(spec);
   input.node_of_rank = {0, 0, 1, 1, 1, 1};
   return input;
@@ -138,16 +137,19 @@ TEST_CASE("the cheaper plan relays unless the node's link is slow against the ne
   const PlanInput input = TrainerNodeRolloutNode(1);
   std::pair<double, double> floors;
   for (double network : {50.0, 400.0}) {
-    auto relayed = MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, network}, &floors);
+    auto relayed =
+        MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, network}, &floors);
     REQUIRE(relayed.ok());
     CHECK(relayed->stages == 2);
     CHECK(floors.second < floors.first);
   }
-  auto direct = MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, 4000}, &floors);
+  auto direct =
+      MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, 4000}, &floors);
   REQUIRE(direct.ok());
   CHECK(direct->stages == 1);
   CHECK(floors.first <= floors.second);
-  const auto slow_network = MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, 50});
+  const auto slow_network =
+      MakePlanWithRelay(input, *LocalFirstLeastLoaded(), RelayMode::kAuto, Bandwidths{400, 4000, 50});
   // The floor adds the stages: the relay's second stage is not free.
   const PlanStats stats = ComputeStats(*slow_network, {});
   const double network_only = CostFloorSeconds(stats, Bandwidths{1e30, 1e30, 50});

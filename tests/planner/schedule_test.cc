@@ -1,16 +1,15 @@
 // Schedules: chunk cuts within the staging budget, both ends of a link agreeing, the
 // digest and the cost floor.
+#include "planner/schedule.h"
+
 #include <catch2/catch.hpp>
-
 #include <functional>
-
 #include <random>
 
 #include "planner/builders.h"
-#include "planner/model_layout.h"
-#include "planner/schedule.h"
 #include "planner/cost.h"
 #include "planner/digest.h"
+#include "planner/model_layout.h"
 #include "tests/planner/random_layouts.h"
 
 namespace shardsync::planner {
@@ -141,15 +140,22 @@ TEST_CASE("the digest changes with every field of a segment") {
   for (Segment& s : plan.segments) s.axes = 2;  // axis 1 is hashed too
   const std::string original = PlanDigest(plan, 64);
   const std::vector<std::function<void(Segment&)>> changes = {
-      [](Segment& s) { s.tensor += 1; },          [](Segment& s) { s.stage = 1; },
-      [](Segment& s) { s.src.rank += 1; },        [](Segment& s) { s.src.buffer += 1; },
-      [](Segment& s) { s.dst.rank += 1; },        [](Segment& s) { s.dst.buffer += 1; },
-      [](Segment& s) { s.src_base += 1; },        [](Segment& s) { s.dst_base += int64_t{1} << 40; },
+      [](Segment& s) { s.tensor += 1; },
+      [](Segment& s) { s.stage = 1; },
+      [](Segment& s) { s.src.rank += 1; },
+      [](Segment& s) { s.src.buffer += 1; },
+      [](Segment& s) { s.dst.rank += 1; },
+      [](Segment& s) { s.dst.buffer += 1; },
+      [](Segment& s) { s.src_base += 1; },
+      [](Segment& s) { s.dst_base += int64_t{1} << 40; },
       [](Segment& s) { s.src_dtype = s.src_dtype == DType::kInt8 ? DType::kUInt8 : DType::kInt8; },
       [](Segment& s) { s.dst_dtype = s.dst_dtype == DType::kInt8 ? DType::kUInt8 : DType::kInt8; },
-      [](Segment& s) { s.axes = s.axes == 1 ? 2 : 1; },             [](Segment& s) { s.shape[0] += 1; },
-      [](Segment& s) { s.shape[1] += 1; },        [](Segment& s) { s.src_strides[1] += 1; },
-      [](Segment& s) { s.dst_strides[0] += 1; },  [](Segment& s) { s.dst_strides[1] += 1; },
+      [](Segment& s) { s.axes = s.axes == 1 ? 2 : 1; },
+      [](Segment& s) { s.shape[0] += 1; },
+      [](Segment& s) { s.shape[1] += 1; },
+      [](Segment& s) { s.src_strides[1] += 1; },
+      [](Segment& s) { s.dst_strides[0] += 1; },
+      [](Segment& s) { s.dst_strides[1] += 1; },
   };
   for (size_t c = 0; c < changes.size(); ++c) {
     for (size_t i : {size_t{0}, size_t{1}}) {  // an even and an odd segment (two lanes)

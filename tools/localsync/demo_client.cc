@@ -10,9 +10,9 @@
 #include <atomic>
 #include <cstring>
 #include <iostream>
-#include <thread>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "client/cpp/client.h"
 #include "common/flags.h"

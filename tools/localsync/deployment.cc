@@ -156,7 +156,8 @@ std::vector<planner::Buffer> Deployment::TargetBuffers() const {
 Contents Deployment::ReadTargets() const {
   Contents contents;
   for (const planner::Buffer& b : TargetBuffers()) {
-    WithBuffer(rollouts_, b, "arena", [&](const uint8_t* data, int64_t bytes) { contents[b.holder].assign(data, data + bytes); });
+    WithBuffer(rollouts_, b, "arena",
+               [&](const uint8_t* data, int64_t bytes) { contents[b.holder].assign(data, data + bytes); });
   }
   return contents;
 }

@@ -11,8 +11,8 @@
 #include "planner/types.h"
 #include "proto/shardsync.pb.h"
 #include "spec/layout_spec.h"
-#include "tools/localsync/contents.h"
 #include "tools/localsync/cluster.h"
+#include "tools/localsync/contents.h"
 
 namespace shardsync::localsync {
 

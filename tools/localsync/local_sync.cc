@@ -32,9 +32,10 @@ int main(int argc, char** argv) {
   options.staging_bytes = int64_t{8} << 20;
   options.sync_timeout_ms = 600000;
   int zero = 3, tp = 2, replicas = 2, syncs = 2;
-  CLI::App app("A whole shardsync on this machine: a coordinator, agents, trainer and rollout clients; syncs a "
-               "preset model's shapes and checks every target byte.",
-               "local_sync");
+  CLI::App app(
+      "A whole shardsync on this machine: a coordinator, agents, trainer and rollout clients; syncs a "
+      "preset model's shapes and checks every target byte.",
+      "local_sync");
   app.add_option("--model", model, "preset model")
       ->check(CLI::IsMember({"qwen3-0.6b", "qwen3-1.7b", "qwen3-8b"}))
       ->capture_default_str();
@@ -54,11 +55,11 @@ int main(int argc, char** argv) {
     for (int t = 0; t < tp; ++t) ranks.push_back(std::to_string(k * tp + t));
     groups.push_back(absl::StrCat("{\"ranks\": [", absl::StrJoin(ranks, ", "), "]}"));
   }
-  const std::string spec = absl::StrCat("{\"model\": {\"preset\": \"", model, "\", \"zero_stage\": ", zero,
-                                        ", \"dp_ranks\": [", absl::StrJoin(dp, ", "), "], \"replicas\": [",
-                                        absl::StrJoin(groups, ", "), "]}}");
-  std::cerr << "local_sync: " << model << ", ZeRO-" << zero << " over " << options.agents << " ranks into "
-            << replicas << " TP=" << tp << " replicas\n";
+  const std::string spec =
+      absl::StrCat("{\"model\": {\"preset\": \"", model, "\", \"zero_stage\": ", zero, ", \"dp_ranks\": [",
+                   absl::StrJoin(dp, ", "), "], \"replicas\": [", absl::StrJoin(groups, ", "), "]}}");
+  std::cerr << "local_sync: " << model << ", ZeRO-" << zero << " over " << options.agents << " ranks into " << replicas
+            << " TP=" << tp << " replicas\n";
   try {
     localsync::Cluster cluster(options);
     localsync::Deployment deployment(cluster, "local", spec, /*seed=*/1);
@@ -82,9 +83,10 @@ int main(int argc, char** argv) {
       for (const v1::RankStats& r : response->ranks()) bytes += r.received_bytes() + r.local_bytes();
       seconds = response->seconds();
     }
-    std::cout << "{\"status\": \"" << (mismatched == 0 ? "ok" : "mismatch") << "\", \"tensors\": "
-              << deployment.input().tensors.size() << ", \"bytes\": " << bytes << ", \"seconds\": " << seconds
-              << ", \"syncs\": " << syncs << ", \"mismatched\": " << mismatched << "}" << std::endl;
+    std::cout << "{\"status\": \"" << (mismatched == 0 ? "ok" : "mismatch")
+              << "\", \"tensors\": " << deployment.input().tensors.size() << ", \"bytes\": " << bytes
+              << ", \"seconds\": " << seconds << ", \"syncs\": " << syncs << ", \"mismatched\": " << mismatched << "}"
+              << std::endl;
     return mismatched == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     return Fail(e.what());
