@@ -89,7 +89,7 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
   }
   if (!entry.link || entry.join.address() != request.address() || new_incarnation) {
     if (entry.link) spdlog::info("rank {} rejoined at {}", request.rank(), request.address());
-    ++membership_;  // a returning agent needs a new communicator
+    ++membership_version_;  // a returning agent needs a new communicator
     const bool local = local_link_ && request.incarnation() == local_incarnation_;
     entry.link = local ? local_link_ : GrpcAgentLink(request.address(), credentials_);
     spdlog::info("rank {} joined from {} ({}{})", request.rank(), request.address(), request.device(),
@@ -134,9 +134,9 @@ int64_t AgentDirectory::epoch() const {
   return epoch_;
 }
 
-int64_t AgentDirectory::membership() const {
+int64_t AgentDirectory::membership_version() const {
   absl::MutexLock lock(&mu_);
-  return membership_;
+  return membership_version_;
 }
 
 std::map<int32_t, v1::PublishRequest> AgentDirectory::Published(int64_t* epoch) const {

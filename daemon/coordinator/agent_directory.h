@@ -44,7 +44,7 @@ class AgentDirectory {
   int64_t epoch() const;
   // Changes whenever a rank's agent or address changes: a communicator built before
   // holds a process that is gone.
-  int64_t membership() const;
+  int64_t membership_version() const;
   // What every rank published, and the epoch it is of.
   std::map<int32_t, v1::PublishRequest> Published(int64_t* epoch) const;
   // The node index of every rank (JoinRequest.node, else host, numbered in rank order).
@@ -78,7 +78,7 @@ class AgentDirectory {
   std::shared_ptr<AgentLink> local_link_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, v1::PublishRequest> published_ ABSL_GUARDED_BY(mu_);
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t membership_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t membership_version_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardsync::coordinator

@@ -33,14 +33,23 @@ void Coordinator::SetLocalAgent(const std::string& incarnation, std::shared_ptr<
 }
 
 absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& request) {
-  SHARDSYNC_ASSIGN_OR_RETURN(AgentDirectory::Joined joined, directory_.Join(request));
-  if (joined.restarted) validity_.Restarted(request.rank());
+  AgentDirectory::Joined joined;
+  {
+    absl::MutexLock lock(&membership_mu_);
+    SHARDSYNC_ASSIGN_OR_RETURN(joined, directory_.Join(request));
+    if (joined.restarted) validity_.Restarted(request.rank());
+  }
+  if (joined.restarted) runner_.ReleaseStalePlans();  // the old agent's layouts are gone
   return std::move(joined.response);
 }
 
 absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishRequest& request) {
-  SHARDSYNC_ASSIGN_OR_RETURN(const int64_t epoch, directory_.Publish(request));
-  validity_.Republished(request.rank());
+  int64_t epoch = 0;
+  {
+    absl::MutexLock lock(&membership_mu_);
+    SHARDSYNC_ASSIGN_OR_RETURN(epoch, directory_.Publish(request));
+    validity_.Republished(request.rank());
+  }
   runner_.ReleaseStalePlans();
   v1::PublishResponse response;
   response.set_layout_epoch(epoch);
@@ -48,6 +57,7 @@ absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishReques
 }
 
 std::set<int32_t> Coordinator::InvalidTargetRanks() const {
+  absl::MutexLock lock(&membership_mu_);
   return validity_.Invalid(directory_.TargetRanksInvalidByOwnWord());
 }
 

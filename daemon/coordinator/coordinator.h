@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "daemon/coordinator/agent_directory.h"
@@ -56,6 +57,9 @@ class Coordinator {
   std::set<int32_t> InvalidTargetRanks() const;
 
   const CoordinatorConfig config_;
+  // Held while a Join or Publish changes the directory and the validity together, and
+  // while both are read: a status never sees one changed without the other.
+  mutable absl::Mutex membership_mu_;
   AgentDirectory directory_;
   TargetValidity validity_;
   SyncRunner runner_;

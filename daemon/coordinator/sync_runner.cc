@@ -223,6 +223,7 @@ absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest
   v1::ExplainResponse response = daemon::MakePlanReport(cached.compiled.plan, cached.compiled.schedules,
                                                         cached.compiled.digest, cached.compiled.floors, bandwidths);
   response.set_layout_epoch(cached.epoch);
+  ReleaseStalePlansLocked();  // layouts published while it planned
   return response;
 }
 
@@ -265,18 +266,18 @@ void SyncRunner::AppendMetrics(std::string* out) const {
 }
 
 bool SyncRunner::CommunicatorValid() const {
-  return communicator_membership_ >= 0 && communicator_membership_ == directory_.membership();
+  return communicator_membership_version_ >= 0 && communicator_membership_version_ == directory_.membership_version();
 }
 
 absl::Status SyncRunner::RenewCommunicator() {
   if (CommunicatorValid()) return absl::OkStatus();
-  const int64_t membership = directory_.membership();
+  const int64_t membership = directory_.membership_version();
   const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
   const absl::StatusOr<std::string> id = links.at(0)->NewCommunicatorId(absl::Now() + options_.rpc_deadline);
   if (!id.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", id.status().message()));
   communicator_id_ = *id;
   ++communicator_generation_;
-  communicator_membership_ = membership;
+  communicator_membership_version_ = membership;
   ready_digest_.clear();
   return absl::OkStatus();
 }
@@ -391,7 +392,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
                                     status.message().empty() ? " (no answer)" : absl::StrCat(": ", status.message())));
   }
   if (failures.empty()) return responses;
-  communicator_membership_ = -1;  // NCCL may have aborted it somewhere
+  communicator_membership_version_ = -1;  // NCCL may have aborted it somewhere
   if (!written) {
     // Every rank stopped before writing (at the agreement, or each on its own).
     return absl::FailedPreconditionError(

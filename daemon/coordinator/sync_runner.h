@@ -43,7 +43,7 @@ class SyncRunner {
   void FillStatus(v1::CoordinatorStatus* status) const;
   void AppendMetrics(std::string* out) const;
   // Frees the plans of an older layout epoch and gives their memory back to the
-  // system, unless a sync runs (it frees them when it ends).
+  // system, unless a sync or explain runs (it frees them when it ends).
   void ReleaseStalePlans();
 
  private:
@@ -99,7 +99,7 @@ class SyncRunner {
   // failed sync or change of agents (empty ids for host transports).
   std::string communicator_id_ ABSL_GUARDED_BY(sync_mu_);
   int64_t communicator_generation_ ABSL_GUARDED_BY(sync_mu_) = 0;
-  int64_t communicator_membership_ ABSL_GUARDED_BY(sync_mu_) = -1;  // the directory's, when built; -1: none
+  int64_t communicator_membership_version_ ABSL_GUARDED_BY(sync_mu_) = -1;  // the directory's, when built; -1: none
   int64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
   // The plan whose schedule every agent holds, with communicator_generation_ built
   // (the last sync ran it and succeeded, nothing planned or renewed since): a sync of
