@@ -11,7 +11,6 @@
 #include "common/status_macros.h"
 #include "executor/buffer_check.h"
 #include "executor/verify.h"
-#include "planner/box.h"
 #include "planner/schedule.h"
 #include "spdlog/spdlog.h"
 
@@ -294,7 +293,7 @@ absl::Status Agent::NotStarted(const std::string& sync_id, absl::string_view why
   return absl::FailedPreconditionError(absl::StrCat("no byte moved on rank ", config_.rank, ": ", why));
 }
 
-absl::StatusOr<Agent::Prepared> Agent::Begin(const v1::ExecuteRequest& request, absl::Status* ready) {
+absl::StatusOr<Agent::Prepared> Agent::TakePrepared(const v1::ExecuteRequest& request, absl::Status* ready) {
   absl::MutexLock lock(&mu_);
   if (request.has_prepare()) {
     // Without its communicator or schedule a rank cannot take part in the agreement;
@@ -310,6 +309,8 @@ absl::StatusOr<Agent::Prepared> Agent::Begin(const v1::ExecuteRequest& request, 
   }
   auto it = prepared_.find(request.digest());
   if (it == prepared_.end() || it->second.sync_id != request.sync_id()) {
+    // A request.prepare refused before it could name this sync: its refusal says why.
+    if (!ready->ok()) return NotStarted(request.sync_id(), ready->message());
     return NotStarted(request.sync_id(), absl::StrCat("sync ", request.sync_id(), " was not prepared"));
   }
   if (aborted_sync_id_ == request.sync_id()) {
@@ -387,8 +388,8 @@ absl::Status Agent::Verify(const Prepared& prepared, const executor::BufferTable
   return absl::OkStatus();
 }
 
-void Agent::Account(const std::string& sync_id, bool writes_targets,
-                    const absl::StatusOr<executor::ExecutionStats>& stats) {
+void Agent::RecordOutcome(const std::string& sync_id, bool writes_targets,
+                          const absl::StatusOr<executor::ExecutionStats>& stats) {
   absl::MutexLock lock(&mu_);
   running_sync_id_.clear();
   writing_sync_id_.clear();
@@ -412,11 +413,11 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   absl::MutexLock execute_lock(&execute_mu_);
   // Up to the agreement nothing is written on this rank: the coordinator tells a sync
   // refused everywhere (FAILED_PRECONDITION from every rank) from one that failed.
-  // Reset before Begin's abort check: Abort marks the sync before it aborts the
+  // Reset before TakePrepared's abort check: Abort marks the sync before it aborts the
   // transport, so an Abort is either seen there or reaches the transport after this.
   transport_.Reset();
   absl::Status ready = absl::OkStatus();  // this rank's vote: every check passed
-  SHARDSYNC_ASSIGN_OR_RETURN(Prepared prepared, Begin(request, &ready));
+  SHARDSYNC_ASSIGN_OR_RETURN(Prepared prepared, TakePrepared(request, &ready));
   // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
   std::vector<std::shared_ptr<const BufferEntry>> held;
   executor::BufferTable table;
@@ -438,7 +439,7 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
       request.sync_id(), prepared.local->plan, schedule, table, prepared.staging_bytes, deadline, &progress_);
   v1::ExecuteResponse response;
   const absl::Status verified = stats.ok() && request.verify() ? Verify(prepared, table, response) : absl::OkStatus();
-  Account(request.sync_id(), writes_targets, stats);
+  RecordOutcome(request.sync_id(), writes_targets, stats);
   // From here on bytes were written: never answer FAILED_PRECONDITION (see the proto).
   const auto after_writing = [](const absl::Status& status) {
     return absl::IsFailedPrecondition(status) ? absl::InternalError(status.message()) : status;

@@ -87,7 +87,7 @@ class Agent {
   absl::Status NotStarted(const std::string& sync_id, absl::string_view why) const;
   // The prepared sync the request runs (preparing it first with request.prepare);
   // `ready` gets a failed check, which still takes part in the agreement.
-  absl::StatusOr<Prepared> Begin(const v1::ExecuteRequest& request, absl::Status* ready);
+  absl::StatusOr<Prepared> TakePrepared(const v1::ExecuteRequest& request, absl::Status* ready);
   // Holds every buffer's mapping for the run (a client leaving mid-sync cannot unmap
   // it), checks them again if the registry changed, and waits for the sources' writers.
   absl::Status HoldBuffers(const Prepared& prepared, std::vector<std::shared_ptr<const BufferEntry>>& held,
@@ -98,7 +98,8 @@ class Agent {
   // Adds the checksums of what this rank read and wrote to `response`.
   absl::Status Verify(const Prepared& prepared, const executor::BufferTable& table, v1::ExecuteResponse& response);
   // Target validity, counters and the communicator after a run.
-  void Account(const std::string& sync_id, bool writes_targets, const absl::StatusOr<executor::ExecutionStats>& stats);
+  void RecordOutcome(const std::string& sync_id, bool writes_targets,
+                     const absl::StatusOr<executor::ExecutionStats>& stats);
   // An Execute that stopped before writing; the transport may have dropped its communicator.
   void Finished(bool communicator_intact);
 

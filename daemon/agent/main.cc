@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   if (c.fault_stall_at_round >= 0) {
     shardsync::executor::StallFault stall;
     stall.round = c.fault_stall_at_round;
-    stall.sync = c.fault_stall_sync;
+    stall.nth_sync = c.fault_stall_sync;
     stall.on_stall = [](absl::string_view sync_id, int32_t round) {
       spdlog::warn("fault injection: sync {} stalls at round {} until aborted or its deadline", std::string(sync_id),
                    round);

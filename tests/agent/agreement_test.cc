@@ -11,6 +11,7 @@
 #include "daemon/coordinator/epoch_plan.h"
 #include "executor/device.h"
 #include "tests/agent/heap_backend.h"
+#include "tests/agent/one_tensor.h"
 
 namespace shardsync::agent {
 namespace {
@@ -18,57 +19,6 @@ namespace {
 using Catch::Matchers::Contains;
 
 constexpr int32_t kWorld = 2;
-constexpr int64_t kRows = 16, kCols = 24, kElements = kRows * kCols;  // float32
-
-// One client's registration of one buffer and of tensor "w" in it (layout left to fill).
-v1::RegisterRequest OneBuffer(const std::string& client, v1::Role role, const std::string& buffer, int64_t bytes) {
-  v1::RegisterRequest request;
-  request.set_client_id(client);
-  request.set_role(role);
-  v1::RegisteredBuffer* registered = request.add_buffers();
-  registered->set_name(buffer);
-  registered->set_bytes(bytes);
-  registered->mutable_handle()->set_shm_name("heap");
-  v1::TensorLayout* tensor = request.add_tensors();
-  tensor->set_name("w");
-  tensor->add_shape(kRows);
-  tensor->add_shape(kCols);
-  tensor->set_dtype(v1::FLOAT32);
-  return request;
-}
-
-// Tensor "w" [16, 24]: ZeRO-3 over both ranks as the source, whole on each rank (TP1 x 2)
-// as the target.
-v1::RegisterRequest Trainer(int32_t rank) {
-  v1::RegisterRequest request = OneBuffer("trainer", v1::SOURCE, "flat", kElements / kWorld * 4);
-  v1::FlatPlacement* part = request.mutable_tensors(0)->add_flat_placements();
-  part->set_rank(rank);
-  part->set_buffer("flat");
-  part->set_begin(rank * kElements / kWorld);
-  part->set_end((rank + 1) * kElements / kWorld);
-  return request;
-}
-
-v1::RegisterRequest Rollout(int32_t rank) {
-  v1::RegisterRequest request = OneBuffer("rollout", v1::TARGET, "arena", kElements * 4);
-  v1::Placement* whole = request.mutable_tensors(0)->add_placements();
-  whole->set_rank(rank);
-  whole->set_buffer("arena");
-  for (int64_t extent : {kRows, kCols}) {
-    whole->mutable_box()->add_lo(0);
-    whole->mutable_box()->add_hi(extent);
-  }
-  return request;
-}
-
-LinkConfig UnusedLink() {
-  LinkConfig config;
-  config.coordinator = "127.0.0.1:1";
-  config.credentials.channel = grpc::InsecureChannelCredentials();
-  config.credentials.insecure = true;
-  return config;
-}
-
 struct Rank {
   HeapBackend backend;
   Registry registry;
@@ -135,8 +85,8 @@ TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank b
   std::map<int32_t, v1::PublishRequest> published;
   for (int32_t r = 0; r < kWorld; ++r) {
     ranks.push_back(std::make_unique<Rank>(r, mailboxes));
-    REQUIRE(ranks[r]->registry.Add(Trainer(r), Peer{1, 0}).ok());
-    REQUIRE(ranks[r]->registry.Add(Rollout(r), Peer{2, 0}).ok());
+    REQUIRE(ranks[r]->registry.Add(ZeroThreeTrainer(r, kWorld), Peer{1, 0}).ok());
+    REQUIRE(ranks[r]->registry.Add(WholeRollout(r), Peer{2, 0}).ok());
     published[r].set_rank(r);
     int64_t version = 0;
     for (v1::PublishedLayout& layout : ranks[r]->registry.Layouts(&version)) *published[r].add_layouts() = layout;
@@ -235,6 +185,73 @@ TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank b
     REQUIRE_FALSE(result.ok());
     CHECK(absl::IsFailedPrecondition(result.status()));
     CHECK_THAT(std::string(result.status().message()), Contains("does not hold the schedule of plan another-plan"));
+  }
+}
+
+TEST_CASE("Prepare refuses a world without its rank, peers outside it, and regions outside a buffer") {
+  std::map<int32_t, executor::Mailbox> boxes;
+  std::map<int32_t, executor::Mailbox*> mailboxes;
+  for (int32_t r = 0; r < kWorld; ++r) mailboxes[r] = &boxes[r];
+  std::vector<std::unique_ptr<Rank>> ranks;
+  std::map<int32_t, v1::PublishRequest> published;
+  for (int32_t r = 0; r < kWorld; ++r) {
+    ranks.push_back(std::make_unique<Rank>(r, mailboxes));
+    REQUIRE(ranks[r]->registry.Add(ZeroThreeTrainer(r, kWorld), Peer{1, 0}).ok());
+    REQUIRE(ranks[r]->registry.Add(WholeRollout(r), Peer{2, 0}).ok());
+    published[r].set_rank(r);
+    int64_t version = 0;
+    for (v1::PublishedLayout& layout : ranks[r]->registry.Layouts(&version)) *published[r].add_layouts() = layout;
+  }
+  coordinator::EpochOptions options;
+  options.world_size = kWorld;
+  options.staging_bytes = 4096;
+  auto epoch = coordinator::PlanEpoch(published, {}, {}, options);
+  REQUIRE(epoch.ok());
+  const auto refusal = [&](int32_t rank, const v1::PrepareRequest& request) {
+    const v1::PrepareResponse response = ranks[rank]->agent->Prepare(request);
+    CHECK_FALSE(response.ok());
+    return response.refusal();
+  };
+  v1::PrepareRequest request = PrepareFor(*epoch->requests[1], "sync-1", epoch->digest, true);
+  REQUIRE(ranks[1]->agent->Prepare(request).ok());
+
+  SECTION("a world of one rank lacks rank 1") {
+    request.set_world_size(1);
+    CHECK_THAT(refusal(1, request), Contains("world of 1 ranks lacks this rank 1"));
+  }
+  SECTION("an address for a rank outside the world") {
+    (*request.mutable_peer_addresses())[5] = "127.0.0.1:1";
+    CHECK_THAT(refusal(1, request), Contains("an address is given for rank 5 in a world of 2"));
+  }
+  SECTION("a deadline of no time") {
+    request.set_deadline_ms(0);
+    CHECK_THAT(refusal(1, request), Contains("deadline of 0 ms is outside"));
+  }
+  SECTION("a stream with a rank outside the world, full and cached") {
+    v1::PrepareRequest full = PrepareFor(*epoch->requests[0], "sync-1", epoch->digest, true);
+    REQUIRE(ranks[0]->agent->Prepare(full).ok());
+    full.set_world_size(1);  // rank 0 receives from rank 1, which this world lacks
+    CHECK_THAT(refusal(0, full), Contains("the schedule has a stream with rank 1 in a world of 1"));
+    v1::PrepareRequest cached = PrepareFor({}, "sync-2", epoch->digest, false);
+    cached.set_world_size(1);
+    CHECK_THAT(refusal(0, cached), Contains("the schedule has a stream with rank 1 in a world of 1"));
+  }
+  SECTION("a target buffer that holds only half of what the plan writes into it") {
+    Rank half(1, mailboxes);
+    REQUIRE(half.registry.Add(ZeroThreeTrainer(1, kWorld), Peer{1, 0}).ok());
+    v1::RegisterRequest rollout = OneTensorRegistration("rollout", v1::TARGET, "arena", kElements * 4 / 2);
+    v1::Placement* rows = rollout.mutable_tensors(0)->add_placements();
+    rows->set_rank(1);
+    rows->set_buffer("arena");
+    for (int64_t extent : {kRows / 2, kCols}) {
+      rows->mutable_box()->add_lo(0);
+      rows->mutable_box()->add_hi(extent);
+    }
+    REQUIRE(half.registry.Add(rollout, Peer{2, 0}).ok());
+    const v1::PrepareResponse response = half.agent->Prepare(request);
+    CHECK_FALSE(response.ok());
+    CHECK_THAT(response.refusal(), Contains("tensor 'w': a segment lies outside buffer"));
+    CHECK_THAT(response.refusal(), Contains("arena' (768 bytes)"));
   }
 }
 
