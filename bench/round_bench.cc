@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
         SHARDSYNC_RETURN_IF_ERROR((*device)->BeforeTransfer(slot));
         const executor::SendOp out{0, send, bytes};
         const executor::RecvOp in{0, receive, bytes};
-        SHARDSYNC_RETURN_IF_ERROR((transport.RunRound("bench", r, {&out, 1}, {&in, 1}, deadline)));
+        SHARDSYNC_RETURN_IF_ERROR(transport.RunRound("bench", r, {&out, 1}, {&in, 1}, deadline));
         SHARDSYNC_RETURN_IF_ERROR((*device)->AfterTransfer(slot));
       }
       *host_seconds = absl::ToDoubleSeconds(absl::Now() - start);

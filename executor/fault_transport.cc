@@ -14,7 +14,7 @@ absl::Status FaultTransport::RunRound(absl::string_view sync_id, int32_t round, 
   bool stall = false;
   if (round == fault_.round) {
     absl::MutexLock lock(&mu_);
-    stall = ++syncs_at_round_ == fault_.sync;
+    stall = ++syncs_at_round_ == fault_.nth_sync;
   }
   if (!stall) return inner_->RunRound(sync_id, round, sends, receives, deadline);
   if (fault_.on_stall) fault_.on_stall(sync_id, round);

@@ -1,6 +1,6 @@
 // For tests only: a Transport that wraps another and stalls one sync at a chosen round,
 // so a test acts on an agent that is provably part way through a sync (its earlier
-// rounds done, its targets partly written) instead of guessing when with a sleep. The
+// rounds done, its targets partly written). The
 // agent enables it with --fault-stall-at-round; everything else goes to the wrapped
 // transport unchanged.
 #pragma once
@@ -22,8 +22,8 @@ namespace shardsync::executor {
 
 // Which round of which sync stalls.
 struct StallFault {
-  int32_t round = 0;  // the round that stalls (rounds count from 0; kAgreementRound never)
-  int32_t sync = 1;   // the n-th sync to reach `round` stalls (1: the first), once per process
+  int32_t round = 0;     // the round that stalls (rounds count from 0; kAgreementRound never)
+  int32_t nth_sync = 1;  // the n-th sync to reach `round` stalls (1: the first), once per process
   // Called on the sync's thread as the stall begins, before it waits.
   std::function<void(absl::string_view sync_id, int32_t round)> on_stall;
 };

@@ -48,7 +48,7 @@ TEST_CASE("only the n-th sync to reach the round stalls, until its deadline; eve
   std::vector<std::pair<std::string, int32_t>> stalls;
   StallFault fault;
   fault.round = 2;
-  fault.sync = 2;
+  fault.nth_sync = 2;
   fault.on_stall = [&](absl::string_view sync_id, int32_t round) { stalls.emplace_back(sync_id, round); };
   FaultTransport transport(std::make_unique<RecordingTransport>(rounds, aborted), std::move(fault));
   CHECK(transport.name() == "recording");

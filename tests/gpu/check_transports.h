@@ -133,8 +133,7 @@ class CopyTransport final : public Transport {
       hub_.Post({round, r.peer, rank_}, {r.data, r.bytes, ready});
     }
     for (const SendOp& s : sends) {
-      // The key's braces hold commas: the expression goes in parentheses.
-      SHARDSYNC_ASSIGN_OR_RETURN(auto posted, (hub_.TakePosted({round, rank_, s.peer}, deadline)));
+      SHARDSYNC_ASSIGN_OR_RETURN(auto posted, hub_.TakePosted({round, rank_, s.peer}, deadline));
       if (posted.bytes != s.bytes) {
         return absl::InternalError(absl::StrCat("round ", round, ": rank ", rank_, " sends ", s.bytes, " bytes, rank ",
                                                 s.peer, " expects ", posted.bytes));
@@ -148,7 +147,7 @@ class CopyTransport final : public Transport {
       hub_.Copied({round, rank_, s.peer}, done);
     }
     for (const RecvOp& r : receives) {
-      SHARDSYNC_ASSIGN_OR_RETURN(cudaEvent_t done, (hub_.TakeCopied({round, r.peer, rank_}, deadline)));
+      SHARDSYNC_ASSIGN_OR_RETURN(cudaEvent_t done, hub_.TakeCopied({round, r.peer, rank_}, deadline));
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, done, 0));
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventDestroy(done));
     }

@@ -35,7 +35,7 @@ std::string ReadFile(const std::string& path) {
 Cluster::Cluster(ClusterOptions options)
     : options_(std::move(options)),
       dir_(MakeTempDir("shardsync-local-")),
-      socket_dir_(SocketDirFor(dir_, kLongestSocketName)) {
+      socket_dir_(SocketDirFor(dir_.path(), kLongestSocketName)) {
   TlsConfig tls = options_.tls;
   tls.insecure = tls.ca_file.empty() && tls.cert_file.empty() && tls.key_file.empty();
   absl::StatusOr<Credentials> credentials = LoadCredentials(tls);
@@ -72,7 +72,7 @@ client::CoordinatorClient Cluster::coordinator_client() const {
 }
 
 void Cluster::StartCoordinator(const std::string& listen) {
-  const std::string port_file = dir_ + "/coordinator.port";
+  const std::string port_file = dir_.path() + "/coordinator.port";
   unlink(port_file.c_str());
   std::vector<std::string> argv = {"daemon/coordinator/shardsync-coordinator",
                                    "--world",
@@ -91,12 +91,14 @@ void Cluster::StartCoordinator(const std::string& listen) {
                                    "debug"};
   if (!options_.relay.empty()) argv.insert(argv.end(), {"--relay", options_.relay});
   if (options_.metrics) {
-    argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", dir_ + "/coordinator.metrics"});
+    argv.insert(argv.end(),
+                {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", dir_.path() + "/coordinator.metrics"});
   }
   for (const std::string& flag : security_flags()) argv.push_back(flag);
-  coordinator_ = std::make_unique<Process>(argv, dir_ + "/coordinator.log");
+  coordinator_ = std::make_unique<Process>(argv, dir_.path() + "/coordinator.log");
   const int port = WaitForPortFile(port_file, absl::Seconds(20));
-  if (port < 0) throw std::runtime_error("the coordinator did not start:\n" + ReadFile(dir_ + "/coordinator.log"));
+  if (port < 0)
+    throw std::runtime_error("the coordinator did not start:\n" + ReadFile(dir_.path() + "/coordinator.log"));
   coordinator_address_ = absl::StrCat("127.0.0.1:", port);
 }
 
@@ -117,25 +119,24 @@ Cluster::~Cluster() {
     const std::string name = entry.path().filename().string();
     if (name.rfind(prefix, 0) == 0) shm_unlink(("/" + name).c_str());
   }
-  if (socket_dir_ != dir_) std::filesystem::remove_all(socket_dir_);
-  std::filesystem::remove_all(dir_);
 }
 
 int Cluster::MetricsPort(int rank) const {
-  const std::string file = rank < 0 ? dir_ + "/coordinator.metrics" : absl::StrCat(dir_, "/agent", rank, ".metrics");
+  const std::string file =
+      rank < 0 ? dir_.path() + "/coordinator.metrics" : absl::StrCat(dir_.path(), "/agent", rank, ".metrics");
   return WaitForPortFile(file, absl::Seconds(10));
 }
 
 std::string Cluster::ShmPrefix() const {
-  return absl::StrCat("/ss-", std::filesystem::path(dir_).filename().string(), "-");
+  return absl::StrCat("/ss-", std::filesystem::path(dir_.path()).filename().string(), "-");
 }
 
-std::string Cluster::socket(int rank) const { return absl::StrCat(socket_dir_, "/agent", rank, ".sock"); }
+std::string Cluster::socket(int rank) const { return absl::StrCat(socket_dir_.path(), "/agent", rank, ".sock"); }
 
 void Cluster::StartAgent(int rank) { StartAgent(rank, {}); }
 
 void Cluster::StartAgent(int rank, const std::vector<std::string>& extra_flags) {
-  const std::string port_file = absl::StrCat(dir_, "/agent", rank, ".port");
+  const std::string port_file = absl::StrCat(dir_.path(), "/agent", rank, ".port");
   unlink(port_file.c_str());
   const bool serves_coordinator = options_.agent0_serves_coordinator && rank == 0;
   const int port_before = agent_ports_.count(rank) ? agent_ports_.at(rank) : 0;
@@ -163,7 +164,7 @@ void Cluster::StartAgent(int rank, const std::vector<std::string>& extra_flags) 
   if (rank < static_cast<int>(options_.nodes.size())) argv.insert(argv.end(), {"--node", options_.nodes[rank]});
   if (options_.metrics) {
     argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
-                             absl::StrCat(dir_, "/agent", rank, ".metrics")});
+                             absl::StrCat(dir_.path(), "/agent", rank, ".metrics")});
   }
   for (const std::string& flag : security_flags()) argv.push_back(flag);
   if (options_.agent_max_staging_bytes.count(rank)) {
@@ -171,11 +172,11 @@ void Cluster::StartAgent(int rank, const std::vector<std::string>& extra_flags) 
     argv.push_back(std::to_string(options_.agent_max_staging_bytes.at(rank)));
   }
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  agents_[rank] = std::make_unique<Process>(argv, absl::StrCat(dir_, "/agent", rank, ".log"));
+  agents_[rank] = std::make_unique<Process>(argv, absl::StrCat(dir_.path(), "/agent", rank, ".log"));
   const int port = WaitForPortFile(port_file, absl::Seconds(20));
   if (port < 0) {
     throw std::runtime_error(
-        absl::StrCat("agent ", rank, " did not start:\n", ReadFile(absl::StrCat(dir_, "/agent", rank, ".log"))));
+        absl::StrCat("agent ", rank, " did not start:\n", ReadFile(absl::StrCat(dir_.path(), "/agent", rank, ".log"))));
   }
   agent_ports_[rank] = port;
   if (serves_coordinator) coordinator_address_ = absl::StrCat("127.0.0.1:", port);
@@ -201,11 +202,11 @@ Cluster::Client Cluster::StartClient(const std::string& spec, int rank, bool sou
                                    "--client-id",
                                    id};
   for (absl::string_view flag : absl::StrSplit(extra_flags, ' ', absl::SkipEmpty())) argv.emplace_back(flag);
-  return Client{std::make_unique<Process>(argv, absl::StrCat(dir_, "/", id, ".log")), prefix};
+  return Client{std::make_unique<Process>(argv, absl::StrCat(dir_.path(), "/", id, ".log")), prefix};
 }
 
 void Cluster::DumpLogs() const {
-  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
     if (entry.path().extension() != ".log") continue;
     std::cerr << "---- " << entry.path().filename().string() << "\n" << ReadFile(entry.path().string());
   }

@@ -14,6 +14,7 @@
 #include "client/cpp/client.h"
 #include "common/tls.h"
 #include "tools/localsync/process.h"
+#include "tools/localsync/temp_dir.h"
 
 namespace shardsync::localsync {
 
@@ -42,10 +43,10 @@ class Cluster {
   const std::string& coordinator() const { return coordinator_address_; }
   std::string socket(int rank) const;
   // The cluster's folder: logs, port files, layout specs.
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_.path(); }
   // The folder of the agents' sockets (dir() unless its paths are too long for a socket);
   // names up to 32 bytes fit there.
-  const std::string& socket_dir() const { return socket_dir_; }
+  const std::string& socket_dir() const { return socket_dir_.path(); }
   // The TCP security flags every daemon of this cluster runs with; shardsyncctl needs them too.
   std::vector<std::string> security_flags() const;
   client::CoordinatorClient coordinator_client() const;
@@ -77,8 +78,8 @@ class Cluster {
 
   ClusterOptions options_;
   Credentials credentials_;
-  std::string dir_;
-  std::string socket_dir_;
+  ScopedDir dir_;  // removed with the cluster, also when its constructor throws
+  ScopedDir socket_dir_;
   std::string coordinator_address_;
   std::unique_ptr<Process> coordinator_;
   std::map<int, std::unique_ptr<Process>> agents_;

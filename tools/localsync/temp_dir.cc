@@ -28,10 +28,15 @@ std::string MakeTempDir(const std::string& prefix) {
   return MakeDirFromTemplate(base + "/" + prefix + "XXXXXX");
 }
 
-std::string SocketDirFor(const std::string& dir, size_t longest_name) {
-  if (dir.size() + 1 + longest_name <= kMaxSocketPath) return dir;
+ScopedDir SocketDirFor(const std::string& dir, size_t longest_name) {
+  if (dir.size() + 1 + longest_name <= kMaxSocketPath) return ScopedDir(dir, /*owned=*/false);
   // Under /tmp, not TEST_TMPDIR: only a short folder keeps a socket path within sun_path.
-  return MakeDirFromTemplate("/tmp/ss-XXXXXX");
+  return ScopedDir(MakeDirFromTemplate("/tmp/ss-XXXXXX"));
+}
+
+ScopedDir::~ScopedDir() {
+  std::error_code ignored;  // a folder already gone is fine
+  if (owned_) std::filesystem::remove_all(path_, ignored);
 }
 
 }  // namespace shardsync::localsync

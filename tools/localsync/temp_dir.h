@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 namespace shardsync::localsync {
 
@@ -14,9 +15,24 @@ inline constexpr size_t kMaxSocketPath = 107;
 // Throws std::runtime_error if it cannot be made.
 std::string MakeTempDir(const std::string& prefix);
 
-// A folder for unix sockets named at most `longest_name` bytes: `dir` itself when
-// "<dir>/<longest_name>" fits kMaxSocketPath, else a new short folder under /tmp (which
-// the caller removes). Throws std::runtime_error if it cannot be made.
-std::string SocketDirFor(const std::string& dir, size_t longest_name);
+// A folder removed with all it holds when this goes (also when a constructor that holds
+// it throws); `owned` false: someone else's, left as it is.
+class ScopedDir {
+ public:
+  explicit ScopedDir(std::string path, bool owned = true) : path_(std::move(path)), owned_(owned) {}
+  ~ScopedDir();
+  ScopedDir(const ScopedDir&) = delete;
+  ScopedDir& operator=(const ScopedDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool owned_;
+};
+
+// A folder for unix sockets named at most `longest_name` bytes: `dir` itself (not
+// owned) when "<dir>/<longest_name>" fits kMaxSocketPath, else a new short folder under
+// /tmp (owned). Throws std::runtime_error if it cannot be made.
+ScopedDir SocketDirFor(const std::string& dir, size_t longest_name);
 
 }  // namespace shardsync::localsync
