@@ -18,6 +18,7 @@
 #include "executor/mailbox.h"
 #include "spdlog/spdlog.h"
 #include "tests/agent/heap_backend.h"
+#include "tests/agent/one_tensor.h"
 #include "tests/fuzz/agent_requests.h"
 
 namespace {
@@ -27,14 +28,6 @@ using namespace shardsync;
 [[noreturn]] void Finding(const char* what) {
   std::fprintf(stderr, "FINDING: the agent %s\n", what);
   std::abort();
-}
-
-agent::LinkConfig UnusedLink() {
-  agent::LinkConfig config;
-  config.coordinator = "127.0.0.1:1";
-  config.credentials.channel = grpc::InsecureChannelCredentials();
-  config.credentials.insecure = true;
-  return config;
 }
 
 void CutDeadline(v1::PrepareRequest& request) {
@@ -51,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int32_t rank = (data[0] >> 2) % world;
   agent::HeapBackend backend(int64_t{1} << 20);
   agent::Registry registry(rank, {&backend}, agent::RegistryLimits{8, 4});
-  agent::CoordinatorLink link(UnusedLink(), registry);  // never started
+  agent::CoordinatorLink link(agent::UnusedLink(), registry);  // never started
   executor::HostDevice device;
   executor::Mailbox mailbox;
   executor::LoopbackTransport transport(rank, {{rank, &mailbox}});

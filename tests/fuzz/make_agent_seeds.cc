@@ -12,52 +12,12 @@
 #include "daemon/agent/registry.h"
 #include "daemon/coordinator/epoch_plan.h"
 #include "tests/agent/heap_backend.h"
+#include "tests/agent/one_tensor.h"
 #include "tests/fuzz/agent_requests.h"
 
 namespace {
 
 using namespace shardsync;
-
-constexpr int64_t kRows = 16, kCols = 24, kElements = kRows * kCols;  // float32
-
-v1::RegisterRequest Registration(const std::string& client, v1::Role role, const std::string& buffer, int64_t bytes) {
-  v1::RegisterRequest request;
-  request.set_client_id(client);
-  request.set_role(role);
-  v1::RegisteredBuffer* registered = request.add_buffers();
-  registered->set_name(buffer);
-  registered->set_bytes(bytes);
-  registered->mutable_handle()->set_shm_name("heap");
-  v1::TensorLayout* tensor = request.add_tensors();
-  tensor->set_name("w");
-  tensor->add_shape(kRows);
-  tensor->add_shape(kCols);
-  tensor->set_dtype(v1::FLOAT32);
-  return request;
-}
-
-v1::RegisterRequest Trainer(int32_t rank, int32_t world) {
-  const int64_t part = kElements / world;
-  v1::RegisterRequest request = Registration("trainer", v1::SOURCE, "flat", part * 4);
-  v1::FlatPlacement* flat = request.mutable_tensors(0)->add_flat_placements();
-  flat->set_rank(rank);
-  flat->set_buffer("flat");
-  flat->set_begin(rank * part);
-  flat->set_end((rank + 1) * part);
-  return request;
-}
-
-v1::RegisterRequest Rollout(int32_t rank) {
-  v1::RegisterRequest request = Registration("rollout", v1::TARGET, "arena", kElements * 4);
-  v1::Placement* whole = request.mutable_tensors(0)->add_placements();
-  whole->set_rank(rank);
-  whole->set_buffer("arena");
-  for (int64_t extent : {kRows, kCols}) {
-    whole->mutable_box()->add_lo(0);
-    whole->mutable_box()->add_hi(extent);
-  }
-  return request;
-}
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "make_agent_seeds: %s\n", std::string(status.message()).c_str());
@@ -78,7 +38,7 @@ int main(int argc, char** argv) {
     for (int32_t r = 0; r < world; ++r) {
       agent::HeapBackend backend;
       agent::Registry registry(r, {&backend});
-      for (const v1::RegisterRequest& request : {Trainer(r, world), Rollout(r)}) {
+      for (const v1::RegisterRequest& request : {agent::ZeroThreeTrainer(r, world), agent::WholeRollout(r)}) {
         if (absl::Status added = registry.Add(request, agent::Peer{}); !added.ok()) return Fail(added);
       }
       int64_t version = 0;
@@ -123,8 +83,8 @@ int main(int argc, char** argv) {
       abort.set_reason("seed");
 
       std::string input = std::string(1, static_cast<char>(fuzz::WorldByte(world, rank)));
-      fuzz::AppendRecord(&input, fuzz::AgentOp::kRegister, Trainer(rank, world).SerializeAsString());
-      fuzz::AppendRecord(&input, fuzz::AgentOp::kRegister, Rollout(rank).SerializeAsString());
+      fuzz::AppendRecord(&input, fuzz::AgentOp::kRegister, agent::ZeroThreeTrainer(rank, world).SerializeAsString());
+      fuzz::AppendRecord(&input, fuzz::AgentOp::kRegister, agent::WholeRollout(rank).SerializeAsString());
       fuzz::AppendRecord(&input, fuzz::AgentOp::kPrepare, prepare.SerializeAsString());
       fuzz::AppendRecord(&input, fuzz::AgentOp::kExecute, execute.SerializeAsString());
       fuzz::AppendRecord(&input, fuzz::AgentOp::kExecute, cached.SerializeAsString());
