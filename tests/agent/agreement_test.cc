@@ -77,33 +77,45 @@ v1::PrepareRequest PrepareFor(const v1::PrepareRequest& schedule, const std::str
   return request;
 }
 
-TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank before any byte is written") {
+// Both ranks, each with its ZeRO-3 source and whole target of "w" registered, and
+// their epoch planned as the coordinator plans it.
+struct PlannedWorld {
   std::map<int32_t, executor::Mailbox> boxes;
   std::map<int32_t, executor::Mailbox*> mailboxes;
-  for (int32_t r = 0; r < kWorld; ++r) mailboxes[r] = &boxes[r];
   std::vector<std::unique_ptr<Rank>> ranks;
-  std::map<int32_t, v1::PublishRequest> published;
-  for (int32_t r = 0; r < kWorld; ++r) {
-    ranks.push_back(std::make_unique<Rank>(r, mailboxes));
-    REQUIRE(ranks[r]->registry.Add(ZeroThreeTrainer(r, kWorld), Peer{1, 0}).ok());
-    REQUIRE(ranks[r]->registry.Add(WholeRollout(r), Peer{2, 0}).ok());
-    published[r].set_rank(r);
-    int64_t version = 0;
-    for (v1::PublishedLayout& layout : ranks[r]->registry.Layouts(&version)) *published[r].add_layouts() = layout;
+  coordinator::EpochPlan epoch;
+
+  PlannedWorld() {
+    for (int32_t r = 0; r < kWorld; ++r) mailboxes[r] = &boxes[r];
+    std::map<int32_t, v1::PublishRequest> published;
+    for (int32_t r = 0; r < kWorld; ++r) {
+      ranks.push_back(std::make_unique<Rank>(r, mailboxes));
+      REQUIRE(ranks[r]->registry.Add(ZeroThreeTrainer(r, kWorld), Peer{1, 0}).ok());
+      REQUIRE(ranks[r]->registry.Add(WholeRollout(r), Peer{2, 0}).ok());
+      published[r].set_rank(r);
+      int64_t version = 0;
+      for (v1::PublishedLayout& layout : ranks[r]->registry.Layouts(&version)) *published[r].add_layouts() = layout;
+    }
+    coordinator::EpochOptions options;
+    options.world_size = kWorld;
+    options.staging_bytes = 4096;
+    absl::StatusOr<coordinator::EpochPlan> planned = coordinator::PlanEpoch(published, {}, {}, options);
+    REQUIRE(planned.ok());
+    epoch = *std::move(planned);
   }
-  // The coordinator's planning of the epoch.
-  coordinator::EpochOptions options;
-  options.world_size = kWorld;
-  options.staging_bytes = 4096;
-  auto epoch = coordinator::PlanEpoch(published, {}, {}, options);
-  REQUIRE(epoch.ok());
-  const std::string digest = epoch->digest;
+};
+
+TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank before any byte is written") {
+  PlannedWorld world;
+  std::vector<std::unique_ptr<Rank>>& ranks = world.ranks;
+  const coordinator::EpochPlan& epoch = world.epoch;
+  const std::string digest = epoch.digest;
 
   // Sync 1: Prepare with the schedule, then Execute.
   std::vector<float> tensor = Refill(ranks, 1);
   std::vector<v1::ExecuteRequest> execute(kWorld);
   for (int32_t r = 0; r < kWorld; ++r) {
-    const v1::PrepareRequest& schedule = *epoch->requests[r];
+    const v1::PrepareRequest& schedule = *epoch.requests[r];
     const v1::PrepareResponse prepared = ranks[r]->agent->Prepare(PrepareFor(schedule, "sync-1", digest, true));
     INFO(prepared.refusal());
     REQUIRE(prepared.ok());
@@ -189,30 +201,15 @@ TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank b
 }
 
 TEST_CASE("Prepare refuses a world without its rank, peers outside it, and regions outside a buffer") {
-  std::map<int32_t, executor::Mailbox> boxes;
-  std::map<int32_t, executor::Mailbox*> mailboxes;
-  for (int32_t r = 0; r < kWorld; ++r) mailboxes[r] = &boxes[r];
-  std::vector<std::unique_ptr<Rank>> ranks;
-  std::map<int32_t, v1::PublishRequest> published;
-  for (int32_t r = 0; r < kWorld; ++r) {
-    ranks.push_back(std::make_unique<Rank>(r, mailboxes));
-    REQUIRE(ranks[r]->registry.Add(ZeroThreeTrainer(r, kWorld), Peer{1, 0}).ok());
-    REQUIRE(ranks[r]->registry.Add(WholeRollout(r), Peer{2, 0}).ok());
-    published[r].set_rank(r);
-    int64_t version = 0;
-    for (v1::PublishedLayout& layout : ranks[r]->registry.Layouts(&version)) *published[r].add_layouts() = layout;
-  }
-  coordinator::EpochOptions options;
-  options.world_size = kWorld;
-  options.staging_bytes = 4096;
-  auto epoch = coordinator::PlanEpoch(published, {}, {}, options);
-  REQUIRE(epoch.ok());
+  PlannedWorld world;
+  std::vector<std::unique_ptr<Rank>>& ranks = world.ranks;
+  const coordinator::EpochPlan& epoch = world.epoch;
   const auto refusal = [&](int32_t rank, const v1::PrepareRequest& request) {
     const v1::PrepareResponse response = ranks[rank]->agent->Prepare(request);
     CHECK_FALSE(response.ok());
     return response.refusal();
   };
-  v1::PrepareRequest request = PrepareFor(*epoch->requests[1], "sync-1", epoch->digest, true);
+  v1::PrepareRequest request = PrepareFor(*epoch.requests[1], "sync-1", epoch.digest, true);
   REQUIRE(ranks[1]->agent->Prepare(request).ok());
 
   SECTION("a world of one rank lacks rank 1") {
@@ -228,16 +225,16 @@ TEST_CASE("Prepare refuses a world without its rank, peers outside it, and regio
     CHECK_THAT(refusal(1, request), Contains("deadline of 0 ms is outside"));
   }
   SECTION("a stream with a rank outside the world, full and cached") {
-    v1::PrepareRequest full = PrepareFor(*epoch->requests[0], "sync-1", epoch->digest, true);
+    v1::PrepareRequest full = PrepareFor(*epoch.requests[0], "sync-1", epoch.digest, true);
     REQUIRE(ranks[0]->agent->Prepare(full).ok());
     full.set_world_size(1);  // rank 0 receives from rank 1, which this world lacks
     CHECK_THAT(refusal(0, full), Contains("the schedule has a stream with rank 1 in a world of 1"));
-    v1::PrepareRequest cached = PrepareFor({}, "sync-2", epoch->digest, false);
+    v1::PrepareRequest cached = PrepareFor({}, "sync-2", epoch.digest, false);
     cached.set_world_size(1);
     CHECK_THAT(refusal(0, cached), Contains("the schedule has a stream with rank 1 in a world of 1"));
   }
   SECTION("a target buffer that holds only half of what the plan writes into it") {
-    Rank half(1, mailboxes);
+    Rank half(1, world.mailboxes);
     REQUIRE(half.registry.Add(ZeroThreeTrainer(1, kWorld), Peer{1, 0}).ok());
     v1::RegisterRequest rollout = OneTensorRegistration("rollout", v1::TARGET, "arena", kElements * 4 / 2);
     v1::Placement* rows = rollout.mutable_tensors(0)->add_placements();
