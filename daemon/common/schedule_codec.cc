@@ -72,7 +72,7 @@ class RequestEncoder {
     r.src_rank = s.src.rank;
     r.src_buffer = Buffer(s.src);
     r.dst_rank = s.dst.rank;
-    r.dst_buffer = Buffer(s.dst);
+    r.dst_buffer = s.src.rank == rank_ && s.dst.rank != rank_ ? PeerBuffer(s.dst) : Buffer(s.dst);
     r.src_base = s.src_base;
     r.dst_base = s.dst_base;
     r.src_dtype = static_cast<uint8_t>(spec::FromDType(s.src_dtype));
@@ -103,6 +103,18 @@ class RequestEncoder {
     request_->add_buffer_names(buffer_names_.at(h.buffer));
     return static_cast<int32_t>(named_buffers_.size()) - 1;
   }
+  // The other rank's buffer a segment this rank sends writes (the direct path may):
+  // -2 - its index in peer_buffers, each named once.
+  int32_t PeerBuffer(planner::Holder h) {
+    auto it = std::find(named_peer_buffers_.begin(), named_peer_buffers_.end(), h);
+    if (it == named_peer_buffers_.end()) {
+      it = named_peer_buffers_.insert(named_peer_buffers_.end(), h);
+      v1::PeerBuffer* peer = request_->add_peer_buffers();
+      peer->set_rank(h.rank);
+      peer->set_name(buffer_names_.at(h.buffer));
+    }
+    return -2 - static_cast<int32_t>(it - named_peer_buffers_.begin());
+  }
 
  private:
   const planner::Plan& plan_;
@@ -112,7 +124,8 @@ class RequestEncoder {
   int32_t records_ = 0;
   std::map<int32_t, int32_t> tensors_;  // plan tensor -> request tensor
   int32_t last_tensor_ = -1, last_request_tensor_ = -1;
-  std::vector<int32_t> named_buffers_;  // plan buffer ids, by buffer_names index
+  std::vector<int32_t> named_buffers_;               // plan buffer ids, by buffer_names index
+  std::vector<planner::Holder> named_peer_buffers_;  // by peer_buffers index
 };
 
 void EncodeStream(const planner::PeerStream& stream, const std::vector<int32_t>& record_of, v1::PeerStreamSpec* out) {
@@ -230,11 +243,18 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     return Malformed(
         absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes, ")"));
   }
-  // The local id of a side's buffer: -1 on the other rank's side (never touched here);
-  // false when this rank's side names no buffer of the request.
+  // The local id of a side's buffer: -1 on the other rank's side unless it names a peer
+  // buffer (kept as -2 - its index until every local buffer has its id); false when
+  // this rank's side names no buffer of the request, or a peer buffer is misnamed.
   const auto named = [&](int32_t rank_of_side, int32_t index, int32_t* id) {
     *id = -1;
-    if (rank_of_side != rank) return true;
+    if (rank_of_side != rank) {
+      if (index >= -1) return true;
+      const int64_t peer = -2 - int64_t{index};
+      if (peer >= request.peer_buffers_size() || request.peer_buffers(peer).rank() != rank_of_side) return false;
+      *id = index;
+      return true;
+    }
     if (index < 0 || index >= request.buffer_names_size()) return false;
     *id = id_of(request.buffer_names(index));
     return true;
@@ -247,7 +267,8 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     if (in.axes < 1 || in.axes > planner::kMaxAxes)
       return Malformed(absl::StrCat("tensor '", tensor, "': segment axes"));
     if (in.src_rank != rank && in.dst_rank != rank) return Malformed("a segment that does not touch this rank");
-    if (!named(in.src_rank, in.src_buffer, &s.src.buffer) || !named(in.dst_rank, in.dst_buffer, &s.dst.buffer)) {
+    if (!named(in.src_rank, in.src_buffer, &s.src.buffer) || !named(in.dst_rank, in.dst_buffer, &s.dst.buffer) ||
+        s.src.buffer < -1) {
       return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
     }
     const auto dtype_of = [](uint8_t value) -> absl::StatusOr<planner::DType> {
@@ -339,6 +360,12 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
       }
     }
   }
+  // Peer buffers take the ids after this rank's.
+  const int32_t own = static_cast<int32_t>(local.buffer_names.size());
+  for (planner::Segment& s : local.plan.segments) {
+    if (s.dst.buffer < -1) s.dst.buffer = own + (-2 - s.dst.buffer);
+  }
+  for (const v1::PeerBuffer& peer : request.peer_buffers()) local.peer_buffers.push_back({peer.rank(), peer.name()});
   local.schedule.rank = rank;
   local.plan.num_ranks = 0;
   local.plan.stages = request.stages_size();

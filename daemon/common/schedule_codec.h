@@ -53,10 +53,20 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
 v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
                                   const std::vector<std::string>& buffer_names);
 
+// A buffer of another rank that this rank's segments write (the direct path).
+struct PeerBufferName {
+  int32_t rank = 0;
+  std::string name;  // as registered on `rank`
+};
+
 struct LocalSchedule {
   planner::Plan plan;
   planner::Schedule schedule;
   std::vector<std::string> buffer_names;  // by the local plan's Holder::buffer id
+  // The other ranks' buffers this rank's sends write, by local id - buffer_names.size()
+  // (a send segment's dst.buffer; -1 where the request named none).
+  std::vector<PeerBufferName> peer_buffers;
+  int32_t buffer_count() const { return static_cast<int32_t>(buffer_names.size() + peer_buffers.size()); }
 };
 
 absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, int32_t rank);
