@@ -1,5 +1,7 @@
 #include "executor/buffer_check.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardsync::executor {
@@ -48,6 +50,25 @@ absl::Status CheckRegionsFit(const planner::Plan& plan, int32_t rank, absl::Span
     if (!Fits(f.fill.base, f.fill.shape.data(), f.fill.strides.data(), static_cast<int>(f.fill.shape.size()),
               planner::ElementBytes(f.dtype), size_of(f.fill.holder.buffer))) {
       return Outside(plan.tensor_names[f.tensor], "a fill", f.fill.holder.buffer, buffer_bytes, buffer_names);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDirectWritesFit(const planner::Plan& plan, int32_t rank, absl::Span<const int32_t> direct_peers,
+                                  absl::Span<const int64_t> buffer_bytes, absl::Span<const std::string> buffer_names) {
+  for (const planner::Segment& s : plan.segments) {
+    if (s.src.rank != rank || s.dst.rank == rank ||
+        !std::binary_search(direct_peers.begin(), direct_peers.end(), s.dst.rank)) {
+      continue;
+    }
+    const bool known = s.dst.buffer >= 0 && static_cast<size_t>(s.dst.buffer) < buffer_bytes.size();
+    if (!known || !Fits(s.dst_base, s.shape.data(), s.dst_strides.data(), s.axes, planner::ElementBytes(s.dst_dtype),
+                        buffer_bytes[s.dst.buffer])) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor '", plan.tensor_names[s.tensor], "': a direct write lies outside buffer '",
+                       known ? buffer_names[s.dst.buffer] : absl::StrCat(s.dst.buffer), "' of rank ", s.dst.rank, " (",
+                       known ? buffer_bytes[s.dst.buffer] : 0, " bytes)"));
     }
   }
   return absl::OkStatus();

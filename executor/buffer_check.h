@@ -16,4 +16,10 @@ namespace shardsync::executor {
 absl::Status CheckRegionsFit(const planner::Plan& plan, int32_t rank, absl::Span<const int64_t> buffer_bytes,
                              absl::Span<const std::string> buffer_names);
 
+// The direct path: every segment `rank` sends to one of `direct_peers` (ascending)
+// writes inside the peer's buffer as mapped on `rank` (`buffer_bytes` and
+// `buffer_names` by the same ids as the plan's dst holders).
+absl::Status CheckDirectWritesFit(const planner::Plan& plan, int32_t rank, absl::Span<const int32_t> direct_peers,
+                                  absl::Span<const int64_t> buffer_bytes, absl::Span<const std::string> buffer_names);
+
 }  // namespace shardsync::executor

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "executor/cuda_check.h"
 
@@ -52,6 +53,33 @@ class CudaReadyEvent final : public ReadyEvent {
 
 }  // namespace
 
+absl::StatusOr<DeviceIdentity> IdentifyDevice(int ordinal) {
+  int count = 0;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  const auto uuid_of = [](int device) -> absl::StatusOr<std::string> {
+    cudaDeviceProp properties{};
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
+    const auto* b = reinterpret_cast<const unsigned char*>(properties.uuid.bytes);
+    std::string text = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
+      absl::StrAppend(&text, absl::Hex(b[i], absl::kZeroPad2));
+    }
+    return text;
+  };
+  DeviceIdentity identity;
+  SHARDSYNC_ASSIGN_OR_RETURN(identity.uuid, uuid_of(ordinal));
+  for (int other = 0; other < count; ++other) {
+    if (other == ordinal) continue;
+    int can = 0;
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, ordinal, other));
+    if (!can) continue;
+    SHARDSYNC_ASSIGN_OR_RETURN(std::string uuid, uuid_of(other));
+    identity.peer_uuids.push_back(std::move(uuid));
+  }
+  return identity;
+}
+
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
   int count = 0;
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
@@ -62,7 +90,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
   int lowest = 0, highest = 0;  // numerically: the highest priority is the smallest number
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
   Streams streams{};
-  for (cudaStream_t* stream : {&streams.network, &streams.pack, &streams.unpack}) {
+  for (cudaStream_t* stream : {&streams.network, &streams.pack, &streams.unpack, &streams.direct}) {
     SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking, highest));
   }
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&streams.local, cudaStreamNonBlocking, lowest));
@@ -72,7 +100,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
     }
   }
-  std::array<cudaEvent_t, 4> fence;
+  std::array<cudaEvent_t, 5> fence;
   for (cudaEvent_t& event : fence) {
     SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
@@ -81,11 +109,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
-  for (cudaStream_t stream : {streams_.network, streams_.pack, streams_.unpack, streams_.local}) {
-    cudaStreamSynchronize(stream);
-  }
+  for (cudaStream_t stream : streams_.all()) cudaStreamSynchronize(stream);
   for (auto& [key, staging] : staging_) cudaFree(staging.first);
-  for (Batch* batch : {&pack_batch_, &unpack_batch_, &local_batch_}) cudaFree(batch->device);
+  for (Batch* batch : {&pack_batch_, &unpack_batch_, &local_batch_, &direct_batch_}) cudaFree(batch->device);
   cudaFree(hash_pieces_);
   cudaFree(hash_sums_);
   for (const SlotEvents& slot : slots_) {
@@ -96,16 +122,12 @@ CudaDevice::~CudaDevice() {
     cudaEventDestroy(start);
     cudaEventDestroy(end);
   }
-  for (cudaStream_t stream : {streams_.network, streams_.pack, streams_.unpack, streams_.local}) {
-    cudaStreamDestroy(stream);
-  }
+  for (cudaStream_t stream : streams_.all()) cudaStreamDestroy(stream);
 }
 
 absl::Status CudaDevice::SynchronizeAll() {
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  for (cudaStream_t stream : {streams_.local, streams_.pack, streams_.network, streams_.unpack}) {
-    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  }
+  for (cudaStream_t stream : streams_.all()) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
 
@@ -242,9 +264,26 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   return absl::OkStatus();
 }
 
+absl::Status CudaDevice::CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                                    const BufferTable& buffers) {
+  for (int32_t index : segments) {
+    const planner::Segment& s = plan.segments[index];
+    direct_batch_.descriptors.push_back(Describe(
+        s, 0, planner::SegmentElements(s), buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype),
+        buffers[s.dst.buffer] + s.dst_base * planner::ElementBytes(s.dst_dtype), false, false));
+  }
+  return Launch(direct_batch_, streams_.direct);
+}
+
+absl::Status CudaDevice::FinishDirect() {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.direct));
+  return absl::OkStatus();
+}
+
 absl::Status CudaDevice::Fence() {
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-  const std::array<cudaStream_t, 4> streams = {streams_.network, streams_.pack, streams_.unpack, streams_.local};
+  const std::array<cudaStream_t, 5> streams = streams_.all();
   for (size_t i = 0; i < streams.size(); ++i) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaEventRecord(fence_[i], streams[i]));
   for (cudaStream_t stream : streams) {
     for (cudaEvent_t event : fence_) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, event, 0));
@@ -269,10 +308,8 @@ absl::Status CudaDevice::WaitFor(absl::Span<const std::shared_ptr<const ReadyEve
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
   for (const std::shared_ptr<const ReadyEvent>& ready : events) {
     const cudaEvent_t event = static_cast<const CudaReadyEvent&>(*ready).event();
-    // Every stream reads sources: local copies, packs, and direct sends on the network.
-    for (cudaStream_t stream : {streams_.network, streams_.pack, streams_.unpack, streams_.local}) {
-      SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, event, 0));
-    }
+    // Every stream reads sources: local and direct copies, packs, and unstaged sends.
+    for (cudaStream_t stream : streams_.all()) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, event, 0));
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
-// One CUDA device: copies run as batched kernels on three streams beside the network
-// stream the transport queues on: packs, unpacks, and local copies and fills. Events
+// One CUDA device: copies run as batched kernels on four streams beside the network
+// stream the transport queues on: packs, unpacks, local copies and fills, and direct
+// copies into peers' memory. Events
 // per staging slot order pack -> transfer -> unpack -> reuse of the slot, so round k+1
 // packs and round k-1 unpacks while round k is on the link. The network, pack and
 // unpack streams run at the highest priority, so the local copies (which only need to
@@ -10,6 +11,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -18,6 +20,14 @@
 #include "executor/device.h"
 
 namespace shardsync::executor {
+
+// A device as other agents of its host see it: its UUID, and those of the devices it
+// can write by peer access (the direct path between agents of one host).
+struct DeviceIdentity {
+  std::string uuid;                     // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it
+  std::vector<std::string> peer_uuids;  // the other visible devices cudaDeviceCanAccessPeer allows
+};
+absl::StatusOr<DeviceIdentity> IdentifyDevice(int ordinal);
 
 class CudaDevice final : public Device {
  public:
@@ -39,6 +49,9 @@ class CudaDevice final : public Device {
   absl::Status AfterTransfer(int slot) override;
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
                          const BufferTable& buffers) override;
+  absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                          const BufferTable& buffers) override;
+  absl::Status FinishDirect() override;
   absl::Status Fence() override;
   absl::Status Synchronize() override;
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
@@ -57,7 +70,8 @@ class CudaDevice final : public Device {
     size_t capacity = 0;
   };
   struct Streams {
-    cudaStream_t network, pack, unpack, local;
+    cudaStream_t network, pack, unpack, local, direct;
+    std::array<cudaStream_t, 5> all() const { return {network, pack, unpack, local, direct}; }
   };
   // Per staging slot: the last pack into it, the last transfer through it, the last
   // unpack out of it.
@@ -65,7 +79,7 @@ class CudaDevice final : public Device {
     cudaEvent_t packed, transferred, unpacked;
   };
   using Slots = std::array<SlotEvents, planner::kStagingSlots>;
-  CudaDevice(int ordinal, Streams streams, Slots slots, std::array<cudaEvent_t, 4> fence)
+  CudaDevice(int ordinal, Streams streams, Slots slots, std::array<cudaEvent_t, 5> fence)
       : ordinal_(ordinal), streams_(streams), slots_(slots), fence_(fence) {}
   absl::Status Launch(Batch& batch, cudaStream_t stream);
   absl::Status SynchronizeAll();
@@ -73,7 +87,7 @@ class CudaDevice final : public Device {
   const int ordinal_;
   const Streams streams_;
   const Slots slots_;
-  const std::array<cudaEvent_t, 4> fence_;  // one per stream
+  const std::array<cudaEvent_t, 5> fence_;  // one per stream
   // Around each CopyLocal on the local stream since the last TakeLocalSeconds: the
   // first `local_timed_` pairs (made as needed, reused).
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> local_events_;
@@ -83,6 +97,7 @@ class CudaDevice final : public Device {
   Batch pack_batch_;
   Batch unpack_batch_;
   Batch local_batch_;
+  Batch direct_batch_;
   // Copies the sums queued on the device to hash_collected_.
   absl::Status DrainHashes();
   // QueueHashes: the last batch's pieces, and the sums of every piece queued (on the

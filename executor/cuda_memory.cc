@@ -52,11 +52,20 @@ absl::StatusOr<int64_t> AllocationBytes(void* pointer) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::Open(const MemoryHandle& handle, int64_t bytes) {
+  return OpenOn(handle, bytes, /*own_device=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::OpenPeer(const MemoryHandle& handle, int64_t bytes) {
+  return OpenOn(handle, bytes, /*own_device=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::OpenOn(const MemoryHandle& handle, int64_t bytes,
+                                                                     bool own_device) {
   if (handle.cuda_ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
     return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ",
                                                    handle.cuda_ipc_handle.size()));
   }
-  if (handle.device != ordinal_) {
+  if (own_device && handle.device != ordinal_) {
     return absl::InvalidArgumentError(
         absl::StrCat("the buffer is on CUDA device ", handle.device, "; this agent serves device ", ordinal_));
   }

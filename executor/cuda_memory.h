@@ -17,8 +17,12 @@ class CudaIpcBackend final : public MemoryBackend {
   // Contract: the mapping is closed (cudaIpcCloseMemHandle) when the returned buffer is
   // destroyed; the client's memory itself is never freed by the agent.
   absl::StatusOr<std::unique_ptr<MappedBuffer>> Open(const MemoryHandle& handle, int64_t bytes) override;
+  // Any device of this host: peer access is enabled as the handle is opened.
+  absl::StatusOr<std::unique_ptr<MappedBuffer>> OpenPeer(const MemoryHandle& handle, int64_t bytes) override;
 
  private:
+  absl::StatusOr<std::unique_ptr<MappedBuffer>> OpenOn(const MemoryHandle& handle, int64_t bytes, bool own_device);
+
   int ordinal_;
 };
 

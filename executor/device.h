@@ -60,6 +60,13 @@ class Device {
   // Local copies and zero fills; on a device they run beside the network rounds.
   virtual absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                  absl::Span<const int32_t> fills, const BufferTable& buffers) = 0;
+  // The direct path: copies `segments` whose targets lie in peers' memory mapped into
+  // this process (their entries in `buffers`), beside the other work, after what the
+  // last Fence ordered. FinishDirect waits for every one queued: then their bytes are
+  // in the peers' memory, and a peer may be told so.
+  virtual absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                                  const BufferTable& buffers) = 0;
+  virtual absl::Status FinishDirect() = 0;
   // Everything queued after this waits for everything queued before it, on every
   // stream: the next stage of a sync reads targets this one wrote.
   virtual absl::Status Fence() = 0;
@@ -95,7 +102,10 @@ class HostDevice final : public Device {
   absl::Status AfterTransfer(int) override { return absl::OkStatus(); }
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
                          const BufferTable& buffers) override;
-  absl::Status Fence() override { return absl::OkStatus(); }  // every copy is done on return
+  absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                          const BufferTable& buffers) override;
+  absl::Status FinishDirect() override { return absl::OkStatus(); }  // copied on return
+  absl::Status Fence() override { return absl::OkStatus(); }         // every copy is done on return
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;

@@ -50,6 +50,15 @@ absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   return absl::OkStatus();
 }
 
+absl::Status HostDevice::CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                                    const BufferTable& buffers) {
+  for (int32_t index : segments) {
+    const planner::Segment& s = plan.segments[index];
+    CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostDevice::QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) {
   for (const HashPiece& p : pieces) {
     uint64_t sum = 0;

@@ -45,6 +45,11 @@ class MemoryBackend {
   virtual bool Accepts(const MemoryHandle& handle) const = 0;
   // Maps the buffer and checks that the object really holds offset + bytes.
   virtual absl::StatusOr<std::unique_ptr<MappedBuffer>> Open(const MemoryHandle& handle, int64_t bytes) = 0;
+  // The same for a peer agent's target (the direct path), which may lie on another
+  // device of this host that this one reaches by peer access.
+  virtual absl::StatusOr<std::unique_ptr<MappedBuffer>> OpenPeer(const MemoryHandle& handle, int64_t bytes) {
+    return Open(handle, bytes);
+  }
 };
 
 }  // namespace shardsync::executor

@@ -43,8 +43,11 @@ uint8_t* DirectAddress(const planner::Plan& plan, absl::Span<const planner::Chun
 
 absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const planner::Plan& plan,
                                                 const planner::Schedule& schedule, const BufferTable& buffers,
-                                                int64_t staging_bytes, absl::Time deadline,
-                                                ExecutionProgress* progress) {
+                                                int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress,
+                                                const DirectLinks& direct) {
+  if (!direct.peers.empty() && direct.signals == nullptr) {
+    return absl::InvalidArgumentError("direct peers without a transport for their completion messages");
+  }
   const absl::Time start = absl::Now();
   ExecutionStats stats;
   ExecutionProgress unused;
@@ -91,6 +94,25 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         k == 0 ? absl::Span<const int32_t>(schedule.fills) : absl::Span<const int32_t>();
     SHARDSYNC_RETURN_IF_ERROR(device_.CopyLocal(plan, stage.local_segments, fills, buffers));
     for (int32_t index : stage.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
+    // Direct sends: one batch of copies into the peers' targets, beside the rounds.
+    std::vector<int32_t> direct_segments;
+    std::vector<SendOp> done_sends;
+    std::vector<RecvOp> done_receives;
+    uint8_t done_byte = 1;
+    std::vector<uint8_t> done_received;
+    for (const planner::PeerStream& stream : stage.sends) {
+      if (!direct.Has(stream.peer)) continue;
+      direct_segments.insert(direct_segments.end(), stream.segments.begin(), stream.segments.end());
+      done_sends.push_back(SendOp{stream.peer, &done_byte, 1});
+      stats.sent_bytes += stream.bytes;
+      stats.direct_sent_bytes += stream.bytes;
+    }
+    for (const planner::PeerStream& stream : stage.receives) {
+      if (direct.Has(stream.peer)) done_receives.push_back(RecvOp{stream.peer, nullptr, 1});
+    }
+    done_received.assign(done_receives.size(), 0);
+    for (size_t i = 0; i < done_receives.size(); ++i) done_receives[i].data = &done_received[i];
+    if (!direct_segments.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.CopyDirect(plan, direct_segments, buffers));
     for (int32_t round = 0; round < stage.rounds; ++round) {
       const int32_t number = stage.first_round + round;  // the transport's, the same at both ends
       const int slot = number % planner::kStagingSlots;
@@ -100,7 +122,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
       staged.swap(staged_before);
       for (auto& [peer, bytes] : staged) bytes = 0;
       for (const planner::PeerStream& stream : stage.receives) {
-        if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
+        if (round >= static_cast<int32_t>(stream.chunks.size()) || direct.Has(stream.peer)) continue;
         const planner::Chunk& chunk = stream.chunks[round];
         std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
         uint8_t* into = DirectAddress(plan, parts, buffers, /*source=*/false);
@@ -112,7 +134,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
         receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
       }
       for (const planner::PeerStream& stream : stage.sends) {
-        if (round >= static_cast<int32_t>(stream.chunks.size())) continue;
+        if (round >= static_cast<int32_t>(stream.chunks.size()) || direct.Has(stream.peer)) continue;
         const planner::Chunk& chunk = stream.chunks[round];
         const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
         const uint8_t* from = DirectAddress(plan, parts, buffers, /*source=*/true);
@@ -133,6 +155,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
       }
       stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + in_use_before);
       in_use_before = in_use;
+      if (sends.empty() && receives.empty()) continue;  // every stream idle or direct
       SHARDSYNC_RETURN_IF_ERROR(device_.BeforeTransfer(slot));
       SHARDSYNC_RETURN_IF_ERROR(transport_.RunRound(sync_id, number, sends, receives, deadline));
       SHARDSYNC_RETURN_IF_ERROR(device_.AfterTransfer(slot));
@@ -144,6 +167,19 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
       ++stats.rounds;
       progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
       progress->rounds_done = stats.rounds;
+    }
+    // The stage's direct copies are in the peers' memory before they hear so, and the
+    // peers' copies into this rank's targets are before the next stage reads them.
+    if (!done_sends.empty() || !done_receives.empty()) {
+      if (!done_sends.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.FinishDirect());
+      SHARDSYNC_RETURN_IF_ERROR(direct.signals->RunRound(sync_id, DirectDoneRound(static_cast<int32_t>(k)), done_sends,
+                                                         done_receives, deadline));
+      for (const planner::PeerStream& stream : stage.receives) {
+        if (!direct.Has(stream.peer)) continue;
+        stats.received_bytes += stream.bytes;
+        stats.direct_received_bytes += stream.bytes;
+      }
+      progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
     }
   }
   SHARDSYNC_RETURN_IF_ERROR(transport_.Finish(deadline));

@@ -5,11 +5,15 @@
 // sends, chunks packed into and unpacked from double-buffered staging (per peer, two
 // slots for each direction, all four within the peer's budget, so a device overlaps a
 // round's packs and unpacks with the transfers beside it), chunks whose parts lie back
-// to back on their side moved without staging.
+// to back on their side moved without staging. Streams with a direct peer take no
+// part in the rounds: the sender copies them into the peer's mapped targets itself
+// (Device::CopyDirect) and, at the end of each stage, tells the receiver they are done.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -30,6 +34,8 @@ struct ExecutionStats {
   int64_t fill_bytes = 0;
   int64_t peak_staging_bytes = 0;       // staging in use at once (two rounds), all peers
   int64_t peak_peer_staging_bytes = 0;  // staging of one peer, both directions and slots (<= budget)
+  int64_t direct_sent_bytes = 0;        // of sent_bytes, written into peers' targets directly
+  int64_t direct_received_bytes = 0;    // of received_bytes, written here by peers directly
   double seconds = 0;
   double local_seconds = 0;  // the local copies and fills alone (beside the rounds on a device)
 };
@@ -42,15 +48,28 @@ struct ExecutionProgress {
   std::atomic<int32_t> rounds_total{0};
 };
 
+// The direct path of one run: the peers whose streams bypass the transport, and the
+// host transport that carries each stage's completion messages between them (round
+// DirectDoneRound(stage), one byte from every direct sender to its receiver, sent once
+// the sender's direct copies of that stage are complete).
+struct DirectLinks {
+  std::vector<int32_t> peers;    // ascending
+  Transport* signals = nullptr;  // set when `peers` is not empty
+  bool Has(int32_t peer) const { return std::binary_search(peers.begin(), peers.end(), peer); }
+};
+
 class RoundEngine {
  public:
   RoundEngine(Device& device, Transport& transport) : device_(device), transport_(transport) {}
 
   // Contract: every buffer the schedule touches on this rank is in `buffers` and was
-  // checked (bounds, roles) at Prepare. Sources are only read.
+  // checked (bounds, roles) at Prepare; so is every buffer of a `direct` peer that it
+  // writes (mapped here). Sources are only read. A direct receive completes when its
+  // sender says so: the run waits for that as for a round (deadline, abort).
   absl::StatusOr<ExecutionStats> Run(absl::string_view sync_id, const planner::Plan& plan,
                                      const planner::Schedule& schedule, const BufferTable& buffers,
-                                     int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress = nullptr);
+                                     int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress = nullptr,
+                                     const DirectLinks& direct = {});
 
  private:
   Device& device_;

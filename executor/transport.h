@@ -38,6 +38,8 @@ struct PeerSetup {
 
 // The round number of Agree's exchange on a host transport (rounds count from 0).
 inline constexpr int32_t kAgreementRound = -1;
+// The round number of the direct path's completion messages of a stage (RoundEngine).
+inline constexpr int32_t DirectDoneRound(int32_t stage) { return -2 - stage; }
 
 class Transport {
  public:

@@ -3,11 +3,14 @@
 #include "executor/round_engine.h"
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
+#include "daemon/common/schedule_codec.h"
 #include "executor/mailbox.h"
 #include "planner/builders.h"
 #include "planner/cost.h"
@@ -160,6 +163,112 @@ TEST_CASE("two rounds in flight hold two slots of staging, within the budget per
     CHECK(s.peak_staging_bytes == 48);
   }
   CHECK(stats[1].received_bytes == 128);
+}
+
+// Every rank's engine over loopback where `direct(a, b)` links take the direct path:
+// each rank runs its plan as an agent decodes it (the peers' buffers after its own, as
+// in PrepareRequest), the direct peers' targets mapped into its table (here: the same
+// host memory), completion messages over a loopback of their own.
+std::vector<absl::StatusOr<ExecutionStats>> RunEveryRankDirect(const planner::Plan& plan,
+                                                               const std::vector<planner::Schedule>& schedules,
+                                                               testing::HostBuffers& buffers, int64_t budget,
+                                                               const std::function<bool(int32_t, int32_t)>& direct,
+                                                               const std::set<int32_t>& running) {
+  int32_t ids = 0;
+  for (const auto& [holder, bytes] : buffers) ids = std::max(ids, holder.buffer + 1);
+  std::vector<std::string> names;
+  for (int32_t id = 0; id < ids; ++id) names.push_back(absl::StrCat("buffer-", id));
+  const auto id_of = [](const std::string& name) { return std::stoi(name.substr(7)); };
+  World data(plan.num_ranks), signals(plan.num_ranks);
+  std::vector<absl::StatusOr<ExecutionStats>> results(plan.num_ranks, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int32_t r : running) {
+    threads.emplace_back([&, r] {
+      auto local = daemon::DecodeSchedule(daemon::EncodeSchedule(plan, schedules[r], names), r);
+      REQUIRE(local.ok());
+      BufferTable table(local->buffer_count(), nullptr);
+      for (size_t id = 0; id < local->buffer_names.size(); ++id) {
+        table[id] = buffers.at(planner::Holder{r, id_of(local->buffer_names[id])}).data();
+      }
+      DirectLinks links;
+      for (size_t k = 0; k < local->peer_buffers.size(); ++k) {
+        const daemon::PeerBufferName& peer = local->peer_buffers[k];
+        if (direct(r, peer.rank))
+          table[local->buffer_names.size() + k] = buffers.at({peer.rank, id_of(peer.name)}).data();
+      }
+      for (int32_t peer = 0; peer < plan.num_ranks; ++peer) {
+        if (peer != r && direct(r, peer)) links.peers.push_back(peer);
+      }
+      LoopbackTransport transport(r, data.pointers), messages(r, signals.pointers);
+      links.signals = &messages;
+      HostDevice device;
+      RoundEngine engine(device, transport);
+      results[r] = engine.Run(
+          "sync-1", local->plan, local->schedule, table, budget,
+          absl::Now() + absl::Seconds(running.size() == static_cast<size_t>(plan.num_ranks) ? 20 : 1), nullptr, links);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+TEST_CASE("the direct path: senders write their peers' targets in place, mixed with staged links, bit for bit") {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  for (uint64_t seed = 1; seed <= 120; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto input = planner::ExpandModel(testing::RandomModel(rng));
+    REQUIRE(input.ok());
+    const int64_t budget = std::vector<int64_t>{16, 100, 4096}[seed % 3];
+    const bool relay = seed % 2 == 0;
+    if (relay) testing::PlaceOnRandomNodes(*input, 2 + seed % 2, rng);
+    auto plan = planner::MakePlan(*input, *policy, planner::PlanOptions{relay});
+    REQUIRE(plan.ok());
+    auto schedules = planner::MakeSchedules(*plan, budget);
+    REQUIRE(schedules.ok());
+    // Every link direct in a third of the layouts, none in no layout, a mix otherwise.
+    const auto direct = [seed](int32_t a, int32_t b) { return seed % 3 == 0 || (a + b + seed) % 2 == 0; };
+    INFO("seed " << seed << " budget " << budget << " stages " << plan->stages);
+
+    testing::HostBuffers buffers = testing::AllocateBuffers(*input);
+    const testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
+    const testing::HostBuffers before = buffers;
+    std::set<int32_t> every;
+    for (int32_t r = 0; r < plan->num_ranks; ++r) every.insert(r);
+    const auto results = RunEveryRankDirect(*plan, *schedules, buffers, budget, direct, every);
+    for (int32_t r = 0; r < plan->num_ranks; ++r) {
+      REQUIRE(results[r].ok());
+      int64_t direct_sent = 0, direct_received = 0;
+      for (const planner::Stage& stage : (*schedules)[r].stages) {
+        for (const planner::PeerStream& stream : stage.sends) {
+          if (direct(r, stream.peer)) direct_sent += stream.bytes;
+        }
+        for (const planner::PeerStream& stream : stage.receives) {
+          if (direct(r, stream.peer)) direct_received += stream.bytes;
+        }
+      }
+      CHECK(results[r]->direct_sent_bytes == direct_sent);
+      CHECK(results[r]->direct_received_bytes == direct_received);
+      if (seed % 3 == 0) {  // every link direct: no round, no staging
+        CHECK(results[r]->rounds == 0);
+        CHECK(results[r]->peak_staging_bytes == 0);
+      }
+    }
+    const std::vector<std::string> errors = testing::CheckSync(*input, values, before, buffers);
+    INFO((errors.empty() ? std::string() : errors.front()));
+    CHECK(errors.empty());
+  }
+}
+
+TEST_CASE("a direct receiver whose sender never says it is done fails at the deadline, naming the sender") {
+  const TwoTensors two(32);
+  auto plan = planner::MakePlan(two.input, *planner::LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  auto schedules = planner::MakeSchedules(*plan, 512);
+  REQUIRE(schedules.ok());
+  testing::HostBuffers buffers = testing::AllocateBuffers(two.input);
+  const auto results = RunEveryRankDirect(*plan, *schedules, buffers, 512, [](int32_t, int32_t) { return true; }, {1});
+  REQUIRE(absl::IsUnavailable(results[1].status()));
+  CHECK_THAT(std::string(results[1].status().message()), Contains("rank 0"));
 }
 
 TEST_CASE("a delivery waits for its posted receive; a silent peer is named at the deadline") {

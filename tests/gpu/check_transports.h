@@ -100,6 +100,11 @@ class HeldDevice final : public Device {
                          const BufferTable& buffers) override {
     return inner_.CopyLocal(plan, segments, fills, buffers);
   }
+  absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
+                          const BufferTable& buffers) override {
+    return inner_.CopyDirect(plan, segments, buffers);
+  }
+  absl::Status FinishDirect() override { return inner_.FinishDirect(); }
   absl::Status Fence() override { return inner_.Fence(); }
   absl::Status Synchronize() override { return inner_.Synchronize(); }
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override {
