@@ -26,6 +26,15 @@ void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title,
   int64_t sent = 0, local = 0;
   for (const v1::RankStats& r : report.ranks()) sent += r.sent_bytes(), local += r.local_bytes();
   out << absl::StrFormat("moves %s (%s over links, %s local)\n", Bytes(sent + local), Bytes(sent), Bytes(local));
+  int64_t direct = 0, staged = 0;
+  for (const v1::LinkBytes& l : report.links()) {
+    if (l.path() == v1::DIRECT) direct += l.bytes();
+    if (l.path() == v1::STAGED) staged += l.bytes();
+  }
+  if (direct + staged > 0) {
+    out << absl::StrFormat("paths: %s direct (written in place, no staging), %s staged through the transport\n",
+                           Bytes(direct), Bytes(staged));
+  }
   const bool nodes = report.direct_floor_seconds() > 0 || report.network_bytes() > 0;
   if (nodes) {
     out << absl::StrFormat(
@@ -61,9 +70,10 @@ void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title,
                                  : "");
   }
   if (links) {
-    out << "\nlinks (from -> to: bytes)\n";
+    out << "\nlinks (from -> to: bytes, path)\n";
     for (const v1::LinkBytes& l : report.links()) {
-      out << absl::StrFormat("  %d -> %d: %s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()));
+      const char* path = l.path() == v1::DIRECT ? ", direct, no staging" : l.path() == v1::STAGED ? ", staged" : "";
+      out << absl::StrFormat("  %d -> %d: %s%s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()), path);
     }
   }
 }

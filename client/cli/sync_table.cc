@@ -17,6 +17,12 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
     out << absl::StrFormat("%s between nodes%s\n", Bytes(response.network_bytes()),
                            response.stages() > 1 ? ", relayed (a second stage copied targets within each node)" : "");
   }
+  int64_t direct = 0, staged = 0;
+  for (const v1::LinkBytes& l : response.links()) (l.path() == v1::DIRECT ? direct : staged) += l.bytes();
+  if (direct + staged > 0) {
+    out << absl::StrFormat("between agents: %s direct (written in place, no staging), %s staged\n", Bytes(direct),
+                           Bytes(staged));
+  }
   const int written = response.target_ranks_size();
   out << (written <= 16 ? absl::StrCat("targets written on rank ", absl::StrJoin(response.target_ranks(), ", rank "))
                         : absl::StrCat("targets written on ", written, " ranks"))

@@ -10,6 +10,7 @@
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "executor/buffer_check.h"
+#include "executor/round_engine.h"
 #include "executor/verify.h"
 #include "planner/schedule.h"
 #include "spdlog/spdlog.h"
@@ -56,14 +57,14 @@ absl::Status CheckStreams(const planner::Schedule& schedule, int32_t world_size)
 }  // namespace
 
 Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
-             executor::Transport& transport, executor::Mailbox& mailbox)
+             executor::Transport& transport, executor::Mailbox& mailbox, DirectPath direct)
     : config_(std::move(config)),
       registry_(registry),
       link_(link),
       device_(device),
       transport_(transport),
       mailbox_(mailbox),
-      engine_(device_, transport_) {}
+      direct_(direct) {}
 
 absl::Status Agent::Admit(const v1::RegisterRequest& request, const Peer& peer) {
   const bool source = request.role() == v1::SOURCE;
@@ -222,7 +223,7 @@ executor::PeerSetup Agent::PeersOf(const v1::PrepareRequest& request) const {
   return peers;
 }
 
-absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* schedule_missing) {
+absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool map_direct, bool* schedule_missing) {
   *schedule_missing = false;
   if (request.staging_bytes() <= 0 || request.staging_bytes() > config_.max_staging_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("staging budget of ", request.staging_bytes(),
@@ -241,12 +242,16 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
     prepared.sync_id = request.sync_id();
     prepared.deadline = absl::Milliseconds(request.deadline_ms());
     prepared.peers = PeersOf(request);
+    std::vector<int32_t> direct(request.direct_peers().begin(), request.direct_peers().end());
+    std::sort(direct.begin(), direct.end());
+    const bool mapped = prepared.direct_mapped && !map_direct && direct == prepared.direct_peers;
+    if (!mapped) prepared.direct_mapped = false;
     // Buffers, roles and bounds change only with the registry: checked once per version.
     const int64_t version = registry_.version();
     if (prepared.checked_version != version) {
       SHARDSYNC_RETURN_IF_ERROR(Check(*prepared.local));
       prepared.checked_version = version;
-      return absl::OkStatus();
+      return mapped ? absl::OkStatus() : PrepareDirect(request, prepared);
     }
     // Host memory can shrink under its registration without the registry knowing.
     for (const std::string& name : prepared.local->buffer_names) {
@@ -256,7 +261,7 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
         return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "': ", intact.message()));
       }
     }
-    return absl::OkStatus();
+    return mapped ? absl::OkStatus() : PrepareDirect(request, prepared);
   }
   const int64_t version = registry_.version();
   SHARDSYNC_ASSIGN_OR_RETURN(auto local, daemon::DecodeSchedule(request, config_.rank));
@@ -269,16 +274,122 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool* sched
                     absl::Milliseconds(request.deadline_ms()),
                     PeersOf(request),
                     version};
+  SHARDSYNC_RETURN_IF_ERROR(PrepareDirect(request, prepared));
   prepared_.clear();  // one plan per epoch: the previous one is stale
   prepared_[request.digest()] = std::move(prepared);
   return absl::OkStatus();
+}
+
+absl::Status Agent::PrepareDirect(const v1::PrepareRequest& request, Prepared& prepared) const {
+  const daemon::LocalSchedule& local = *prepared.local;
+  std::vector<int32_t> direct(request.direct_peers().begin(), request.direct_peers().end());
+  std::sort(direct.begin(), direct.end());
+  direct.erase(std::unique(direct.begin(), direct.end()), direct.end());
+  for (int32_t peer : direct) {
+    if (peer < 0 || peer >= request.world_size() || peer == config_.rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("direct peer ", peer, " is not another rank of a world of ", request.world_size()));
+    }
+  }
+  if (!direct.empty() && (direct_.signals == nullptr || direct_.targets == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", config_.rank, " has no direct path"));
+  }
+  const bool communicator = !transport_.device_memory() || !request.communicator_id().empty();
+  const auto is_direct = [&](int32_t peer) { return std::binary_search(direct.begin(), direct.end(), peer); };
+  const int32_t own = static_cast<int32_t>(local.buffer_names.size());
+  std::map<int32_t, std::vector<int32_t>> written;  // direct peer -> its buffers this rank writes (index - own)
+  for (const planner::Stage& stage : local.schedule.stages) {
+    for (const auto* streams : {&stage.sends, &stage.receives}) {
+      for (const planner::PeerStream& stream : *streams) {
+        if (!is_direct(stream.peer) && !communicator) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "rank ", stream.peer, " is not on the direct path and this sync builds no communicator for it"));
+        }
+      }
+    }
+    for (const planner::PeerStream& stream : stage.sends) {
+      if (!is_direct(stream.peer)) continue;
+      std::vector<int32_t>& buffers = written[stream.peer];
+      for (int32_t index : stream.segments) {
+        const planner::Segment& s = local.plan.segments[index];
+        if (s.dst.buffer < own) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", local.plan.tensor_names[s.tensor],
+                                                         "': the schedule names no buffer of rank ", stream.peer,
+                                                         " for the direct path to write"));
+        }
+        if (std::find(buffers.begin(), buffers.end(), s.dst.buffer - own) == buffers.end()) {
+          buffers.push_back(s.dst.buffer - own);
+        }
+      }
+    }
+  }
+  prepared.peer_memory.assign(local.peer_buffers.size(), nullptr);
+  std::vector<int64_t> sizes(local.buffer_count(), 0);
+  std::vector<std::string> names = local.buffer_names;
+  for (const daemon::PeerBufferName& peer : local.peer_buffers) names.push_back(peer.name);
+  for (const auto& [peer, buffers] : written) {
+    const auto address = request.peer_addresses().find(peer);
+    if (address == request.peer_addresses().end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no address for direct peer ", peer));
+    }
+    std::vector<std::string> wanted;
+    for (int32_t k : buffers) wanted.push_back(local.peer_buffers[k].name);
+    SHARDSYNC_ASSIGN_OR_RETURN(auto mapped,
+                               direct_.targets->Map(peer, address->second, wanted, absl::Now() + config_.rpc_deadline));
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      prepared.peer_memory[buffers[i]] = mapped[i];
+      sizes[own + buffers[i]] = mapped[i]->bytes();
+    }
+  }
+  SHARDSYNC_RETURN_IF_ERROR(executor::CheckDirectWritesFit(local.plan, config_.rank, direct, sizes, names));
+  prepared.direct_peers = std::move(direct);
+  prepared.direct_mapped = true;
+  return absl::OkStatus();
+}
+
+executor::Transport& Agent::DataTransport(const Prepared& prepared) const {
+  // A device transport with no communicator asked for: every peer is direct.
+  const bool without_communicator = transport_.device_memory() && prepared.peers.communicator_id.empty();
+  return without_communicator && direct_.signals != nullptr ? *direct_.signals : transport_;
+}
+
+absl::Status Agent::CheckDirectSendersMapped(const Prepared& prepared) const {
+  const int64_t version = registry_.version();
+  absl::MutexLock lock(&handed_mu_);
+  for (const planner::Stage& stage : prepared.local->schedule.stages) {
+    for (const planner::PeerStream& stream : stage.receives) {
+      if (!std::binary_search(prepared.direct_peers.begin(), prepared.direct_peers.end(), stream.peer)) continue;
+      const auto handed = handed_version_.find(stream.peer);
+      if (handed == handed_version_.end() || handed->second != version) {
+        return absl::FailedPreconditionError(absl::StrCat("rank ", stream.peer, " mapped the targets of rank ",
+                                                          config_.rank, " before they were registered again"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::TargetMemoryResponse> Agent::TargetMemory(const v1::TargetMemoryRequest& request) {
+  if (request.from_rank() < 0 || request.from_rank() == config_.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("target memory asked for by rank ", request.from_rank()));
+  }
+  v1::TargetMemoryResponse response;
+  int64_t version = registry_.version();
+  for (const std::string& name : request.buffers()) {
+    int64_t at = 0;
+    SHARDSYNC_ASSIGN_OR_RETURN(*response.add_buffers(), registry_.TargetHandle(name, &at));
+    version = std::min(version, at);
+  }
+  absl::MutexLock lock(&handed_mu_);
+  handed_version_[request.from_rank()] = version;
+  return response;
 }
 
 v1::PrepareResponse Agent::Prepare(const v1::PrepareRequest& request) {
   v1::PrepareResponse response;
   absl::MutexLock lock(&mu_);
   bool schedule_missing = false;
-  const absl::Status status = PrepareLocked(request, &schedule_missing);
+  const absl::Status status = PrepareLocked(request, /*map_direct=*/true, &schedule_missing);
   response.set_ok(status.ok());
   response.set_schedule_missing(schedule_missing);
   if (!status.ok() && !schedule_missing) {
@@ -304,7 +415,7 @@ absl::StatusOr<Agent::Prepared> Agent::TakePrepared(const v1::ExecuteRequest& re
           absl::StrCat("communicator generation ", request.prepare().communicator_generation(), " is not built here"));
     }
     bool schedule_missing = false;
-    *ready = PrepareLocked(request.prepare(), &schedule_missing);
+    *ready = PrepareLocked(request.prepare(), /*map_direct=*/false, &schedule_missing);
     if (schedule_missing) return NotStarted(request.sync_id(), ready->message());
   }
   auto it = prepared_.find(request.digest());
@@ -324,7 +435,10 @@ absl::StatusOr<Agent::Prepared> Agent::TakePrepared(const v1::ExecuteRequest& re
 absl::Status Agent::HoldBuffers(const Prepared& prepared, std::vector<std::shared_ptr<const BufferEntry>>& held,
                                 executor::BufferTable& table) const {
   held.assign(prepared.local->buffer_names.size(), nullptr);
-  table.assign(held.size(), nullptr);
+  table.assign(prepared.local->buffer_count(), nullptr);
+  for (size_t k = 0; k < prepared.peer_memory.size(); ++k) {
+    if (prepared.peer_memory[k]) table[held.size() + k] = prepared.peer_memory[k]->data();
+  }
   for (size_t id = 0; id < held.size(); ++id) {
     const std::string& name = prepared.local->buffer_names[id];
     held[id] = registry_.Find(name);
@@ -342,9 +456,14 @@ absl::Status Agent::HoldBuffers(const Prepared& prepared, std::vector<std::share
 
 absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepared& prepared,
                                   const absl::Status& ready, absl::Time deadline) {
-  if (const absl::Status setup = transport_.Setup(prepared.peers, deadline); !setup.ok()) {
-    Finished(false);
-    return NotStarted(request.sync_id(), setup.message());
+  executor::Transport& data = DataTransport(prepared);
+  std::vector<executor::Transport*> transports = {&data};
+  if (direct_.signals != nullptr && direct_.signals != &data) transports.push_back(direct_.signals);
+  for (executor::Transport* transport : transports) {
+    if (const absl::Status setup = transport->Setup(prepared.peers, deadline); !setup.ok()) {
+      Finished(false);
+      return NotStarted(request.sync_id(), setup.message());
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -352,8 +471,8 @@ absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepa
   }
   // One call (request.prepare) needs the agreement; after a Prepare fan-out it closes
   // the gap between Prepare and Execute where it is cheap.
-  if (prepared.peers.world_size > 1 && (request.has_prepare() || transport_.fast_agreement())) {
-    const absl::StatusOr<bool> all_ready = transport_.Agree(request.sync_id(), prepared.peers, ready.ok(), deadline);
+  if (prepared.peers.world_size > 1 && (request.has_prepare() || data.fast_agreement())) {
+    const absl::StatusOr<bool> all_ready = data.Agree(request.sync_id(), prepared.peers, ready.ok(), deadline);
     if (!all_ready.ok()) {
       Finished(false);
       return NotStarted(request.sync_id(),
@@ -416,12 +535,14 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   // Reset before TakePrepared's abort check: Abort marks the sync before it aborts the
   // transport, so an Abort is either seen there or reaches the transport after this.
   transport_.Reset();
+  if (direct_.signals != nullptr && direct_.signals != &transport_) direct_.signals->Reset();
   absl::Status ready = absl::OkStatus();  // this rank's vote: every check passed
   SHARDSYNC_ASSIGN_OR_RETURN(Prepared prepared, TakePrepared(request, &ready));
   // Hold every mapping for the whole run: a client leaving mid-sync cannot unmap it.
   std::vector<std::shared_ptr<const BufferEntry>> held;
   executor::BufferTable table;
   if (ready.ok()) ready = HoldBuffers(prepared, held, table);
+  if (ready.ok()) ready = CheckDirectSendersMapped(prepared);
   const absl::Time deadline = absl::Now() + prepared.deadline;
   SHARDSYNC_RETURN_IF_ERROR(SetUpAndAgree(request, prepared, ready, deadline));
 
@@ -435,8 +556,10 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
     absl::MutexLock lock(&mu_);
     writing_sync_id_ = request.sync_id();
   }
-  const absl::StatusOr<executor::ExecutionStats> stats = engine_.Run(
-      request.sync_id(), prepared.local->plan, schedule, table, prepared.staging_bytes, deadline, &progress_);
+  executor::RoundEngine engine(device_, DataTransport(prepared));
+  const absl::StatusOr<executor::ExecutionStats> stats =
+      engine.Run(request.sync_id(), prepared.local->plan, schedule, table, prepared.staging_bytes, deadline, &progress_,
+                 executor::DirectLinks{prepared.direct_peers, direct_.signals});
   v1::ExecuteResponse response;
   const absl::Status verified = stats.ok() && request.verify() ? Verify(prepared, table, response) : absl::OkStatus();
   RecordOutcome(request.sync_id(), writes_targets, stats);
@@ -456,6 +579,8 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   out.set_fill_bytes(stats->fill_bytes);
   out.set_peak_staging_bytes(stats->peak_staging_bytes);
   out.set_peak_peer_staging_bytes(stats->peak_peer_staging_bytes);
+  out.set_direct_sent_bytes(stats->direct_sent_bytes);
+  out.set_direct_received_bytes(stats->direct_received_bytes);
   out.set_seconds(stats->seconds);
   out.set_local_seconds(stats->local_seconds);
   out.set_execute_seconds(absl::ToDoubleSeconds(absl::Now() - entered));
@@ -478,16 +603,29 @@ void Agent::Abort(const v1::AbortRequest& request) {
       link_.SetTargetsValid(false);
     }
   }
-  transport_.Abort(request.sync_id(), absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason()));
+  const std::string reason = absl::StrCat("sync ", request.sync_id(), " aborted: ", request.reason());
+  transport_.Abort(request.sync_id(), reason);
+  if (direct_.signals != nullptr && direct_.signals != &transport_) direct_.signals->Abort(request.sync_id(), reason);
 }
 
 absl::Status Agent::Transfer(const v1::TransferRequest& request, absl::Time deadline) {
   // Only a chunk of the sync this agent prepared is held (until its receive is posted),
-  // and no longer than that sync may run: nobody parks memory here.
+  // and no longer than that sync may run: nobody parks memory here. A sync that prepares
+  // in its Execute call (one call) may hear a peer's one-byte vote first: that alone
+  // waits for it, at most an RPC deadline.
   {
     absl::MutexLock lock(&mu_);
-    const auto prepared = std::find_if(prepared_.begin(), prepared_.end(),
-                                       [&](const auto& entry) { return entry.second.sync_id == request.sync_id(); });
+    const auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::find_if(prepared_.begin(), prepared_.end(),
+                          [&](const auto& entry) { return entry.second.sync_id == request.sync_id(); });
+    };
+    const auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return find() != prepared_.end() || aborted_sync_id_ == request.sync_id();
+    };
+    if (request.round() == executor::kAgreementRound && request.data().size() == 1) {
+      mu_.AwaitWithDeadline(absl::Condition(&known), std::min(deadline, absl::Now() + config_.rpc_deadline));
+    }
+    const auto prepared = find();
     if (prepared == prepared_.end()) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", config_.rank, " has prepared no sync '",
                                                         request.sync_id(), "': a chunk for it is refused"));

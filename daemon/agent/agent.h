@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/agent/coordinator_link.h"
+#include "daemon/agent/peer_targets.h"
 #include "daemon/agent/registry.h"
 #include "daemon/common/schedule_codec.h"
 #include "executor/device.h"
@@ -32,12 +33,22 @@ struct AgentConfig {
   std::vector<uint32_t> target_uids;
 };
 
+// The direct path between agents of one node (PrepareRequest.direct_peers). Without
+// it an agent refuses a Prepare that names direct peers.
+struct DirectPath {
+  // Host messages between agents (the agents' gRPC channels): each stage's completion
+  // of the direct copies, and the agreement of a sync that builds no communicator.
+  // The data transport itself where that is a host one.
+  executor::Transport* signals = nullptr;
+  PeerTargets* targets = nullptr;  // maps the peers' targets this rank writes
+};
+
 class Agent {
  public:
   // `device` and `transport` are the data path (host memory and the agents' gRPC
   // channels, or a CUDA device and NCCL); `mailbox` takes peers' Transfer calls (host).
   Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
-        executor::Transport& transport, executor::Mailbox& mailbox);
+        executor::Transport& transport, executor::Mailbox& mailbox, DirectPath direct = {});
 
   // Agent service (unix socket).
   // `peer`: the process that called, from the unix socket's credentials. Register is
@@ -60,6 +71,10 @@ class Agent {
   void Abort(const v1::AbortRequest& request);
   absl::Status Transfer(const v1::TransferRequest& request, absl::Time deadline);
   absl::StatusOr<std::string> NewCommunicatorId() { return transport_.NewCommunicatorId(); }
+  // Handles of this rank's targets for a same-node peer that writes them directly.
+  // Remembers the registry version it handed out: a sync whose targets were registered
+  // again since then fails instead of letting that peer write the old memory.
+  absl::StatusOr<v1::TargetMemoryResponse> TargetMemory(const v1::TargetMemoryRequest& request);
   v1::RankProgress Progress() const;
 
   // Ends every Register call so the server can shut down.
@@ -72,16 +87,32 @@ class Agent {
     int64_t staging_bytes = 0;
     absl::Duration deadline;
     executor::PeerSetup peers;
-    int64_t checked_version = -1;  // the registry version Check last passed against
+    int64_t checked_version = -1;       // the registry version Check last passed against
+    std::vector<int32_t> direct_peers;  // ascending
+    // The direct peers' targets this rank writes, by local buffer id - buffer_names.size().
+    std::vector<std::shared_ptr<executor::MappedBuffer>> peer_memory;
+    bool direct_mapped = false;  // PrepareDirect passed for `direct_peers`
   };
   // Every buffer the schedule touches, present, of the right role, and in bounds: the
   // mappings in `entries` (by buffer id) where given, else the registry's.
   absl::Status Check(const daemon::LocalSchedule& local,
                      std::vector<std::shared_ptr<const BufferEntry>> entries = {}) const;
-  // Keeps (or, cached, finds) the schedule and checks it; a refusal says why.
-  absl::Status PrepareLocked(const v1::PrepareRequest& request, bool* schedule_missing)
+  // Keeps (or, cached, finds) the schedule and checks it; a refusal says why. The direct
+  // peers' targets are mapped anew (`map_direct`, a Prepare call) or kept from the last
+  // Prepare of this schedule (one call: a receiver whose targets changed since votes no).
+  absl::Status PrepareLocked(const v1::PrepareRequest& request, bool map_direct, bool* schedule_missing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   executor::PeerSetup PeersOf(const v1::PrepareRequest& request) const;
+  // The direct peers of `request`: checked, their targets this rank writes mapped and in
+  // bounds, into `prepared`. Every other peer needs the transport: a device transport
+  // without a communicator (none asked for) refuses them.
+  absl::Status PrepareDirect(const v1::PrepareRequest& request, Prepared& prepared) const;
+  // The transport of the rounds (and of the agreement): the data transport, or the
+  // direct path's host messages where a device transport builds no communicator.
+  executor::Transport& DataTransport(const Prepared& prepared) const;
+  // Every direct peer that writes this rank's targets mapped them at the registry's
+  // current version: else this rank is not ready (the peer would write old memory).
+  absl::Status CheckDirectSendersMapped(const Prepared& prepared) const;
   // Execute's stages, in order. Up to SetUpAndAgree nothing is written on this rank.
   // A sync that stops there is refused with FAILED_PRECONDITION naming this rank.
   absl::Status NotStarted(const std::string& sync_id, absl::string_view why) const;
@@ -109,7 +140,7 @@ class Agent {
   executor::Device& device_;
   executor::Transport& transport_;
   executor::Mailbox& mailbox_;
-  executor::RoundEngine engine_;
+  const DirectPath direct_;
   executor::ExecutionProgress progress_;
   std::atomic<bool> shutting_down_{false};
 
@@ -127,6 +158,9 @@ class Agent {
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   executor::ExecutionStats moved_ ABSL_GUARDED_BY(mu_);  // totals of successful syncs
+  // TargetMemory answers never wait for mu_ (a peer asks while this agent prepares).
+  mutable absl::Mutex handed_mu_;
+  std::map<int32_t, int64_t> handed_version_ ABSL_GUARDED_BY(handed_mu_);  // by peer
 };
 
 }  // namespace shardsync::agent

@@ -59,8 +59,9 @@ void AddAgentFlags(CLI::App& app, AgentFlags& c) {
   flags::AddInt(app, "--fault-stall-at-round", c.fault_stall_at_round,
                 "FOR TESTS ONLY: stall the sync (see --fault-stall-sync) that reaches this round of the transport, "
                 "before it sends or receives, until the sync is aborted or its deadline; logs 'fault injection: "
-                "sync ID stalls at round N' as it begins (-1: never)",
-                0, INT32_MAX)
+                "sync ID stalls at round N' as it begins. Rounds count from 0; -2 - k is the direct path's "
+                "completion message of stage k (sent after that stage's direct copies)",
+                -1 - planner::kMaxStages, INT32_MAX)
       ->group("Tests only");
   flags::AddInt(app, "--fault-stall-sync", c.fault_stall_sync,
                 "FOR TESTS ONLY: with --fault-stall-at-round, the n-th sync to reach that round stalls (1: the first)",
@@ -72,13 +73,18 @@ std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
   if (c.coordinator.empty() == !c.serve_coordinator) {
     return "give one of --coordinator and --serve-coordinator (true)";
   }
-  const char* coordinator_flags[] = {"--world",     "--staging-bytes", "--sync-timeout-ms", "--relay",
-                                     "--link-gbps", "--network-gbps",  "--memory-gbps",     "--shared-source-uids"};
+  const char* coordinator_flags[] = {"--world",        "--staging-bytes", "--sync-timeout-ms",
+                                     "--relay",        "--direct",        "--link-gbps",
+                                     "--network-gbps", "--memory-gbps",   "--shared-source-uids"};
   for (const char* name : coordinator_flags) {
     if (!c.serve_coordinator && app.count(name) > 0) return std::string(name) + " goes with --serve-coordinator";
   }
-  if (app.count("--fault-stall-sync") > 0 && app.count("--fault-stall-at-round") == 0) {
+  c.fault_stall = app.count("--fault-stall-at-round") > 0;
+  if (app.count("--fault-stall-sync") > 0 && !c.fault_stall) {
     return "--fault-stall-sync goes with --fault-stall-at-round";
+  }
+  if (c.fault_stall && c.fault_stall_at_round == executor::kAgreementRound) {
+    return "--fault-stall-at-round -1 is the agreement, which never stalls";
   }
   if (c.serve_coordinator && app.count("--world") == 0) return "--serve-coordinator needs --world";
   if (c.serve_coordinator && c.coordinator_config.world_size <= c.agent.rank) return "--world must be above --rank";

@@ -23,9 +23,10 @@ struct AgentFlags {
   int64_t rpc_deadline_ms = 5000;
   int64_t max_message_bytes = int64_t{64} << 20;
   RegistryLimits registrations;
-  // Tests only (tests/e2e): the n-th sync (fault_stall_sync) to reach round
-  // fault_stall_at_round stalls there (executor/fault_transport.h); -1: never.
-  int32_t fault_stall_at_round = -1;
+  // Tests only (tests/e2e): with fault_stall, the n-th sync (fault_stall_sync) to reach
+  // round fault_stall_at_round stalls there (executor/fault_transport.h).
+  bool fault_stall = false;  // --fault-stall-at-round was given
+  int32_t fault_stall_at_round = 0;
   int32_t fault_stall_sync = 1;
 };
 

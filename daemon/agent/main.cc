@@ -61,22 +61,30 @@ int main(int argc, char** argv) {
   std::unique_ptr<shardsync::executor::MemoryBackend> memory;
   std::unique_ptr<shardsync::executor::Device> device;
   std::unique_ptr<shardsync::executor::Transport> transport;
+  // The direct path's host messages between agents: the host transport itself, or one
+  // beside NCCL.
+  std::unique_ptr<shardsync::executor::Transport> signals;
+  shardsync::executor::DeviceIdentity identity;
   if (ordinal < 0) {
     memory = std::make_unique<shardsync::executor::HostShmBackend>();
     device = std::make_unique<shardsync::executor::HostDevice>();
     transport = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox, *credentials);
   } else {
     auto cuda = shardsync::executor::CudaDevice::Open(ordinal);
-    if (!cuda.ok()) {
-      spdlog::error("--device {}: {}", ordinal, std::string(cuda.status().message()));
+    auto identified = cuda.ok() ? shardsync::executor::IdentifyDevice(ordinal) : cuda.status();
+    if (!identified.ok()) {
+      spdlog::error("--device {}: {}", ordinal, std::string(identified.status().message()));
       return 1;
     }
+    identity = *std::move(identified);
     memory = std::make_unique<shardsync::executor::CudaIpcBackend>(ordinal);
     transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->network_stream());
+    signals = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox, *credentials);
     device = *std::move(cuda);
   }
-  // Tests only (--fault-stall-at-round): the transport stalls one sync at a known round.
-  if (c.fault_stall_at_round >= 0) {
+  // Tests only (--fault-stall-at-round): the transport stalls one sync at a known round
+  // (the direct path's completion messages are rounds of `signals`).
+  if (c.fault_stall) {
     shardsync::executor::StallFault stall;
     stall.round = c.fault_stall_at_round;
     stall.nth_sync = c.fault_stall_sync;
@@ -84,9 +92,13 @@ int main(int argc, char** argv) {
       spdlog::warn("fault injection: sync {} stalls at round {} until aborted or its deadline", std::string(sync_id),
                    round);
     };
-    transport = std::make_unique<shardsync::executor::FaultTransport>(std::move(transport), std::move(stall));
+    auto& faulty = signals && c.fault_stall_at_round < 0 ? signals : transport;
+    faulty = std::make_unique<shardsync::executor::FaultTransport>(std::move(faulty), std::move(stall));
   }
   shardsync::agent::Registry registry(c.agent.rank, {memory.get()}, c.registrations);
+  shardsync::agent::PeerTargets peer_targets(c.agent.rank, registry,
+                                             shardsync::agent::PeerTargets::OverGrpc(*credentials));
+  const shardsync::agent::DirectPath direct{signals ? signals.get() : transport.get(), &peer_targets};
   shardsync::agent::LinkConfig link_config;
   link_config.coordinator = c.coordinator;  // empty with --serve-coordinator: this agent
   link_config.rpc_deadline = c.agent.rpc_deadline;
@@ -97,10 +109,12 @@ int main(int argc, char** argv) {
   link_config.join.set_host(host);
   link_config.join.set_node(c.node.empty() ? host : c.node);
   link_config.join.set_device(c.agent.device);
+  link_config.join.set_device_uuid(identity.uuid);
+  for (const std::string& uuid : identity.peer_uuids) link_config.join.add_peer_device_uuids(uuid);
   link_config.join.set_fast_agreement(transport->fast_agreement());
   link_config.join.set_incarnation(std::to_string(getpid()) + "-" + std::to_string(absl::ToUnixNanos(absl::Now())));
   shardsync::agent::CoordinatorLink link(link_config, registry);
-  shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox);
+  shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox, direct);
   shardsync::agent::ControlService control(agent);
   std::unique_ptr<shardsync::coordinator::Coordinator> coordinator;
   std::unique_ptr<shardsync::coordinator::CoordinatorService> coordinator_service, local_coordinator_service;

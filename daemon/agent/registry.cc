@@ -169,6 +169,32 @@ std::shared_ptr<const BufferEntry> Registry::Find(const std::string& buffer) con
   return it == buffers_.end() ? nullptr : it->second;
 }
 
+absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& buffer, int64_t* version) const {
+  absl::MutexLock lock(&mu_);
+  auto entry = buffers_.find(buffer);
+  if (entry == buffers_.end()) {
+    return absl::NotFoundError(absl::StrCat("buffer '", buffer, "' is not registered on rank ", rank_));
+  }
+  if (entry->second->role != v1::TARGET) {
+    return absl::PermissionDeniedError(absl::StrCat("buffer '", buffer, "' on rank ", rank_, " is a ",
+                                                    v1::Role_Name(entry->second->role), ": peers write only targets"));
+  }
+  *version = version_;
+  for (const v1::RegisteredBuffer& b : clients_.at(entry->second->client_id).request.buffers()) {
+    if (b.name() == buffer) return b;
+  }
+  return absl::InternalError(absl::StrCat("buffer '", buffer, "' has no registration"));
+}
+
+absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Registry::OpenPeer(const v1::RegisteredBuffer& buffer) const {
+  const executor::MemoryHandle handle = ToHandle(buffer.handle());
+  for (executor::MemoryBackend* backend : backends_) {
+    if (backend->Accepts(handle)) return backend->OpenPeer(handle, buffer.bytes());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("buffer '", buffer.name(), "': no memory backend on this agent takes its handle"));
+}
+
 std::vector<v1::ClientInfo> Registry::Clients() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::ClientInfo> out;

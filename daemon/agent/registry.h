@@ -55,6 +55,12 @@ class Registry {
   std::vector<v1::PublishedLayout> Layouts(int64_t* version) const;
   int64_t version() const;
   std::shared_ptr<const BufferEntry> Find(const std::string& buffer) const;
+  // A TARGET buffer's registration (name, bytes, handle) for a same-node peer that
+  // writes it directly, with the version it belongs to; NOT_FOUND or PERMISSION_DENIED
+  // (a source) naming it.
+  absl::StatusOr<v1::RegisteredBuffer> TargetHandle(const std::string& buffer, int64_t* version) const;
+  // Maps a peer's target from its registration, with this agent's memory backends.
+  absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> OpenPeer(const v1::RegisteredBuffer& buffer) const;
   std::vector<v1::ClientInfo> Clients() const;
   // The ready events of every client that gave one: a sync waits for them all.
   std::vector<std::shared_ptr<const executor::ReadyEvent>> ReadyEvents() const;

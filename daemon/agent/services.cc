@@ -29,4 +29,12 @@ grpc::Status ControlService::NewCommunicatorId(grpc::ServerContext*, const v1::N
   return grpc::Status::OK;
 }
 
+grpc::Status ControlService::TargetMemory(grpc::ServerContext*, const v1::TargetMemoryRequest* request,
+                                          v1::TargetMemoryResponse* response) {
+  auto answered = agent_.TargetMemory(*request);
+  if (!answered.ok()) return ToGrpcStatus(answered.status());
+  *response = *std::move(answered);
+  return grpc::Status::OK;
+}
+
 }  // namespace shardsync::agent

@@ -46,6 +46,8 @@ class ControlService final : public v1::AgentControl::Service {
     *response = agent_.Progress();
     return grpc::Status::OK;
   }
+  grpc::Status TargetMemory(grpc::ServerContext*, const v1::TargetMemoryRequest* request,
+                            v1::TargetMemoryResponse* response) override;
 
  private:
   Agent& agent_;

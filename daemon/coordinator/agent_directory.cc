@@ -10,6 +10,7 @@ namespace shardsync::coordinator {
 namespace {
 
 constexpr size_t kMaxNameBytes = 1024;  // hosts, addresses, devices, nodes, incarnations, ids
+constexpr int kMaxPeerDevices = 1024;   // JoinRequest.peer_device_uuids
 
 absl::Status CheckRank(int32_t rank, int32_t world) {
   if (rank < 0 || rank >= world) {
@@ -35,6 +36,13 @@ absl::Status CheckJoin(const v1::JoinRequest& request, int32_t world) {
   SHARDSYNC_RETURN_IF_ERROR(CheckName("host", request.host(), false));
   SHARDSYNC_RETURN_IF_ERROR(CheckName("device", request.device(), false));
   SHARDSYNC_RETURN_IF_ERROR(CheckName("device uuid", request.device_uuid(), false));
+  if (request.peer_device_uuids_size() > kMaxPeerDevices) {
+    return absl::InvalidArgumentError(absl::StrCat("the request names ", request.peer_device_uuids_size(),
+                                                   " peer devices; at most ", kMaxPeerDevices));
+  }
+  for (const std::string& uuid : request.peer_device_uuids()) {
+    SHARDSYNC_RETURN_IF_ERROR(CheckName("peer device uuid", uuid, true));
+  }
   return CheckName("node", request.node(), false);
 }
 
@@ -168,6 +176,13 @@ std::map<int32_t, std::string> AgentDirectory::Addresses() const {
   std::map<int32_t, std::string> addresses;
   for (const auto& [rank, entry] : agents_) addresses[rank] = entry.join.address();
   return addresses;
+}
+
+std::vector<v1::JoinRequest> AgentDirectory::Joins() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::JoinRequest> joins(world_size_);
+  for (const auto& [rank, entry] : agents_) joins[rank] = entry.join;
+  return joins;
 }
 
 std::vector<int32_t> AgentDirectory::MissingRanks() const {

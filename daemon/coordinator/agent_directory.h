@@ -50,6 +50,8 @@ class AgentDirectory {
   // The node index of every rank (JoinRequest.node, else host, numbered in rank order).
   std::vector<int32_t> NodeOfRank() const;
   std::map<int32_t, std::shared_ptr<AgentLink>> Links() const;
+  // Every rank's JoinRequest (empty for a rank that has not joined), by rank.
+  std::vector<v1::JoinRequest> Joins() const;
   std::map<int32_t, std::string> Addresses() const;
   std::vector<int32_t> MissingRanks() const;  // not joined
   // Every agent agrees on its device (JoinRequest.fast_agreement).

@@ -13,6 +13,7 @@ SyncOptions SyncOptionsOf(const CoordinatorConfig& config) {
   SyncOptions options;
   options.epoch.world_size = config.world_size;
   options.epoch.relay = config.relay;
+  options.direct = config.direct;
   options.epoch.bandwidths = config.bandwidths;
   options.epoch.staging_bytes = config.staging_bytes;
   options.epoch.shared_source_uids = config.shared_source_uids;

@@ -25,6 +25,7 @@ namespace shardsync::coordinator {
 struct CoordinatorConfig {
   int32_t world_size = 1;
   planner::RelayMode relay = planner::RelayMode::kAuto;
+  DirectMode direct = DirectMode::kAuto;  // which links take the direct path (link_paths.h)
   // The cost model: the relay choice (kAuto) and Explain's floor (bytes per second).
   planner::Bandwidths bandwidths{360e9, 4200e9, 50e9};
   int64_t staging_bytes = int64_t{128} << 20;       // per peer, both directions

@@ -39,6 +39,15 @@ std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& 
                                    "copy it there); always; never")
                         ->transform(CLI::CheckedTransformer(relay_modes))
                         ->default_str("auto"));
+  const std::map<std::string, DirectMode> direct_modes{
+      {"auto", DirectMode::kAuto}, {"always", DirectMode::kAlways}, {"never", DirectMode::kNever}};
+  options.push_back(app.add_option("--direct", config.direct,
+                                   "agents of one host that can map each other's memory (one CUDA device, devices "
+                                   "with peer access, or host memory): auto writes the receiver's targets directly "
+                                   "(CUDA IPC or shared memory, no staging); never stages every link through the "
+                                   "transport; always refuses agents that cannot")
+                        ->transform(CLI::CheckedTransformer(direct_modes))
+                        ->default_str("auto"));
   options.push_back(AddSpeed(app, "--link-gbps", config.bandwidths.link_bytes_per_s,
                              "the cost model: GB/s one way per rank within a node"));
   options.push_back(AddSpeed(app, "--network-gbps", config.bandwidths.network_bytes_per_s,

@@ -13,7 +13,7 @@ namespace shardsync::coordinator {
 // The most agents one coordinator serves.
 inline constexpr int32_t kMaxWorld = 8192;
 
-// Adds --world, --staging-bytes, --sync-timeout-ms, --relay, --link-gbps,
+// Adds --world, --staging-bytes, --sync-timeout-ms, --relay, --direct, --link-gbps,
 // --network-gbps, --memory-gbps and --shared-source-uids, parsed into `config`. Returns the options, for a
 // main that accepts them only with another flag.
 std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& config);

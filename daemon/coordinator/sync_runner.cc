@@ -194,6 +194,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   response.set_stages(plan_->compiled.plan.stages);
   response.set_network_bytes(plan_->compiled.network_bytes);
   response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
+  for (v1::LinkBytes& link : LinksOfPlan()) *response.add_links() = std::move(link);
   if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
   response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
   for (v1::ExecuteResponse& r : *responses) *response.add_ranks() = r.stats();
@@ -223,6 +224,20 @@ absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest
   v1::ExplainResponse response = daemon::MakePlanReport(cached.compiled.plan, cached.compiled.schedules,
                                                         cached.compiled.digest, cached.compiled.floors, bandwidths);
   response.set_layout_epoch(cached.epoch);
+  // Paths need every agent; without them the links say none.
+  if (directory_.MissingRanks().empty()) {
+    SHARDSYNC_RETURN_IF_ERROR(EnsureLinkPaths());
+    for (v1::LinkBytes& link : *response.mutable_links()) link.set_path(paths_.Path(link.from_rank(), link.to_rank()));
+    for (v1::RankStats& rank : *response.mutable_ranks()) {
+      for (const v1::LinkBytes& link : response.links()) {
+        if (link.path() != v1::DIRECT) continue;
+        if (link.from_rank() == rank.rank()) rank.set_direct_sent_bytes(rank.direct_sent_bytes() + link.bytes());
+        if (link.to_rank() == rank.rank()) {
+          rank.set_direct_received_bytes(rank.direct_received_bytes() + link.bytes());
+        }
+      }
+    }
+  }
   ReleaseStalePlansLocked();  // layouts published while it planned
   return response;
 }
@@ -269,13 +284,46 @@ bool SyncRunner::CommunicatorValid() const {
   return communicator_membership_version_ >= 0 && communicator_membership_version_ == directory_.membership_version();
 }
 
+absl::Status SyncRunner::EnsureLinkPaths() {
+  const int64_t membership = directory_.membership_version();
+  if (paths_membership_version_ == membership) return absl::OkStatus();
+  SHARDSYNC_ASSIGN_OR_RETURN(paths_, ChooseLinkPaths(directory_.Joins(), options_.direct));
+  paths_membership_version_ = membership;
+  return absl::OkStatus();
+}
+
+std::vector<v1::LinkBytes> SyncRunner::LinksOfPlan() const {
+  std::map<std::pair<int32_t, int32_t>, int64_t> bytes;
+  for (const planner::Schedule& schedule : plan_->compiled.schedules) {
+    for (const planner::Stage& stage : schedule.stages) {
+      for (const planner::PeerStream& stream : stage.sends) bytes[{schedule.rank, stream.peer}] += stream.bytes;
+    }
+  }
+  std::vector<v1::LinkBytes> links;
+  for (const auto& [link, total] : bytes) {
+    v1::LinkBytes& out = links.emplace_back();
+    out.set_from_rank(link.first);
+    out.set_to_rank(link.second);
+    out.set_bytes(total);
+    out.set_path(paths_.Path(link.first, link.second));
+  }
+  return links;
+}
+
 absl::Status SyncRunner::RenewCommunicator() {
   if (CommunicatorValid()) return absl::OkStatus();
   const int64_t membership = directory_.membership_version();
-  const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
-  const absl::StatusOr<std::string> id = links.at(0)->NewCommunicatorId(absl::Now() + options_.rpc_deadline);
-  if (!id.ok()) return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", id.status().message()));
-  communicator_id_ = *id;
+  SHARDSYNC_RETURN_IF_ERROR(EnsureLinkPaths());
+  std::string fresh;  // no link needs NCCL: no communicator
+  if (paths_.needs_communicator) {
+    const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
+    const absl::StatusOr<std::string> id = links.at(0)->NewCommunicatorId(absl::Now() + options_.rpc_deadline);
+    if (!id.ok()) {
+      return absl::UnavailableError(absl::StrCat("rank 0 gave no communicator id: ", id.status().message()));
+    }
+    fresh = *id;
+  }
+  communicator_id_ = fresh;
   ++communicator_generation_;
   communicator_membership_version_ = membership;
   ready_digest_.clear();
@@ -294,6 +342,7 @@ v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, bool with_schedul
   request.set_communicator_id(communicator_id_);
   request.set_communicator_generation(communicator_generation_);
   request.set_world_size(options_.epoch.world_size);
+  for (int32_t peer : paths_.DirectPeers(rank)) request.add_direct_peers(peer);
   // Every rank, not only those it sends to: Execute's agreement reaches all of them.
   for (const auto& [peer, address] : addresses) {
     if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
@@ -340,8 +389,9 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
 
 bool SyncRunner::OneCallReady() const {
   // With a host transport the agreement is a message between every pair of agents,
-  // dearer than the Prepare call it saves: only one agent, or agents that agree on
-  // the device, get one call.
+  // dearer than the Prepare call it saves: only one agent, or agents on devices (whose
+  // agreement is NCCL's collective, or host messages between agents of one node), get
+  // one call.
   return !ready_digest_.empty() && ready_digest_ == plan_->compiled.digest && CommunicatorValid() &&
          (options_.epoch.world_size == 1 || directory_.AllAgreeFast());
 }

@@ -17,6 +17,7 @@
 #include "common/metrics_http.h"
 #include "daemon/coordinator/agent_directory.h"
 #include "daemon/coordinator/epoch_plan.h"
+#include "daemon/coordinator/link_paths.h"
 #include "daemon/coordinator/rank_pool.h"
 #include "daemon/coordinator/target_validity.h"
 #include "proto/shardsync.pb.h"
@@ -27,6 +28,7 @@ struct SyncOptions {
   EpochOptions epoch;                               // world, relay, bandwidths, staging
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
   absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
+  DirectMode direct = DirectMode::kAuto;            // which links take the direct path
 };
 
 // A sync's deadline: the configured one, or a smaller one the request asks for
@@ -70,8 +72,13 @@ class SyncRunner {
   v1::PrepareRequest PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
                                        absl::Duration execute_deadline, const std::map<int32_t, std::string>& addresses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
-  // A fresh communicator id from rank 0 when the last one may be broken.
+  // A fresh communicator id from rank 0 when the last one may be broken (an empty one
+  // when no link needs NCCL).
   absl::Status RenewCommunicator() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // paths_ for the agents that hold the ranks now (every rank joined).
+  absl::Status EnsureLinkPaths() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // Every link of the plan's schedules with its bytes and path.
+  std::vector<v1::LinkBytes> LinksOfPlan() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   bool CommunicatorValid() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Every agent holds the schedule and communicator, and agreeing costs them little:
   // the sync may skip Prepare.
@@ -100,6 +107,8 @@ class SyncRunner {
   std::string communicator_id_ ABSL_GUARDED_BY(sync_mu_);
   int64_t communicator_generation_ ABSL_GUARDED_BY(sync_mu_) = 0;
   int64_t communicator_membership_version_ ABSL_GUARDED_BY(sync_mu_) = -1;  // the directory's, when built; -1: none
+  LinkPaths paths_ ABSL_GUARDED_BY(sync_mu_);
+  int64_t paths_membership_version_ ABSL_GUARDED_BY(sync_mu_) = -1;  // the directory's, when chosen; -1: none
   int64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
   // The plan whose schedule every agent holds, with communicator_generation_ built
   // (the last sync ran it and succeeded, nothing planned or renewed since): a sync of

@@ -1,0 +1,80 @@
+#include "daemon/agent/peer_targets.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "proto/shardsync.grpc.pb.h"
+
+namespace shardsync::agent {
+
+PeerTargets::Ask PeerTargets::OverGrpc(Credentials credentials) {
+  struct Stubs {
+    absl::Mutex mu;
+    std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> by_address ABSL_GUARDED_BY(mu);
+  };
+  auto stubs = std::make_shared<Stubs>();
+  return [stubs, credentials = std::move(credentials)](const std::string& address,
+                                                       const v1::TargetMemoryRequest& request,
+                                                       absl::Time deadline) -> absl::StatusOr<v1::TargetMemoryResponse> {
+    v1::AgentControl::Stub* stub = nullptr;
+    {
+      absl::MutexLock lock(&stubs->mu);
+      std::unique_ptr<v1::AgentControl::Stub>& slot = stubs->by_address[address];
+      if (!slot) slot = v1::AgentControl::NewStub(MakeChannel(address, credentials));
+      stub = slot.get();
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    v1::TargetMemoryResponse response;
+    const grpc::Status status = stub->TargetMemory(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response;
+  };
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets::Map(
+    int32_t peer, const std::string& address, const std::vector<std::string>& names, absl::Time deadline) {
+  v1::TargetMemoryRequest request;
+  request.set_from_rank(rank_);
+  for (const std::string& name : names) request.add_buffers(name);
+  const absl::StatusOr<v1::TargetMemoryResponse> response = ask_(address, request, deadline);
+  if (!response.ok()) {
+    return absl::Status(response.status().code(), absl::StrCat("rank ", peer, " gave no target memory for the direct "
+                                                               "path: ", response.status().message()));
+  }
+  if (response->buffers_size() != static_cast<int>(names.size())) {
+    return absl::InternalError(absl::StrCat("rank ", peer, " answered ", response->buffers_size(), " buffers for ",
+                                            names.size(), " names"));
+  }
+  std::vector<std::shared_ptr<executor::MappedBuffer>> mapped;
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const v1::RegisteredBuffer& buffer = response->buffers(static_cast<int>(i));
+    if (buffer.name() != names[i]) {
+      return absl::InternalError(
+          absl::StrCat("rank ", peer, " answered buffer '", buffer.name(), "' for '", names[i], "'"));
+    }
+    const std::string handle = buffer.SerializeAsString();
+    Mapping& mapping = mappings_[{peer, names[i]}];
+    if (mapping.handle != handle || !mapping.memory) {
+      absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> opened = registry_.OpenPeer(buffer);
+      if (!opened.ok()) {
+        mappings_.erase({peer, names[i]});
+        return absl::FailedPreconditionError(
+            absl::StrCat("buffer '", names[i], "' on rank ", peer, ": ", opened.status().message()));
+      }
+      mapping = Mapping{handle, std::shared_ptr<executor::MappedBuffer>(*std::move(opened))};
+    }
+    mapped.push_back(mapping.memory);
+  }
+  // Buffers of the peer this schedule no longer writes: their mappings go (a sync that
+  // holds one keeps it).
+  for (auto it = mappings_.lower_bound({peer, ""}); it != mappings_.end() && it->first.first == peer;) {
+    it = std::find(names.begin(), names.end(), it->first.second) == names.end() ? mappings_.erase(it) : std::next(it);
+  }
+  return mapped;
+}
+
+}  // namespace shardsync::agent

@@ -1,0 +1,56 @@
+// The direct path's view of same-node peers' targets: asked of each peer agent by
+// buffer name (AgentControl.TargetMemory, over the agents' own authenticated channel,
+// never through the coordinator), mapped with this agent's memory backends, and kept
+// while the peer hands out the same handle. Contract: a mapping lives as long as this
+// object or a sync that holds it; closing it never frees the peer's memory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/tls.h"
+#include "daemon/agent/registry.h"
+#include "executor/memory.h"
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::agent {
+
+class PeerTargets {
+ public:
+  // One TargetMemory call to the agent at `address`.
+  using Ask = std::function<absl::StatusOr<v1::TargetMemoryResponse>(
+      const std::string& address, const v1::TargetMemoryRequest& request, absl::Time deadline)>;
+  // Asks over gRPC with `credentials` (a channel per address, kept).
+  static Ask OverGrpc(Credentials credentials);
+
+  PeerTargets(int32_t rank, const Registry& registry, Ask ask)
+      : rank_(rank), registry_(registry), ask_(std::move(ask)) {}
+
+  // The mappings of `names` (buffers registered on `peer`, at `address`), in order.
+  // Refuses what the peer refuses, an answer that is not for these names, and a
+  // handle this agent cannot open (each naming the buffer and the peer).
+  absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> Map(int32_t peer, const std::string& address,
+                                                                            const std::vector<std::string>& names,
+                                                                            absl::Time deadline);
+
+ private:
+  struct Mapping {
+    std::string handle;  // the registration it was opened from, serialized
+    std::shared_ptr<executor::MappedBuffer> memory;
+  };
+  const int32_t rank_;
+  const Registry& registry_;
+  const Ask ask_;
+  absl::Mutex mu_;
+  std::map<std::pair<int32_t, std::string>, Mapping> mappings_ ABSL_GUARDED_BY(mu_);  // by peer and name
+};
+
+}  // namespace shardsync::agent

@@ -1,0 +1,36 @@
+// Which path the bytes between two agents take: DIRECT (the sender writes the
+// receiver's targets through CUDA IPC or host shared memory, no staging) or STAGED
+// (packed into staging and sent over the transport: NCCL between CUDA devices, the
+// agents' gRPC between host memories). A pure function of the agents' joins.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/shardsync.pb.h"
+
+namespace shardsync::coordinator {
+
+// --direct: where agents can map each other's memory (auto), nowhere, or between
+// every pair (a pair that cannot is refused).
+enum class DirectMode { kAuto, kNever, kAlways };
+
+struct LinkPaths {
+  int32_t world_size = 0;
+  std::vector<bool> direct;         // [from * world_size + to], symmetric
+  bool needs_communicator = false;  // some pair of CUDA agents is staged: NCCL joins every rank
+  bool Direct(int32_t from, int32_t to) const { return direct[from * world_size + to]; }
+  std::vector<int32_t> DirectPeers(int32_t rank) const;  // ascending
+  v1::LinkPath Path(int32_t from, int32_t to) const { return Direct(from, to) ? v1::DIRECT : v1::STAGED; }
+};
+
+// Two agents can map each other's memory when they run on one host (the same host
+// name and node) and both on host memory, or both on one CUDA device, or on CUDA
+// devices with peer access (JoinRequest.peer_device_uuids). `joins` by rank, every rank
+// present. Refuses (FAILED_PRECONDITION, naming the ranks) a pair kAlways cannot map,
+// and agents that share a CUDA device when NCCL must join them (kNever, or another pair
+// is staged): NCCL cannot hold two ranks on one device.
+absl::StatusOr<LinkPaths> ChooseLinkPaths(const std::vector<v1::JoinRequest>& joins, DirectMode mode);
+
+}  // namespace shardsync::coordinator
