@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cpp/client.h"
+#include "executor/transport.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -42,35 +44,50 @@ int64_t BytesSent(const v1::SyncResponse& response) {
 
 TEST_CASE(
     "ZeRO-1/2/3 over 4 ranks into TP2x2, uneven TP4, TP1 on half and on all ranks, TP2 on ranks 2-3 sync exactly, "
-    "twice") {
-  Cluster cluster(ClusterOptions{});
-  for (int stage = 1; stage <= 3; ++stage) {
-    for (const Layout& layout : kLayouts) {
-      INFO("zero stage " << stage << " into " << layout.name);
-      Deployment deployment(cluster, absl::StrCat("zero", stage, "-", layout.name), ModelJson(stage, layout.replicas),
-                            /*seed=*/stage * 100 + 1);
-      RequireReady(deployment);
-      const std::string address = deployment.RolloutAddress(layout.first_target_rank);
-      CHECK(deployment.CheckTargets(stage * 100 + 1).size() > 0);  // poisoned before the sync
+    "twice, over the direct path and staged") {
+  for (const std::string direct : {"auto", "never"}) {
+    ClusterOptions options;
+    options.direct = direct;  // auto: agents of one host write each other's shared memory
+    Cluster cluster(options);
+    for (int stage = 1; stage <= 3; ++stage) {
+      for (const Layout& layout : kLayouts) {
+        INFO("--direct " << direct << ", zero stage " << stage << " into " << layout.name);
+        Deployment deployment(cluster, absl::StrCat("zero", stage, "-", layout.name), ModelJson(stage, layout.replicas),
+                              /*seed=*/stage * 100 + 1);
+        RequireReady(deployment);
+        const std::string address = deployment.RolloutAddress(layout.first_target_rank);
+        CHECK(deployment.CheckTargets(stage * 100 + 1).size() > 0);  // poisoned before the sync
 
-      auto first = SyncOnce(cluster, absl::Seconds(20));
-      if (!first.ok()) cluster.DumpLogs();
-      REQUIRE(first.ok());
-      std::vector<std::string> errors = deployment.CheckTargets(stage * 100 + 1);
-      INFO((errors.empty() ? "" : errors.front()));
-      CHECK(errors.empty());
-      // Under ZeRO-1/2 every rank holds the whole flat: nothing crosses processes.
-      if (stage < 3) CHECK(BytesSent(*first) == 0);
+        auto first = SyncOnce(cluster, absl::Seconds(20));
+        if (!first.ok()) cluster.DumpLogs();
+        REQUIRE(first.ok());
+        std::vector<std::string> errors = deployment.CheckTargets(stage * 100 + 1);
+        INFO((errors.empty() ? "" : errors.front()));
+        CHECK(errors.empty());
+        // Under ZeRO-1/2 every rank holds the whole flat: nothing crosses processes.
+        if (stage < 3) CHECK(BytesSent(*first) == 0);
 
-      deployment.Refill(stage * 100 + 2);
-      auto second = SyncOnce(cluster, absl::Seconds(20));
-      REQUIRE(second.ok());
-      CHECK(second->plan_seconds() == 0);  // the cached plan of this epoch
-      // Host transport: agreeing among 4 agents would cost more than Prepare saves.
-      CHECK_FALSE(second->one_call());
-      errors = deployment.CheckTargets(stage * 100 + 2);
-      CHECK(errors.empty());
-      CHECK(deployment.RolloutAddress(layout.first_target_rank) == address);  // the arena never moves
+        for (const v1::RankStats& r : first->ranks()) {
+          // Direct: every byte between agents written in place, no staging; else none.
+          CHECK(r.direct_sent_bytes() == (direct == "auto" ? r.sent_bytes() : 0));
+          CHECK(r.direct_received_bytes() == (direct == "auto" ? r.received_bytes() : 0));
+          if (direct == "auto") CHECK(r.peak_staging_bytes() == 0);
+        }
+        for (const v1::LinkBytes& link : first->links()) {
+          CHECK(link.path() == (direct == "auto" ? v1::DIRECT : v1::STAGED));
+        }
+        if (stage == 3) CHECK(first->links_size() > 0);
+
+        deployment.Refill(stage * 100 + 2);
+        auto second = SyncOnce(cluster, absl::Seconds(20));
+        REQUIRE(second.ok());
+        CHECK(second->plan_seconds() == 0);  // the cached plan of this epoch
+        // Host transport: agreeing among 4 agents would cost more than Prepare saves.
+        CHECK_FALSE(second->one_call());
+        errors = deployment.CheckTargets(stage * 100 + 2);
+        CHECK(errors.empty());
+        CHECK(deployment.RolloutAddress(layout.first_target_rank) == address);  // the arena never moves
+      }
     }
   }
 }
@@ -127,6 +144,7 @@ TEST_CASE("one agent refusing at Prepare stops every agent: nothing is written a
 
 TEST_CASE("a staging budget smaller than a parameter syncs exactly and stays within the budget") {
   ClusterOptions options;
+  options.direct = "never";                           // the staged path
   options.staging_bytes = planner::kMinStagingBytes;  // chunks of 1 KiB; a parameter here is up to 3,200 bytes
   Cluster cluster(options);
   Deployment deployment(cluster, "small-staging", ModelJson(3, kLayouts[0].replicas), 11);
@@ -311,6 +329,7 @@ bool WaitForLogLine(const std::string& path, const std::string& text, absl::Dura
 TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn invalid; restarted, it syncs again") {
   constexpr int kStallRound = 8;
   ClusterOptions options;
+  options.direct = "never";                           // the staged path (the direct path's case is below)
   options.staging_bytes = planner::kMinStagingBytes;  // slots of 1 KiB: many rounds
   options.sync_timeout_ms = 5000;
   // Rank 1's transport stalls its second sync at kStallRound (the first makes every target
@@ -392,6 +411,57 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   agent0_status = agent0.Status(absl::Seconds(5));
   REQUIRE(agent0_status.ok());
   CHECK(agent0_status->target_valid());
+}
+
+TEST_CASE("the direct path: an agent killed after its copies, before it says done, fails the sync named; then exact") {
+  ClusterOptions options;
+  options.sync_timeout_ms = 5000;
+  // Rank 1 stalls its second sync where it would tell its peers that its direct copies of
+  // stage 0 are in their targets (round -2): the peers wait for that word.
+  options.agent_flags[1] = {"--fault-stall-at-round", std::to_string(executor::DirectDoneRound(0)),
+                            "--fault-stall-sync", "2"};
+  Cluster cluster(options);
+  Deployment deployment(cluster, "killed-direct", ModelJson(3, kLayouts[1].replicas), 27);
+  RequireReady(deployment);
+  auto first = SyncOnce(cluster, absl::Seconds(20));
+  REQUIRE(first.ok());
+  const auto rank1 =
+      std::find_if(first->ranks().begin(), first->ranks().end(), [](const v1::RankStats& r) { return r.rank() == 1; });
+  REQUIRE(rank1 != first->ranks().end());
+  REQUIRE(rank1->direct_sent_bytes() > 0);  // rank 1 writes other ranks' targets directly
+  deployment.Refill(28);
+
+  absl::StatusOr<v1::SyncResponse> result = absl::UnknownError("not run");
+  std::thread syncer([&] { result = SyncOnce(cluster, absl::Seconds(20)); });
+  const bool stalled = WaitForLogLine(cluster.agent(1).log_path(), " stalls at round -2", absl::Seconds(30));
+  // Rank 1's copies landed: some target elements hold the new values already.
+  const bool some_new = stalled && !deployment.CheckTargets(27).empty();
+  cluster.agent(1).Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  syncer.join();
+  REQUIRE(stalled);
+  CHECK(some_new);
+  REQUIRE_FALSE(result.ok());
+  CHECK(absl::Now() - killed < absl::Seconds(7));
+  CHECK_THAT(std::string(result.status().message()), Contains("rank 1"));
+  auto invalid = cluster.coordinator_client().Status(absl::Seconds(5));
+  REQUIRE(invalid.ok());
+  CHECK_FALSE(invalid->targets_valid());
+
+  cluster.agent(1).Wait(absl::Seconds(5));
+  cluster.StartAgent(1);
+  for (Process* client : {&deployment.trainer(1), &deployment.rollout(1)}) {
+    client->WriteLine("reregister");
+    CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
+  }
+  REQUIRE(deployment.WaitPublished());
+  auto again = SyncOnce(cluster, absl::Seconds(20));
+  INFO(again.status().message());
+  REQUIRE(again.ok());
+  CHECK(deployment.CheckTargets(28).empty());
+  auto valid = cluster.coordinator_client().Status(absl::Seconds(5));
+  REQUIRE(valid.ok());
+  CHECK(valid->targets_valid());
 }
 
 // Resident memory (KiB) and open file descriptors of a process, from /proc.
@@ -506,10 +576,21 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
     CHECK(offline.digest().size() == online.digest().size());
     offline.clear_digest();
     online.clear_digest();
+    // The coordinator knows its agents: every link here is direct (one host).
+    for (v1::LinkBytes& link : *online.mutable_links()) {
+      CHECK(link.path() == v1::DIRECT);
+      link.clear_path();
+    }
+    for (v1::RankStats& rank : *online.mutable_ranks()) {
+      CHECK(rank.direct_sent_bytes() == rank.sent_bytes());
+      rank.clear_direct_sent_bytes();
+      rank.clear_direct_received_bytes();
+    }
     CHECK(offline.DebugString() == online.DebugString());
     auto [sync_code, table] = Ctl(cluster, {"sync"});
     CHECK(sync_code == 0);
-    CHECK_THAT(table, Contains("rank") && Contains("received") && Contains("GB/s") && Contains("total"));
+    CHECK_THAT(table, Contains("rank") && Contains("received") && Contains("GB/s") && Contains("total") &&
+                          Contains(" direct (written in place, no staging), 0 B staged"));
     CHECK(deployment.CheckTargets(17).empty());
     auto [status_code, status] = Ctl(cluster, {"status"});
     CHECK(status_code == 0);
@@ -573,7 +654,8 @@ TEST_CASE("shardsyncctl lists agents, explains with imbalance and links, says it
   CHECK_THAT(agents, Contains("joined") && Contains("last seen"));
   auto [explain_code, explain] = Ctl(cluster, {"explain", "--layout"});
   CHECK(explain_code == 0);
-  CHECK_THAT(explain, Contains("imbalance ") && Contains("links (from -> to: bytes)") && Contains("0 -> 1:"));
+  CHECK_THAT(explain, Contains("imbalance ") && Contains("links (from -> to: bytes, path)") && Contains("0 -> 1:") &&
+                          Contains("direct, no staging"));
   CHECK_THAT(Ctl(cluster, {"explain"}).second, !Contains("links (from"));
   auto [watch_code, watched] = Ctl(cluster, {"sync", "--watch"});
   CHECK(watch_code == 0);

@@ -13,6 +13,12 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
           agent syncs again. The two GPUs as two nodes: the relay's second stage.
   Agent 0 serving as the coordinator (--serve-coordinator, no coordinator process): the
   same checks, on 1 GPU and on 2.
+  2 and 4 agents sharing GPU 0 (the direct path: each sender writes its peers' targets
+          through CUDA IPC, no staging, no NCCL): the 2- and 4-GPU layouts above, every
+          element equal after two syncs, every link direct; ZeRO-1/2 move nothing between
+          agents; a missing shard refuses everywhere with no target changed; an agent
+          SIGKILLed after its copies, before it tells its peers, fails the sync naming it,
+          and the next sync after its restart is exact; --direct never is refused.
 """
 
 import argparse
@@ -48,11 +54,12 @@ class Cluster(LocalCluster):
     def __init__(self, name, world, staging=128 << 20, sync_timeout_ms=20000, serving="process", **options):
         super().__init__(args.bin, world, os.path.join(OUT, name), cuda=True, serving=serving, staging_bytes=staging,
                          sync_timeout_ms=sync_timeout_ms, rpc_deadline_ms=5000, **options)
+        self.options = options
         self.clients = []
 
     def client(self, role, rank, **flags):
         argv = [sys.executable, os.path.join(HERE, "gpu_client.py"), "--socket", self.socket(rank), "--device",
-                str(rank), "--rank", str(rank), "--role", role]
+                str(self.device(rank)), "--rank", str(rank), "--role", role]
         for key, value in flags.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
         process = self.spawn(argv, f"{role}{rank}", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -397,11 +404,159 @@ def agent_killed():
         cluster.stop()
 
 
+def shared_layout_case(world, zero, name, rollouts):
+    """ZeRO-`zero` over `world` agents that all run on GPU 0, into `rollouts` (rank, tp,
+    tp_rank): the direct path, with real daemons, clients and CUDA IPC."""
+    @case(f"{world} agents on GPU 0 (direct path): ZeRO-{zero} over {world} ranks into {name}, two syncs, then --verify")
+    def run():
+        cluster = Cluster(f"shared{world}-zero{zero}-{name}", world, devices=[0] * world)
+        try:
+            seed = 10 * world + zero + 5
+            trainers = [cluster.client("trainer", r, zero=zero, dp=world, seed=seed) for r in range(world)]
+            clients = [cluster.client("rollout", r, tp=tp, tp_rank=k, seed=seed) for r, tp, k in rollouts]
+            for p in trainers + clients:
+                ready(p)
+            first = sync(cluster)
+            for r in clients:
+                assert ask(r, "check %d" % seed) == "ok"
+            for t in trainers:
+                assert ask(t, "refill %d" % (seed + 100)) == "refilled"
+            second = sync(cluster)
+            # One Execute call each: the agents agree by host messages among themselves.
+            assert second.one_call, "the second sync made a Prepare call"
+            for r in clients:
+                assert ask(r, "check %d" % (seed + 100)) == "ok"
+            sent = sum(r.sent_bytes for r in second.ranks)
+            if zero < 3:
+                assert sent == 0, f"{sent} bytes moved between agents under ZeRO-{zero}"
+            for r in list(first.ranks) + list(second.ranks):
+                assert r.direct_sent_bytes == r.sent_bytes and r.peak_staging_bytes == 0 and r.rounds == 0, r
+            assert all(link.path == shardsync.shardsync_pb2.DIRECT for link in second.links), second.links
+            verified = sync(cluster, verify=True)
+            assert verified.verified_placements > 0, "verify compared nothing"
+            moved = sum(r.received_bytes + r.local_bytes for r in second.ranks)
+            return (f"second sync {second.seconds * 1e3:.2f} ms, {moved} bytes written, {sent} of them by peers "
+                    f"directly ({len(second.links)} direct links, no staging); verified {verified.verified_placements} "
+                    f"placements")
+        finally:
+            cluster.stop()
+    return run
+
+
+@case("4 agents on GPU 0: a missing shard refuses the sync everywhere, naming the rank, and no target changes")
+def shared_missing_shard():
+    cluster = Cluster("shared-missing", 4, devices=[0] * 4)
+    try:
+        trainers = [cluster.client("trainer", r, zero=3, dp=4, seed=6, drop="layers.1.up" if r == 1 else "")
+                    for r in range(4)]
+        rollouts = [cluster.client("rollout", r, tp=4, tp_rank=r, seed=6) for r in range(4)]
+        for p in trainers + rollouts:
+            ready(p)
+        try:
+            sync(cluster)
+            raise AssertionError("the sync was not refused")
+        except shardsync.ShardsyncError as error:
+            refusal = error
+        assert refusal.code.name == "FAILED_PRECONDITION", refusal
+        assert "no byte moved" in refusal.message and "by none of rank 1" in refusal.message, refusal.message
+        for r in rollouts:
+            assert ask(r, "check 6").startswith("mismatch"), "a target changed although the sync was refused"
+        return "refused: " + refusal.message[:160]
+    finally:
+        cluster.stop()
+
+
+@case("4 agents on GPU 0: an agent SIGKILLed after its direct copies, before it tells its peers, fails the sync "
+      "within the deadline naming it; targets invalid; restarted, the next sync is exact")
+def shared_agent_killed():
+    # Rank 1 stalls its second sync where it would say its stage-0 copies are done (round -2).
+    cluster = Cluster("shared-killed", 4, devices=[0] * 4, sync_timeout_ms=10000,
+                      agent_flags=["--fault-stall-at-round", "-2", "--fault-stall-sync", "2"])
+    try:
+        trainers = [cluster.client("trainer", r, zero=3, dp=4, seed=8) for r in range(4)]
+        rollouts = [cluster.client("rollout", r, tp=1, seed=8) for r in range(4)]
+        for p in trainers + rollouts:
+            ready(p)
+        sync(cluster)
+        for t in trainers:
+            assert ask(t, "refill 9") == "refilled"
+        outcome = {}
+
+        def run_sync():
+            started = time.time()
+            try:
+                sync(cluster, timeout=10)
+                outcome["error"] = None
+            except shardsync.ShardsyncError as error:
+                outcome["error"] = error
+            outcome["seconds"] = time.time() - started
+
+        worker = threading.Thread(target=run_sync)
+        worker.start()
+        log = os.path.join(cluster.logs, "agent1.log")
+        deadline = time.time() + 20
+        while time.time() < deadline and "stalls at round -2" not in open(log).read():
+            time.sleep(0.01)
+        assert "stalls at round -2" in open(log).read(), "rank 1 never stalled"
+        cluster.agents[1].kill()
+        killed = time.time()
+        worker.join(30)
+        assert not worker.is_alive(), "the sync hung"
+        error = outcome["error"]
+        assert error is not None, "the sync finished although rank 1 was killed"
+        assert "rank 1" in error.message, error.message
+        assert time.time() - killed < 11, f"took {time.time() - killed:.1f} s after the kill"
+        status = shardsync.CoordinatorClient(cluster.coordinator, insecure=True).status()
+        assert not status.targets_valid, "the targets are called valid after a failed sync"
+        cluster.agents[1].wait(10)
+        # The restarted agent stalls nowhere: the fault is for the 2nd sync of the old process
+        # only, and the new one has not had two.
+        cluster.start_agent(1)
+        for p in (trainers[1], rollouts[1]):
+            assert ask(p, "reregister").startswith("ready")
+        deadline = time.time() + 30
+        while True:
+            try:
+                sync(cluster)
+                break
+            except shardsync.ShardsyncError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        for r in rollouts:
+            assert ask(r, "check 9") == "ok"
+        return f"failed {outcome['seconds']:.2f} s after it began: {error.message[:160]}"
+    finally:
+        cluster.stop()
+
+
+@case("2 agents on GPU 0 with --direct never: refused at once, saying NCCL cannot hold two ranks on one device")
+def shared_never_refused():
+    cluster = Cluster("shared-never", 2, devices=[0, 0], direct="never")
+    try:
+        trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=4) for r in range(2)]
+        rollouts = [cluster.client("rollout", r, tp=2, tp_rank=r, seed=4) for r in range(2)]
+        for p in trainers + rollouts:
+            ready(p)
+        try:
+            sync(cluster)
+            raise AssertionError("the sync was not refused")
+        except shardsync.ShardsyncError as error:
+            refusal = error
+        assert refusal.code.name == "FAILED_PRECONDITION" and "share CUDA device" in refusal.message, refusal
+        return refusal.message[:160]
+    finally:
+        cluster.stop()
+
+
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
     cases = [one_gpu, ready_event_case, main_job] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
     cases += [layout_case(1, 3, "TP1", [(0, 1, 0)], serving="agent0")]
     cases += [engine_case(t, link, unpack) for t in ("copy", "nccl-self") for link, unpack in ((0, 0), (300, 0), (0, 300))]
+    cases += [shared_layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
+    cases += [shared_layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]
+    cases += [shared_missing_shard, shared_agent_killed, shared_never_refused]
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [layout_case(2, 3, "TP2", TWO_GPU_LAYOUTS["TP2"], serving="agent0")]

@@ -32,6 +32,7 @@ struct ClusterOptions {
   bool agent0_serves_coordinator = false;  // no coordinator process: agent 0 is it
   std::vector<std::string> nodes;          // each rank's --node (none: every agent on this host's)
   std::string relay;                       // the coordinator's --relay (empty: its default)
+  std::string direct;                      // the coordinator's --direct (empty: its default)
 };
 
 // A coordinator and one agent per rank, all on localhost (or agent 0 serving as the

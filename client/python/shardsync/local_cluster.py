@@ -34,22 +34,24 @@ def wait_port(path, timeout=30):
 
 class LocalCluster:
     """`bin_dir` holds shardsync-agent and shardsync-coordinator (or give their paths).
-    Agent r runs on CUDA device r with `cuda`, else on the CPU. `staging_bytes` and
-    `sync_timeout_ms` go to the coordinator, `rpc_deadline_ms` to every daemon,
+    Agent r runs on CUDA device r with `cuda` (`devices[r]` where given: several agents
+    may share one device over the direct path), else on the CPU. `staging_bytes`,
+    `sync_timeout_ms`, `relay` and `direct` go to the coordinator, `rpc_deadline_ms` to every daemon,
     `agent_flags` (e.g. ["--max-staging-bytes", "1073741824"]) to every agent; unset,
     the daemons' defaults. `tls=(ca, cert, key)` (PEM files; `server_name` as
     --tls-server-name): every daemon runs with mutual TLS instead of --insecure."""
 
     def __init__(self, bin_dir, world, logs, *, cuda=False, serving="process", staging_bytes=None,
                  sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None,
-                 tls=None, server_name=None, nodes=(), relay=None):
+                 tls=None, server_name=None, nodes=(), relay=None, devices=None, direct=None):
         if serving not in SERVINGS:
             raise ValueError(f"serving must be one of {SERVINGS}")
         self.dir = tempfile.mkdtemp(prefix="shardsync-local-", dir="/tmp")  # sockets and port files
         self.logs, self.world, self.cuda, self.serving = logs, world, cuda, serving
         os.makedirs(logs, exist_ok=True)
         self.agent_bin = agent_bin or os.path.join(bin_dir, "shardsync-agent")
-        optional = [("--staging-bytes", staging_bytes), ("--sync-timeout-ms", sync_timeout_ms), ("--relay", relay)]
+        optional = [("--staging-bytes", staging_bytes), ("--sync-timeout-ms", sync_timeout_ms), ("--relay", relay),
+                    ("--direct", direct)]
         self.coordinator_flags = ["--world", str(world)] + [x for flag, value in optional if value is not None
                                                             for x in (flag, str(value))]
         security = ["--insecure"]
@@ -59,6 +61,7 @@ class LocalCluster:
         self.common_flags = security + (["--rpc-deadline-ms", str(rpc_deadline_ms)] if rpc_deadline_ms else [])
         self.agent_flags = list(agent_flags)
         self.nodes = list(nodes)  # each rank's --node; none: every agent on this host's
+        self.devices = list(devices) if devices is not None else list(range(world))
         self.processes, self.agents = [], {}
         self.coordinator_process = None
         self.joins = None  # where agents join: the coordinator's TCP address
@@ -73,6 +76,10 @@ class LocalCluster:
                 self.joins = f"127.0.0.1:{port}"
         # Where clients sync.
         self.coordinator = f"unix:{self.socket(0)}" if serving == "agent0-unix" else self.joins
+
+    def device(self, rank):
+        """The CUDA device of rank's agent (with `cuda`)."""
+        return self.devices[rank]
 
     def socket(self, rank):
         return f"{self.dir}/a{rank}.sock"
@@ -91,7 +98,7 @@ class LocalCluster:
             os.unlink(port_file)
         serves = rank == 0 and self.serving != "process"
         where = ["--serve-coordinator"] + self.coordinator_flags if serves else ["--coordinator", self.joins]
-        device = ["--device", str(rank)] if self.cuda else []
+        device = ["--device", str(self.devices[rank])] if self.cuda else []
         node = ["--node", self.nodes[rank]] if rank < len(self.nodes) else []
         self.agents[rank] = self.spawn([self.agent_bin, "--rank", str(rank), "--socket", self.socket(rank),
                                         "--port-file", port_file] + self.common_flags + device + node + self.agent_flags
