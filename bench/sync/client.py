@@ -16,6 +16,7 @@ from shardsync.torch_support import TorchWeightArena, cuda_buffer
 parser = argparse.ArgumentParser()
 parser.add_argument("--socket", required=True)
 parser.add_argument("--rank", type=int, required=True)
+parser.add_argument("--device", type=int, default=None)  # the CUDA device (default: the rank's)
 parser.add_argument("--world", type=int, required=True)
 parser.add_argument("--role", choices=["trainer", "rollout"], required=True)
 parser.add_argument("--model", required=True)
@@ -25,8 +26,8 @@ parser.add_argument("--tp-rank", type=int, default=0)  # rollout: this rank's pl
 parser.add_argument("--fused", action="store_true")
 parser.add_argument("--seed", type=int, default=1)
 args = parser.parse_args()
-torch.cuda.set_device(args.rank)
-device = torch.device("cuda", args.rank)
+torch.cuda.set_device(args.rank if args.device is None else args.device)
+device = torch.device("cuda", torch.cuda.current_device())
 TENSORS = models.tensors(args.model)
 
 

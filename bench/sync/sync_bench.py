@@ -5,6 +5,12 @@ shardsync through its daemons and clients (CUDA IPC, NCCL): median of the timed 
 after a warm-up, checked element by element afterwards. The Python client calls the
 coordinator through the native library (shardsync.native), and grpcio beside it.
   python3 bench/sync/sync_bench.py --bin dist/bin --out DIR [--cases NAME,...] [--syncs N]
+With --shared-gpu, every agent of the world runs on GPU 0 (the direct path: senders
+write their peers' targets through CUDA IPC); the floor is then the GPU's memory, which
+all of them share: every byte read and written, over the copy speed measured now. One
+agent syncing the same model on the same GPU (local copies) is measured beside it. The
+staged path and the PyTorch baselines need a process per GPU (NCCL cannot hold two ranks
+on one device): they run without --shared-gpu, on as many GPUs as agents.
 """
 
 import argparse
@@ -43,6 +49,7 @@ CASES = {
         "qwen3-1.7b tp1x4": ("qwen3-1.7b", 3, 1, False, None),
         "qwen3-1.7b tp2 on ranks 2-3": ("qwen3-1.7b", 3, 2, False, [2, 3]),
         "qwen3-8b tp4": ("qwen3-8b", 3, 4, False, None),
+        "qwen3-8b tp2x2": ("qwen3-8b", 3, 2, False, None),
     },
 }
 
@@ -71,19 +78,21 @@ def python_syncs(coordinator, syncs):
     return times, phases, one_calls, ranks
 
 
-def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, calls):
+def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, calls, shared=False):
     model, zero, tp, fused, targets = CASES[world][name]
     targets = targets or list(range(world))
-    logs = os.path.join(out, name.replace(" ", "_"), serving)
+    logs = os.path.join(out, ("shared-" if shared else "") + name.replace(" ", "_"), serving)
     os.makedirs(logs, exist_ok=True)
     cluster = LocalCluster(bin_dir, world, logs, cuda=True, serving=serving, staging_bytes=staging,
-                           sync_timeout_ms=120000, agent_flags=["--max-staging-bytes", str(1 << 30)])
+                           sync_timeout_ms=120000, agent_flags=["--max-staging-bytes", str(1 << 30)],
+                           devices=[0] * world if shared else None)
     try:
         clients, rollouts = [], []
         for role, ranks in (("trainer", range(world)), ("rollout", targets)):
             for r in ranks:
                 argv = [sys.executable, os.path.join(HERE, "client.py"), "--socket", cluster.socket(r),
-                        "--rank", str(r), "--world", str(world), "--role", role, "--model", model, "--zero",
+                        "--rank", str(r), "--device", str(cluster.device(r)), "--world", str(world), "--role", role,
+                        "--model", model, "--zero",
                         str(zero), "--tp", str(tp), "--tp-rank", str(targets.index(r) % tp if r in targets else 0),
                         "--seed", "3"] + (["--fused"] if fused else [])
                 clients.append(cluster.spawn(argv, f"{role}{r}", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
@@ -119,6 +128,9 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             "sent_bytes": [r.sent_bytes for r in ranks], "received_bytes": [r.received_bytes for r in ranks],
             "local_bytes": [r.local_bytes for r in ranks], "rounds": [r.rounds for r in ranks],
             "agent_peak_staging_bytes": [r.peak_staging_bytes for r in ranks], "client_peak_extra_bytes": memory,
+            "direct_sent_bytes": [r.direct_sent_bytes for r in ranks],
+            "links": [{"from": link.from_rank, "to": link.to_rank, "bytes": link.bytes,
+                       "path": shardsync.shardsync_pb2.LinkPath.Name(link.path)} for link in explain.links],
             "agent_seconds": [r.seconds for r in ranks], "agent_local_seconds": [r.local_seconds for r in ranks],
             "phases_median": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
             "one_call": all(one_calls),
@@ -129,6 +141,60 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
         cluster.stop()
 
 
+# Agents sharing GPU 0: the cases of CASES[world] that fit one H200 with their sources.
+SHARED_CASES = {
+    2: ["qwen3-1.7b tp2", "qwen3-1.7b tp1x2", "qwen3-8b tp2", "qwen3-8b tp1x2"],
+    4: ["qwen3-1.7b tp4", "qwen3-1.7b tp2x2", "qwen3-1.7b tp1x4", "qwen3-8b tp4", "qwen3-8b tp2x2"],
+}
+
+
+def shared_main(args, clients, serving):
+    """--shared-gpu: `world` agents on GPU 0 against the memory floor, and one agent
+    syncing the same model on the same GPU, in one run; the coordinator where `serving` says."""
+    world = args.world
+    cases = [c for c in args.cases.split(",") if c] or SHARED_CASES[world]
+    unknown = [c for c in cases if c not in CASES[world]]
+    if unknown:
+        raise SystemExit(f"no such case for {world} agents: {unknown}; there are {list(CASES[world])}")
+    started = time.time()
+    models_used = sorted({CASES[world][name][0] for name in cases})
+    one_agent = {f"{m} tp1": None for m in models_used}
+    base = baselines.measure({name: (CASES[1][name][0], 1, None) for name in one_agent}, args.syncs, 1)
+    memory = base[0]["memory_gbps"]
+    print(f"measured: on-GPU copy {memory:.0f} GB/s (read + write); {world} agents share GPU 0", flush=True)
+
+    def floor(result):  # one memory for every agent: each byte read once and written once
+        return sum(2 * l + s + r for l, s, r in zip(result["local_bytes"], result["sent_bytes"],
+                                                     result["received_bytes"])) / (memory * 1e9)
+
+    for name in one_agent:
+        one_agent[name] = shardsync_case(1, name, args.bin, args.out, args.syncs, args.staging_bytes, 360.0, memory,
+                                         serving, clients)
+        r = one_agent[name]
+        print(f"one agent, {name}: {r['seconds'] * 1e3:.2f} ms (floor {floor(r) * 1e3:.2f} ms, "
+              f"x{r['seconds'] / floor(r):.2f}); checks {r['checks']}", flush=True)
+    rows = []
+    for name in cases:
+        result = shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, memory, memory,
+                                serving, clients, shared=True)
+        reference = one_agent[f"{CASES[world][name][0]} tp1"]
+        row = {"case": name, **result, "memory_floor_seconds": floor(result),
+               "one_agent_seconds": reference["seconds"], "one_agent_floor_seconds": floor(reference)}
+        rows.append(row)
+        print(f"{world} agents on GPU 0, {name}: shardsync {row['seconds'] * 1e3:.2f} ms (memory floor "
+              f"{row['memory_floor_seconds'] * 1e3:.2f} ms, x{row['seconds'] / row['memory_floor_seconds']:.2f}); "
+              f"agents {max(row['agent_seconds']) * 1e3:.2f} ms "
+              f"(x{max(row['agent_seconds']) / row['memory_floor_seconds']:.2f}); one agent, same model: "
+              f"x{reference['seconds'] / floor(reference):.2f}; direct bytes {sum(row['direct_sent_bytes'])} of "
+              f"{sum(row['sent_bytes'])} sent; peak staging {max(row['agent_peak_staging_bytes'])}; with --verify "
+              f"{row['verify_sync_seconds'] * 1e3:.2f} ms; checks {row['checks']}; medians (ms): " +
+              ", ".join(f"{k} {v * 1e3:.2f}" for k, v in row["phases_median"].items()), flush=True)
+    with open(os.path.join(args.out, "sync_bench_shared.json"), "w") as f:
+        json.dump({"agents": world, "gpus": 1, "memory_gbps": memory, "syncs": args.syncs, "serving": serving,
+                   "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                   "one_agent": one_agent, "rows": rows, "wall_seconds": time.time() - started}, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", required=True)
@@ -136,6 +202,8 @@ def main():
     parser.add_argument("--world", type=int, default=2, choices=sorted(CASES), help="GPUs used")
     parser.add_argument("--cases", default="", help="comma-separated; default: every case of --world")
     parser.add_argument("--syncs", type=int, default=5)
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="every agent of --world on GPU 0 (the direct path), against the memory floor")
     parser.add_argument("--staging-bytes", type=int, default=128 << 20)
     parser.add_argument("--serving", default="process",
                         help="where the coordinator runs (shardsync.local_cluster), comma-separated to measure "
@@ -153,6 +221,8 @@ def main():
     if any(s not in SERVINGS for s in servings):
         parser.error(f"--serving takes {', '.join(SERVINGS)}")
     os.makedirs(args.out, exist_ok=True)
+    if args.shared_gpu:
+        return shared_main(args, clients, servings[0])
     world = args.world
     cases = [c for c in args.cases.split(",") if c] or list(CASES[world])
     unknown = [c for c in cases if c not in CASES[world]]
