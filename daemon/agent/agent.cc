@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -242,9 +243,11 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool map_di
     prepared.sync_id = request.sync_id();
     prepared.deadline = absl::Milliseconds(request.deadline_ms());
     prepared.peers = PeersOf(request);
-    std::vector<int32_t> direct(request.direct_peers().begin(), request.direct_peers().end());
-    std::sort(direct.begin(), direct.end());
-    const bool mapped = prepared.direct_mapped && !map_direct && direct == prepared.direct_peers;
+    prepared.agree_in_execute = request.agree_in_execute();
+    std::set<int32_t> direct(request.direct_peers().begin(), request.direct_peers().end());
+    const bool mapped =
+        prepared.direct_mapped && !map_direct &&
+        std::equal(direct.begin(), direct.end(), prepared.direct_peers.begin(), prepared.direct_peers.end());
     if (!mapped) prepared.direct_mapped = false;
     // Buffers, roles and bounds change only with the registry: checked once per version.
     const int64_t version = registry_.version();
@@ -274,6 +277,7 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool map_di
                     absl::Milliseconds(request.deadline_ms()),
                     PeersOf(request),
                     version};
+  prepared.agree_in_execute = request.agree_in_execute();
   SHARDSYNC_RETURN_IF_ERROR(PrepareDirect(request, prepared));
   prepared_.clear();  // one plan per epoch: the previous one is stale
   prepared_[request.digest()] = std::move(prepared);
@@ -282,9 +286,8 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool map_di
 
 absl::Status Agent::PrepareDirect(const v1::PrepareRequest& request, Prepared& prepared) const {
   const daemon::LocalSchedule& local = *prepared.local;
-  std::vector<int32_t> direct(request.direct_peers().begin(), request.direct_peers().end());
-  std::sort(direct.begin(), direct.end());
-  direct.erase(std::unique(direct.begin(), direct.end()), direct.end());
+  const std::set<int32_t> unique(request.direct_peers().begin(), request.direct_peers().end());
+  std::vector<int32_t> direct(unique.begin(), unique.end());
   for (int32_t peer : direct) {
     if (peer < 0 || peer >= request.world_size() || peer == config_.rank) {
       return absl::InvalidArgumentError(
@@ -376,9 +379,10 @@ absl::StatusOr<v1::TargetMemoryResponse> Agent::TargetMemory(const v1::TargetMem
   v1::TargetMemoryResponse response;
   int64_t version = registry_.version();
   for (const std::string& name : request.buffers()) {
-    int64_t at = 0;
-    SHARDSYNC_ASSIGN_OR_RETURN(*response.add_buffers(), registry_.TargetHandle(name, &at));
-    version = std::min(version, at);
+    int64_t now = 0, registered_at = 0;
+    SHARDSYNC_ASSIGN_OR_RETURN(*response.add_buffers(), registry_.TargetHandle(name, &now, &registered_at));
+    response.add_registered_at(registered_at);
+    version = std::min(version, now);
   }
   absl::MutexLock lock(&handed_mu_);
   handed_version_[request.from_rank()] = version;
@@ -437,7 +441,15 @@ absl::Status Agent::HoldBuffers(const Prepared& prepared, std::vector<std::share
   held.assign(prepared.local->buffer_names.size(), nullptr);
   table.assign(prepared.local->buffer_count(), nullptr);
   for (size_t k = 0; k < prepared.peer_memory.size(); ++k) {
-    if (prepared.peer_memory[k]) table[held.size() + k] = prepared.peer_memory[k]->data();
+    const std::shared_ptr<executor::MappedBuffer>& peer = prepared.peer_memory[k];
+    if (!peer) continue;
+    // A peer's client can shrink its shared memory too: writing past it would kill us.
+    if (const absl::Status intact = peer->CheckIntact(); !intact.ok()) {
+      const daemon::PeerBufferName& name = prepared.local->peer_buffers[k];
+      return absl::FailedPreconditionError(
+          absl::StrCat("buffer '", name.name, "' of rank ", name.rank, ": ", intact.message()));
+    }
+    table[held.size() + k] = peer->data();
   }
   for (size_t id = 0; id < held.size(); ++id) {
     const std::string& name = prepared.local->buffer_names[id];
@@ -469,9 +481,10 @@ absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepa
     absl::MutexLock lock(&mu_);
     built_generation_ = prepared.peers.generation;
   }
-  // One call (request.prepare) needs the agreement; after a Prepare fan-out it closes
-  // the gap between Prepare and Execute where it is cheap.
-  if (prepared.peers.world_size > 1 && (request.has_prepare() || data.fast_agreement())) {
+  // One call (request.prepare) needs the agreement, and so does a world where peers
+  // write each other's targets; after a Prepare fan-out it closes the gap between
+  // Prepare and Execute where it is cheap.
+  if (prepared.peers.world_size > 1 && (request.has_prepare() || prepared.agree_in_execute || data.fast_agreement())) {
     const absl::StatusOr<bool> all_ready = data.Agree(request.sync_id(), prepared.peers, ready.ok(), deadline);
     if (!all_ready.ok()) {
       Finished(false);

@@ -91,7 +91,8 @@ class Agent {
     std::vector<int32_t> direct_peers;  // ascending
     // The direct peers' targets this rank writes, by local buffer id - buffer_names.size().
     std::vector<std::shared_ptr<executor::MappedBuffer>> peer_memory;
-    bool direct_mapped = false;  // PrepareDirect passed for `direct_peers`
+    bool direct_mapped = false;     // PrepareDirect passed for `direct_peers`
+    bool agree_in_execute = false;  // PrepareRequest.agree_in_execute
   };
   // Every buffer the schedule touches, present, of the right role, and in bounds: the
   // mappings in `entries` (by buffer id) where given, else the registry's.

@@ -15,23 +15,23 @@ PeerTargets::Ask PeerTargets::OverGrpc(Credentials credentials) {
     std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> by_address ABSL_GUARDED_BY(mu);
   };
   auto stubs = std::make_shared<Stubs>();
-  return [stubs, credentials = std::move(credentials)](const std::string& address,
-                                                       const v1::TargetMemoryRequest& request,
-                                                       absl::Time deadline) -> absl::StatusOr<v1::TargetMemoryResponse> {
-    v1::AgentControl::Stub* stub = nullptr;
-    {
-      absl::MutexLock lock(&stubs->mu);
-      std::unique_ptr<v1::AgentControl::Stub>& slot = stubs->by_address[address];
-      if (!slot) slot = v1::AgentControl::NewStub(MakeChannel(address, credentials));
-      stub = slot.get();
-    }
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    v1::TargetMemoryResponse response;
-    const grpc::Status status = stub->TargetMemory(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    return response;
-  };
+  return
+      [stubs, credentials = std::move(credentials)](const std::string& address, const v1::TargetMemoryRequest& request,
+                                                    absl::Time deadline) -> absl::StatusOr<v1::TargetMemoryResponse> {
+        v1::AgentControl::Stub* stub = nullptr;
+        {
+          absl::MutexLock lock(&stubs->mu);
+          std::unique_ptr<v1::AgentControl::Stub>& slot = stubs->by_address[address];
+          if (!slot) slot = v1::AgentControl::NewStub(MakeChannel(address, credentials));
+          stub = slot.get();
+        }
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(deadline));
+        v1::TargetMemoryResponse response;
+        const grpc::Status status = stub->TargetMemory(&context, request, &response);
+        if (!status.ok()) return FromGrpcStatus(status);
+        return response;
+      };
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets::Map(
@@ -41,12 +41,15 @@ absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets
   for (const std::string& name : names) request.add_buffers(name);
   const absl::StatusOr<v1::TargetMemoryResponse> response = ask_(address, request, deadline);
   if (!response.ok()) {
-    return absl::Status(response.status().code(), absl::StrCat("rank ", peer, " gave no target memory for the direct "
-                                                               "path: ", response.status().message()));
+    return absl::Status(response.status().code(), absl::StrCat("rank ", peer,
+                                                               " gave no target memory for the direct "
+                                                               "path: ",
+                                                               response.status().message()));
   }
-  if (response->buffers_size() != static_cast<int>(names.size())) {
-    return absl::InternalError(absl::StrCat("rank ", peer, " answered ", response->buffers_size(), " buffers for ",
-                                            names.size(), " names"));
+  if (response->buffers_size() != static_cast<int>(names.size()) ||
+      response->registered_at_size() != response->buffers_size()) {
+    return absl::InternalError(
+        absl::StrCat("rank ", peer, " answered ", response->buffers_size(), " buffers for ", names.size(), " names"));
   }
   std::vector<std::shared_ptr<executor::MappedBuffer>> mapped;
   absl::MutexLock lock(&mu_);
@@ -56,7 +59,10 @@ absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets
       return absl::InternalError(
           absl::StrCat("rank ", peer, " answered buffer '", buffer.name(), "' for '", names[i], "'"));
     }
-    const std::string handle = buffer.SerializeAsString();
+    // The same handle registered again (a shared memory object made anew under its
+    // name) is new memory: its registration's version tells.
+    const std::string handle =
+        absl::StrCat(response->registered_at(static_cast<int>(i)), "/", buffer.SerializeAsString());
     Mapping& mapping = mappings_[{peer, names[i]}];
     if (mapping.handle != handle || !mapping.memory) {
       absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> opened = registry_.OpenPeer(buffer);

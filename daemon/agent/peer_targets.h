@@ -38,12 +38,12 @@ class PeerTargets {
   // Refuses what the peer refuses, an answer that is not for these names, and a
   // handle this agent cannot open (each naming the buffer and the peer).
   absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> Map(int32_t peer, const std::string& address,
-                                                                            const std::vector<std::string>& names,
-                                                                            absl::Time deadline);
+                                                                           const std::vector<std::string>& names,
+                                                                           absl::Time deadline);
 
  private:
   struct Mapping {
-    std::string handle;  // the registration it was opened from, serialized
+    std::string handle;  // the registration it was opened from: its version, then the message
     std::shared_ptr<executor::MappedBuffer> memory;
   };
   const int32_t rank_;

@@ -101,15 +101,16 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
     }
   }
   Client client;
+  ++version_;
   for (auto& [name, entry] : opened) {
     client.buffers.push_back(name);
+    entry->registered_at = version_;
     buffers_[name] = entry;
   }
   client.request = std::move(request);
   client.peer = peer;
   client.ready_event = std::move(ready_event);
   clients_[client.request.client_id()] = std::move(client);
-  ++version_;
   return absl::OkStatus();
 }
 
@@ -169,7 +170,8 @@ std::shared_ptr<const BufferEntry> Registry::Find(const std::string& buffer) con
   return it == buffers_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& buffer, int64_t* version) const {
+absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& buffer, int64_t* version,
+                                                            int64_t* registered_at) const {
   absl::MutexLock lock(&mu_);
   auto entry = buffers_.find(buffer);
   if (entry == buffers_.end()) {
@@ -180,6 +182,7 @@ absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& b
                                                     v1::Role_Name(entry->second->role), ": peers write only targets"));
   }
   *version = version_;
+  *registered_at = entry->second->registered_at;
   for (const v1::RegisteredBuffer& b : clients_.at(entry->second->client_id).request.buffers()) {
     if (b.name() == buffer) return b;
   }

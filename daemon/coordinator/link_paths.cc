@@ -40,12 +40,13 @@ absl::StatusOr<LinkPaths> ChooseLinkPaths(const std::vector<v1::JoinRequest>& jo
     for (int32_t b = a + 1; b < world; ++b) {
       const bool can = CanMap(joins[a], joins[b]);
       if (mode == DirectMode::kAlways && !can) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--direct always: ranks ", a, " (", joins[a].host(), ", ", joins[a].device(), ") and ", b, " (",
-            joins[b].host(), ", ", joins[b].device(), ") cannot map each other's memory"));
+        return absl::FailedPreconditionError(absl::StrCat("--direct always: ranks ", a, " (", joins[a].host(), ", ",
+                                                          joins[a].device(), ") and ", b, " (", joins[b].host(), ", ",
+                                                          joins[b].device(), ") cannot map each other's memory"));
       }
       const bool direct = can && mode != DirectMode::kNever;
       paths.direct[a * world + b] = paths.direct[b * world + a] = direct;
+      paths.any_direct = paths.any_direct || direct;
       paths.needs_communicator = paths.needs_communicator || (!direct && OnCuda(joins[a]) && OnCuda(joins[b]));
     }
   }
@@ -53,10 +54,10 @@ absl::StatusOr<LinkPaths> ChooseLinkPaths(const std::vector<v1::JoinRequest>& jo
   for (int32_t a = 0; a < world; ++a) {
     for (int32_t b = a + 1; b < world; ++b) {
       if (OnCuda(joins[a]) && joins[a].device_uuid() == joins[b].device_uuid() && joins[a].host() == joins[b].host()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "ranks ", a, " and ", b, " share CUDA device ", joins[a].device_uuid(),
-            ", and NCCL, which cannot hold two ranks on one device, must join ranks whose link is staged",
-            mode == DirectMode::kNever ? " (--direct never)" : ""));
+        return absl::FailedPreconditionError(
+            absl::StrCat("ranks ", a, " and ", b, " share CUDA device ", joins[a].device_uuid(),
+                         ", and NCCL, which cannot hold two ranks on one device, must join ranks whose link is staged",
+                         mode == DirectMode::kNever ? " (--direct never)" : ""));
       }
     }
   }

@@ -224,9 +224,9 @@ absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest
   v1::ExplainResponse response = daemon::MakePlanReport(cached.compiled.plan, cached.compiled.schedules,
                                                         cached.compiled.digest, cached.compiled.floors, bandwidths);
   response.set_layout_epoch(cached.epoch);
-  // Paths need every agent; without them the links say none.
-  if (directory_.MissingRanks().empty()) {
-    SHARDSYNC_RETURN_IF_ERROR(EnsureLinkPaths());
+  // Paths need every agent, and agents the coordinator can link (a sync would say
+  // why not); without them the links say none.
+  if (directory_.MissingRanks().empty() && EnsureLinkPaths().ok()) {
     for (v1::LinkBytes& link : *response.mutable_links()) link.set_path(paths_.Path(link.from_rank(), link.to_rank()));
     for (v1::RankStats& rank : *response.mutable_ranks()) {
       for (const v1::LinkBytes& link : response.links()) {
@@ -343,6 +343,7 @@ v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, bool with_schedul
   request.set_communicator_generation(communicator_generation_);
   request.set_world_size(options_.epoch.world_size);
   for (int32_t peer : paths_.DirectPeers(rank)) request.add_direct_peers(peer);
+  request.set_agree_in_execute(paths_.any_direct);
   // Every rank, not only those it sends to: Execute's agreement reaches all of them.
   for (const auto& [peer, address] : addresses) {
     if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
