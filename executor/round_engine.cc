@@ -45,6 +45,18 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
                                                 const planner::Schedule& schedule, const BufferTable& buffers,
                                                 int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress,
                                                 const DirectLinks& direct) {
+  absl::StatusOr<ExecutionStats> stats =
+      RunStages(sync_id, plan, schedule, buffers, staging_bytes, deadline, progress, direct);
+  // A failed run may have direct copies queued into peers' memory: they end before the
+  // caller may close the mappings they write.
+  if (!stats.ok() && !direct.peers.empty()) device_.FinishDirect().IgnoreError();
+  return stats;
+}
+
+absl::StatusOr<ExecutionStats> RoundEngine::RunStages(absl::string_view sync_id, const planner::Plan& plan,
+                                                      const planner::Schedule& schedule, const BufferTable& buffers,
+                                                      int64_t staging_bytes, absl::Time deadline,
+                                                      ExecutionProgress* progress, const DirectLinks& direct) {
   if (!direct.peers.empty() && direct.signals == nullptr) {
     return absl::InvalidArgumentError("direct peers without a transport for their completion messages");
   }

@@ -72,6 +72,11 @@ class RoundEngine {
                                      const DirectLinks& direct = {});
 
  private:
+  absl::StatusOr<ExecutionStats> RunStages(absl::string_view sync_id, const planner::Plan& plan,
+                                           const planner::Schedule& schedule, const BufferTable& buffers,
+                                           int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress,
+                                           const DirectLinks& direct);
+
   Device& device_;
   Transport& transport_;
 };
