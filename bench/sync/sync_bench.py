@@ -78,14 +78,15 @@ def python_syncs(coordinator, syncs):
     return times, phases, one_calls, ranks
 
 
-def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, calls, shared=False):
+def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, calls, shared=False,
+                   direct="auto"):
     model, zero, tp, fused, targets = CASES[world][name]
     targets = targets or list(range(world))
     logs = os.path.join(out, ("shared-" if shared else "") + name.replace(" ", "_"), serving)
     os.makedirs(logs, exist_ok=True)
     cluster = LocalCluster(bin_dir, world, logs, cuda=True, serving=serving, staging_bytes=staging,
                            sync_timeout_ms=120000, agent_flags=["--max-staging-bytes", str(1 << 30)],
-                           devices=[0] * world if shared else None)
+                           devices=[0] * world if shared else None, direct=direct)
     try:
         clients, rollouts = [], []
         for role, ranks in (("trainer", range(world)), ("rollout", targets)):
@@ -202,6 +203,9 @@ def main():
     parser.add_argument("--world", type=int, default=2, choices=sorted(CASES), help="GPUs used")
     parser.add_argument("--cases", default="", help="comma-separated; default: every case of --world")
     parser.add_argument("--syncs", type=int, default=5)
+    parser.add_argument("--direct", default="auto", choices=["auto", "never", "always"],
+                        help="the coordinator's --direct: auto links GPUs with peer access directly; never stages "
+                             "every link through NCCL")
     parser.add_argument("--shared-gpu", action="store_true",
                         help="every agent of --world on GPU 0 (the direct path), against the memory floor")
     parser.add_argument("--staging-bytes", type=int, default=128 << 20)
@@ -240,7 +244,7 @@ def main():
     rows = []
     for name in cases:
         by_serving = {serving: shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, link,
-                                              memory, serving, clients) for serving in servings}
+                                              memory, serving, clients, direct=args.direct) for serving in servings}
         result = by_serving[servings[0]]
         gather = max(base[r][name]["gather"] for r in ranks)
         bucketed = max(base[r][name]["bucketed_gather"] for r in ranks)

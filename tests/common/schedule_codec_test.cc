@@ -19,7 +19,7 @@ using Catch::Matchers::Contains;
 
 // Rank 0 holds a 2-D tensor whole; rank 1 takes the second half of its columns, so
 // its segment is strided on rank 0's side.
-v1::PrepareRequest ScheduleOfRankOne(planner::Segment* segment) {
+v1::PrepareRequest ScheduleOfRankOne(planner::Segment* segment, int32_t rank = 1) {
   planner::PlanInput input;
   for (int r = 0; r < 2; ++r) input.buffers.push_back(planner::Buffer{planner::Holder{r, 0}, 4096});
   const planner::Index shape{8, 16};
@@ -35,7 +35,7 @@ v1::PrepareRequest ScheduleOfRankOne(planner::Segment* segment) {
   *segment = plan->segments[0];
   auto schedules = planner::MakeSchedules(*plan, 4096);
   REQUIRE(schedules.ok());
-  return EncodeSchedule(*plan, (*schedules)[1], {"buffer"});
+  return EncodeSchedule(*plan, (*schedules)[rank], {"buffer"});
 }
 
 TEST_CASE("a decoded segment is the planned one, axes and strides included") {
@@ -75,6 +75,7 @@ TEST_CASE("a segment record the executor cannot use is refused, naming what is w
       {[](SegmentRecord& r) { r.src_dtype = 200; }, "dtypes"},
       {[](SegmentRecord& r) { r.stage = 1; }, "stage 1"},
       {[](SegmentRecord& r) { r.src_rank = r.dst_rank = 3; }, "does not touch this rank"},
+      {[](SegmentRecord& r) { r.src_buffer = -2; }, "buffer index"},  // a peer buffer on a source side
   };
   for (const auto& [corrupt, message] : corruptions) {
     SegmentRecord bad = good;
@@ -92,6 +93,35 @@ TEST_CASE("a segment record the executor cannot use is refused, naming what is w
   auto decoded = DecodeSchedule(torn, 1);
   REQUIRE_FALSE(decoded.ok());
   CHECK_THAT(std::string(decoded.status().message()), Contains("87 bytes"));
+}
+
+TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; a bad reference is refused") {
+  planner::Segment planned;
+  const v1::PrepareRequest request = ScheduleOfRankOne(&planned, /*rank=*/0);
+  REQUIRE(request.peer_buffers_size() == 1);
+  CHECK(request.peer_buffers(0).rank() == 1);
+  CHECK(request.peer_buffers(0).name() == "buffer");
+  const SegmentRecord good = ReadSegmentRecord(request.segment_table(), 0);
+  CHECK(good.dst_buffer == -2);  // peer_buffers[0]
+  auto decoded = DecodeSchedule(request, 0);
+  REQUIRE(decoded.ok());
+  REQUIRE(decoded->peer_buffers.size() == 1);
+  CHECK(decoded->plan.segments[0].dst.buffer == static_cast<int32_t>(decoded->buffer_names.size()));
+  CHECK(decoded->buffer_count() == static_cast<int32_t>(decoded->buffer_names.size()) + 1);
+
+  SegmentRecord past = good;
+  past.dst_buffer = -3;  // peer_buffers[1]: none
+  v1::PrepareRequest changed = request;
+  changed.clear_segment_table();
+  AppendSegmentRecord(past, *changed.mutable_segment_table());
+  auto refused = DecodeSchedule(changed, 0);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()), Contains("buffer index"));
+  v1::PrepareRequest other_rank = request;
+  other_rank.mutable_peer_buffers(0)->set_rank(2);  // not the segment's receiver
+  refused = DecodeSchedule(other_rank, 0);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()), Contains("buffer index"));
 }
 
 TEST_CASE("a segment record reads back what was written, every field") {

@@ -203,13 +203,15 @@ def engine_case(transport, slow_link_us, slow_unpack_us):
     return run
 
 
-def layout_case(world, zero, name, rollouts, serving="process"):
+def layout_case(world, zero, name, rollouts, serving="process", direct="never"):
     """ZeRO-`zero` over `world` GPUs into the rollout `rollouts`: (rank, tp, tp_rank) each;
-    the coordinator in its own process, or served by agent 0 (`serving="agent0"`)."""
+    the coordinator in its own process, or served by agent 0 (`serving="agent0"`); links
+    staged through NCCL, or direct between GPUs with peer access (`direct="auto"`)."""
     served = ", agent 0 serving the coordinator" if serving == "agent0" else ""
-    @case(f"{world} GPUs: ZeRO-{zero} over {world} ranks into {name}{served}, two syncs, then one with --verify")
+    path = ", direct path (peer access)" if direct != "never" else ""
+    @case(f"{world} GPUs: ZeRO-{zero} over {world} ranks into {name}{served}{path}, two syncs, then one with --verify")
     def run():
-        cluster = Cluster(f"zero{zero}-{name}-{serving}", world, serving=serving)
+        cluster = Cluster(f"zero{zero}-{name}-{serving}-{direct}", world, serving=serving, direct=direct)
         try:
             seed = 10 * world + zero
             trainers = [cluster.client("trainer", r, zero=zero, dp=world, seed=seed) for r in range(world)]
@@ -270,7 +272,7 @@ FOUR_GPU_LAYOUTS = {
 def missing_shard_case(world):
     @case(f"{world} GPUs: a missing shard refuses the sync everywhere, naming the rank, and no target changes")
     def run():
-        cluster = Cluster(f"missing{world}", world)
+        cluster = Cluster(f"missing{world}", world, direct="never")
         try:
             trainers = [cluster.client("trainer", r, zero=3, dp=world, seed=5, drop="layers.1.up" if r == 1 else "")
                         for r in range(world)]
@@ -296,7 +298,7 @@ def missing_shard_case(world):
 
 @case("2 GPUs: partial targets: a sync for rank 1 alone writes rank 1's TP2 shard and leaves rank 0's as it was")
 def partial_targets():
-    cluster = Cluster("partial", 2)
+    cluster = Cluster("partial", 2, direct="never")
     try:
         trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=21) for r in range(2)]
         rollouts = [cluster.client("rollout", r, tp=2, tp_rank=r, seed=21) for r in range(2)]
@@ -357,7 +359,7 @@ def relay_two_nodes():
 @case("2 GPUs: an agent killed during a sync fails it within the deadline, naming it; restarted, it syncs again")
 def agent_killed():
     # A tiny staging budget makes the sync long (many rounds) so the kill lands inside it.
-    cluster = Cluster("killed", 2, staging=32 << 10, sync_timeout_ms=10000)
+    cluster = Cluster("killed", 2, staging=32 << 10, sync_timeout_ms=10000, direct="never")
     try:
         trainers = [cluster.client("trainer", r, zero=3, dp=2, seed=7, scale=64) for r in range(2)]
         rollouts = [cluster.client("rollout", r, tp=1, seed=7, scale=64) for r in range(2)]
@@ -469,7 +471,8 @@ def shared_missing_shard():
 @case("4 agents on GPU 0: an agent SIGKILLed after its direct copies, before it tells its peers, fails the sync "
       "within the deadline naming it; targets invalid; restarted, the next sync is exact")
 def shared_agent_killed():
-    # Rank 1 stalls its second sync where it would say its stage-0 copies are done (round -2).
+    # Every agent stalls its second sync where it would say its stage-0 copies are done
+    # (round -2; the flag reaches them all); rank 1 is killed there.
     cluster = Cluster("shared-killed", 4, devices=[0] * 4, sync_timeout_ms=10000,
                       agent_flags=["--fault-stall-at-round", "-2", "--fault-stall-sync", "2"])
     try:
@@ -560,6 +563,7 @@ def main():
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [layout_case(2, 3, "TP2", TWO_GPU_LAYOUTS["TP2"], serving="agent0")]
+        cases += [layout_case(2, z, "TP2", TWO_GPU_LAYOUTS["TP2"], direct="auto") for z in (1, 3)]
         cases += [missing_shard_case(2), partial_targets, relay_two_nodes, agent_killed]
     if GPUS >= 4:
         cases += [layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]
