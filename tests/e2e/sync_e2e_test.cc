@@ -326,6 +326,17 @@ bool WaitForLogLine(const std::string& path, const std::string& text, absl::Dura
   return false;
 }
 
+// Starts `rank`'s killed agent again and registers its trainer and rollout again.
+void RestartAgent(Cluster& cluster, Deployment& deployment, int rank) {
+  cluster.agent(rank).Wait(absl::Seconds(5));
+  cluster.StartAgent(rank);
+  for (Process* client : {&deployment.trainer(rank), &deployment.rollout(rank)}) {
+    client->WriteLine("reregister");
+    CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
+  }
+  REQUIRE(deployment.WaitPublished());
+}
+
 TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn invalid; restarted, it syncs again") {
   constexpr int kStallRound = 8;
   ClusterOptions options;
@@ -379,13 +390,7 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   }
   CHECK(said_invalid == std::vector<int32_t>{0, 2, 3});  // rank 1's agent is gone, with its targets
 
-  cluster.agent(1).Wait(absl::Seconds(5));
-  cluster.StartAgent(1);
-  for (Process* client : {&deployment.trainer(1), &deployment.rollout(1)}) {
-    client->WriteLine("reregister");
-    CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
-  }
-  REQUIRE(deployment.WaitPublished());
+  RestartAgent(cluster, deployment, 1);
   // Writing rank 1's targets alone leaves the others invalid, and says so.
   auto [partial_code, partial] = Ctl(cluster, {"sync", "--target-ranks", "1"});
   INFO(partial);
@@ -448,13 +453,7 @@ TEST_CASE("the direct path: an agent killed after its copies, before it says don
   REQUIRE(invalid.ok());
   CHECK_FALSE(invalid->targets_valid());
 
-  cluster.agent(1).Wait(absl::Seconds(5));
-  cluster.StartAgent(1);
-  for (Process* client : {&deployment.trainer(1), &deployment.rollout(1)}) {
-    client->WriteLine("reregister");
-    CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
-  }
-  REQUIRE(deployment.WaitPublished());
+  RestartAgent(cluster, deployment, 1);
   auto again = SyncOnce(cluster, absl::Seconds(20));
   INFO(again.status().message());
   REQUIRE(again.ok());

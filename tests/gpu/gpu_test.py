@@ -203,6 +203,30 @@ def engine_case(transport, slow_link_us, slow_unpack_us):
     return run
 
 
+def two_checked_syncs(cluster, world, zero, rollouts, seed):
+    """Registers trainers (ZeRO-`zero` over `world` ranks) and `rollouts` (rank, tp,
+    tp_rank), then syncs twice, new source values before the second, checking every
+    target element after each. From the second sync on, one Execute call per agent; under
+    ZeRO-1/2 nothing moves between agents. Returns both responses."""
+    trainers = [cluster.client("trainer", r, zero=zero, dp=world, seed=seed) for r in range(world)]
+    clients = [cluster.client("rollout", r, tp=tp, tp_rank=k, seed=seed) for r, tp, k in rollouts]
+    for p in trainers + clients:
+        ready(p)
+    first = sync(cluster)
+    for r in clients:
+        assert ask(r, "check %d" % seed) == "ok"
+    for t in trainers:
+        assert ask(t, "refill %d" % (seed + 100)) == "refilled"
+    second = sync(cluster)
+    assert second.one_call, "the second sync made a Prepare call"
+    for r in clients:
+        assert ask(r, "check %d" % (seed + 100)) == "ok"
+    sent = sum(r.sent_bytes for r in second.ranks)
+    if zero < 3:
+        assert sent == 0, f"{sent} bytes moved between agents under ZeRO-{zero}"
+    return first, second
+
+
 def layout_case(world, zero, name, rollouts, serving="process", direct="never"):
     """ZeRO-`zero` over `world` GPUs into the rollout `rollouts`: (rank, tp, tp_rank) each;
     the coordinator in its own process, or served by agent 0 (`serving="agent0"`); links
@@ -213,24 +237,8 @@ def layout_case(world, zero, name, rollouts, serving="process", direct="never"):
     def run():
         cluster = Cluster(f"zero{zero}-{name}-{serving}-{direct}", world, serving=serving, direct=direct)
         try:
-            seed = 10 * world + zero
-            trainers = [cluster.client("trainer", r, zero=zero, dp=world, seed=seed) for r in range(world)]
-            clients = [cluster.client("rollout", r, tp=tp, tp_rank=k, seed=seed) for r, tp, k in rollouts]
-            for p in trainers + clients:
-                ready(p)
-            sync(cluster)
-            for r in clients:
-                assert ask(r, "check %d" % seed) == "ok"
-            for t in trainers:
-                assert ask(t, "refill %d" % (seed + 100)) == "refilled"
-            second = sync(cluster)
-            # NCCL agents agree on the device: from the second sync on, one Execute call each.
-            assert second.one_call, "the second sync made a Prepare call"
-            for r in clients:
-                assert ask(r, "check %d" % (seed + 100)) == "ok"
+            _, second = two_checked_syncs(cluster, world, zero, rollouts, seed=10 * world + zero)
             sent = sum(r.sent_bytes for r in second.ranks)
-            if zero < 3:
-                assert sent == 0, f"{sent} bytes crossed GPUs under ZeRO-{zero}"
             moved = sum(r.received_bytes + r.local_bytes for r in second.ranks)
             # Where a sync's time goes: the client's wall time (the native call and grpcio's),
             # the coordinator's, the agents'.
@@ -269,10 +277,13 @@ FOUR_GPU_LAYOUTS = {
 }
 
 
-def missing_shard_case(world):
-    @case(f"{world} GPUs: a missing shard refuses the sync everywhere, naming the rank, and no target changes")
+def missing_shard_case(world, shared=False):
+    """A missing shard over `world` GPUs, or `world` agents sharing GPU 0 (`shared`)."""
+    where = f"{world} agents on GPU 0" if shared else f"{world} GPUs"
+    @case(f"{where}: a missing shard refuses the sync everywhere, naming the rank, and no target changes")
     def run():
-        cluster = Cluster(f"missing{world}", world, direct="never")
+        cluster = (Cluster(f"shared-missing{world}", world, devices=[0] * world) if shared
+                   else Cluster(f"missing{world}", world, direct="never"))
         try:
             trainers = [cluster.client("trainer", r, zero=3, dp=world, seed=5, drop="layers.1.up" if r == 1 else "")
                         for r in range(world)]
@@ -294,6 +305,41 @@ def missing_shard_case(world):
         finally:
             cluster.stop()
     return run
+
+
+def sync_in_background(cluster, timeout):
+    """A sync on its own thread; (thread, outcome): outcome gets "error" (None when it
+    succeeded) and "seconds" once the thread ends."""
+    outcome = {}
+
+    def run_sync():
+        started = time.time()
+        try:
+            sync(cluster, timeout=timeout)
+            outcome["error"] = None
+        except shardsync.ShardsyncError as error:
+            outcome["error"] = error
+        outcome["seconds"] = time.time() - started
+
+    worker = threading.Thread(target=run_sync)
+    worker.start()
+    return worker, outcome
+
+
+def restart_and_sync(cluster, rank, clients):
+    """Starts rank's agent again, registers its `clients` again, and syncs (retrying
+    while the agent rejoins, for at most 30 s)."""
+    cluster.start_agent(rank)
+    for p in clients:
+        assert ask(p, "reregister").startswith("ready")
+    deadline = time.time() + 30
+    while True:
+        try:
+            return sync(cluster)
+        except shardsync.ShardsyncError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @case("2 GPUs: partial targets: a sync for rank 1 alone writes rank 1's TP2 shard and leaves rank 0's as it was")
@@ -366,19 +412,7 @@ def agent_killed():
         for p in trainers + rollouts:
             ready(p)
         sync(cluster)  # builds the communicator and checks that the layout works
-        outcome = {}
-
-        def run_sync():
-            started = time.time()
-            try:
-                sync(cluster, timeout=10)
-                outcome["error"] = None
-            except shardsync.ShardsyncError as error:
-                outcome["error"] = error
-            outcome["seconds"] = time.time() - started
-
-        worker = threading.Thread(target=run_sync)
-        worker.start()
+        worker, outcome = sync_in_background(cluster, 10)
         time.sleep(0.15)
         cluster.agents[1].kill()
         worker.join(30)
@@ -387,18 +421,7 @@ def agent_killed():
         assert error is not None, "the sync finished before the kill; make it longer"
         assert "rank 1" in error.message, error.message
         assert outcome["seconds"] < 12, f"took {outcome['seconds']:.1f} s"
-        cluster.start_agent(1)
-        for p in (trainers[1], rollouts[1]):
-            assert ask(p, "reregister").startswith("ready")
-        deadline = time.time() + 30
-        while True:
-            try:
-                sync(cluster)
-                break
-            except shardsync.ShardsyncError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
+        restart_and_sync(cluster, 1, (trainers[1], rollouts[1]))
         for r in rollouts:
             assert ask(r, "check 7") == "ok"
         return f"failed after {outcome['seconds']:.2f} s: {error.message[:160]}"
@@ -413,24 +436,8 @@ def shared_layout_case(world, zero, name, rollouts):
     def run():
         cluster = Cluster(f"shared{world}-zero{zero}-{name}", world, devices=[0] * world)
         try:
-            seed = 10 * world + zero + 5
-            trainers = [cluster.client("trainer", r, zero=zero, dp=world, seed=seed) for r in range(world)]
-            clients = [cluster.client("rollout", r, tp=tp, tp_rank=k, seed=seed) for r, tp, k in rollouts]
-            for p in trainers + clients:
-                ready(p)
-            first = sync(cluster)
-            for r in clients:
-                assert ask(r, "check %d" % seed) == "ok"
-            for t in trainers:
-                assert ask(t, "refill %d" % (seed + 100)) == "refilled"
-            second = sync(cluster)
-            # One Execute call each: the agents agree by host messages among themselves.
-            assert second.one_call, "the second sync made a Prepare call"
-            for r in clients:
-                assert ask(r, "check %d" % (seed + 100)) == "ok"
+            first, second = two_checked_syncs(cluster, world, zero, rollouts, seed=10 * world + zero + 5)
             sent = sum(r.sent_bytes for r in second.ranks)
-            if zero < 3:
-                assert sent == 0, f"{sent} bytes moved between agents under ZeRO-{zero}"
             for r in list(first.ranks) + list(second.ranks):
                 assert r.direct_sent_bytes == r.sent_bytes and r.peak_staging_bytes == 0 and r.rounds == 0, r
             assert all(link.path == shardsync.shardsync_pb2.DIRECT for link in second.links), second.links
@@ -443,29 +450,6 @@ def shared_layout_case(world, zero, name, rollouts):
         finally:
             cluster.stop()
     return run
-
-
-@case("4 agents on GPU 0: a missing shard refuses the sync everywhere, naming the rank, and no target changes")
-def shared_missing_shard():
-    cluster = Cluster("shared-missing", 4, devices=[0] * 4)
-    try:
-        trainers = [cluster.client("trainer", r, zero=3, dp=4, seed=6, drop="layers.1.up" if r == 1 else "")
-                    for r in range(4)]
-        rollouts = [cluster.client("rollout", r, tp=4, tp_rank=r, seed=6) for r in range(4)]
-        for p in trainers + rollouts:
-            ready(p)
-        try:
-            sync(cluster)
-            raise AssertionError("the sync was not refused")
-        except shardsync.ShardsyncError as error:
-            refusal = error
-        assert refusal.code.name == "FAILED_PRECONDITION", refusal
-        assert "no byte moved" in refusal.message and "by none of rank 1" in refusal.message, refusal.message
-        for r in rollouts:
-            assert ask(r, "check 6").startswith("mismatch"), "a target changed although the sync was refused"
-        return "refused: " + refusal.message[:160]
-    finally:
-        cluster.stop()
 
 
 @case("4 agents on GPU 0: an agent SIGKILLed after its direct copies, before it tells its peers, fails the sync "
@@ -483,19 +467,7 @@ def shared_agent_killed():
         sync(cluster)
         for t in trainers:
             assert ask(t, "refill 9") == "refilled"
-        outcome = {}
-
-        def run_sync():
-            started = time.time()
-            try:
-                sync(cluster, timeout=10)
-                outcome["error"] = None
-            except shardsync.ShardsyncError as error:
-                outcome["error"] = error
-            outcome["seconds"] = time.time() - started
-
-        worker = threading.Thread(target=run_sync)
-        worker.start()
+        worker, outcome = sync_in_background(cluster, 10)
         log = os.path.join(cluster.logs, "agent1.log")
         deadline = time.time() + 20
         while time.time() < deadline and "stalls at round -2" not in open(log).read():
@@ -514,18 +486,7 @@ def shared_agent_killed():
         cluster.agents[1].wait(10)
         # The restarted agent stalls nowhere: the fault is for the 2nd sync of the old process
         # only, and the new one has not had two.
-        cluster.start_agent(1)
-        for p in (trainers[1], rollouts[1]):
-            assert ask(p, "reregister").startswith("ready")
-        deadline = time.time() + 30
-        while True:
-            try:
-                sync(cluster)
-                break
-            except shardsync.ShardsyncError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
+        restart_and_sync(cluster, 1, (trainers[1], rollouts[1]))
         for r in rollouts:
             assert ask(r, "check 9") == "ok"
         return f"failed {outcome['seconds']:.2f} s after it began: {error.message[:160]}"
@@ -559,7 +520,7 @@ def main():
     cases += [engine_case(t, link, unpack) for t in ("copy", "nccl-self") for link, unpack in ((0, 0), (300, 0), (0, 300))]
     cases += [shared_layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
     cases += [shared_layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]
-    cases += [shared_missing_shard, shared_agent_killed, shared_never_refused]
+    cases += [missing_shard_case(4, shared=True), shared_agent_killed, shared_never_refused]
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [layout_case(2, 3, "TP2", TWO_GPU_LAYOUTS["TP2"], serving="agent0")]
