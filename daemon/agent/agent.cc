@@ -327,6 +327,9 @@ absl::Status Agent::PrepareDirect(const v1::PrepareRequest& request, Prepared& p
     }
   }
   prepared.peer_memory.assign(local.peer_buffers.size(), nullptr);
+  prepared.direct_peers = direct;
+  prepared.direct_mapped = direct.empty();
+  if (direct.empty()) return absl::OkStatus();  // nothing to map or bound
   std::vector<int64_t> sizes(local.buffer_count(), 0);
   std::vector<std::string> names = local.buffer_names;
   for (const daemon::PeerBufferName& peer : local.peer_buffers) names.push_back(peer.name);
@@ -345,7 +348,6 @@ absl::Status Agent::PrepareDirect(const v1::PrepareRequest& request, Prepared& p
     }
   }
   SHARDSYNC_RETURN_IF_ERROR(executor::CheckDirectWritesFit(local.plan, config_.rank, direct, sizes, names));
-  prepared.direct_peers = std::move(direct);
   prepared.direct_mapped = true;
   return absl::OkStatus();
 }
