@@ -36,6 +36,18 @@ CopyDescriptor Describe(const planner::Segment& s, int64_t begin, int64_t end, c
   return d;
 }
 
+// Whole segments, each from its source to its target as `buffers` map them (local
+// copies, and direct copies into a peer's mapped target).
+void DescribeSegments(const planner::Plan& plan, absl::Span<const int32_t> segments, const BufferTable& buffers,
+                      std::vector<CopyDescriptor>& out) {
+  for (int32_t index : segments) {
+    const planner::Segment& s = plan.segments[index];
+    out.push_back(Describe(s, 0, planner::SegmentElements(s),
+                           buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype),
+                           buffers[s.dst.buffer] + s.dst_base * planner::ElementBytes(s.dst_dtype), false, false));
+  }
+}
+
 // An event another process created with cudaEventInterprocess, opened here.
 class CudaReadyEvent final : public ReadyEvent {
  public:
@@ -235,12 +247,7 @@ absl::Status CudaDevice::AfterTransfer(int slot) {
 
 absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                    absl::Span<const int32_t> fills, const BufferTable& buffers) {
-  for (int32_t index : segments) {
-    const planner::Segment& s = plan.segments[index];
-    local_batch_.descriptors.push_back(Describe(
-        s, 0, planner::SegmentElements(s), buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype),
-        buffers[s.dst.buffer] + s.dst_base * planner::ElementBytes(s.dst_dtype), false, false));
-  }
+  DescribeSegments(plan, segments, buffers, local_batch_.descriptors);
   for (int32_t index : fills) {
     const planner::FillOp& f = plan.fills[index];
     const planner::Segment region = planner::FillRegion(f);
@@ -266,12 +273,7 @@ absl::Status CudaDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
 
 absl::Status CudaDevice::CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                     const BufferTable& buffers) {
-  for (int32_t index : segments) {
-    const planner::Segment& s = plan.segments[index];
-    direct_batch_.descriptors.push_back(Describe(
-        s, 0, planner::SegmentElements(s), buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype),
-        buffers[s.dst.buffer] + s.dst_base * planner::ElementBytes(s.dst_dtype), false, false));
-  }
+  DescribeSegments(plan, segments, buffers, direct_batch_.descriptors);
   return Launch(direct_batch_, streams_.direct);
 }
 

@@ -6,6 +6,17 @@
 #include "executor/host_copy.h"
 
 namespace shardsync::executor {
+namespace {
+
+// Whole segments, each from its source to its target as `buffers` map them.
+void CopySegments(const planner::Plan& plan, absl::Span<const int32_t> segments, const BufferTable& buffers) {
+  for (int32_t index : segments) {
+    const planner::Segment& s = plan.segments[index];
+    CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<uint8_t*> HostDevice::Staging(int32_t peer, bool send, int slot, int64_t bytes) {
   StagingBuffer& staging = staging_[{peer, send, slot}];
@@ -41,10 +52,7 @@ absl::Status HostDevice::Unpack(const planner::Plan& plan, absl::Span<const plan
 absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                    absl::Span<const int32_t> fills, const BufferTable& buffers) {
   const absl::Time start = absl::Now();
-  for (int32_t index : segments) {
-    const planner::Segment& s = plan.segments[index];
-    CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
-  }
+  CopySegments(plan, segments, buffers);
   for (int32_t index : fills) FillHost(plan.fills[index], buffers[plan.fills[index].fill.holder.buffer]);
   local_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
@@ -52,10 +60,7 @@ absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
 
 absl::Status HostDevice::CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                     const BufferTable& buffers) {
-  for (int32_t index : segments) {
-    const planner::Segment& s = plan.segments[index];
-    CopyHost(s, buffers[s.src.buffer], buffers[s.dst.buffer]);
-  }
+  CopySegments(plan, segments, buffers);
   return absl::OkStatus();
 }
 
