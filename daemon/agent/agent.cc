@@ -359,15 +359,22 @@ executor::Transport& Agent::DataTransport(const Prepared& prepared) const {
 }
 
 absl::Status Agent::CheckDirectSendersMapped(const Prepared& prepared) const {
-  const int64_t version = registry_.version();
   absl::MutexLock lock(&handed_mu_);
   for (const planner::Stage& stage : prepared.local->schedule.stages) {
     for (const planner::PeerStream& stream : stage.receives) {
       if (!std::binary_search(prepared.direct_peers.begin(), prepared.direct_peers.end(), stream.peer)) continue;
-      const auto handed = handed_version_.find(stream.peer);
-      if (handed == handed_version_.end() || handed->second != version) {
-        return absl::FailedPreconditionError(absl::StrCat("rank ", stream.peer, " mapped the targets of rank ",
-                                                          config_.rank, " before they were registered again"));
+      const auto handed = handed_.find(stream.peer);
+      if (handed == handed_.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", stream.peer, " has not mapped the targets of rank ", config_.rank));
+      }
+      for (const auto& [name, registered_at] : handed->second) {
+        const std::shared_ptr<const BufferEntry> entry = registry_.Find(name);
+        if (!entry || entry->registered_at != registered_at) {
+          return absl::FailedPreconditionError(absl::StrCat("rank ", stream.peer, " mapped buffer '", name,
+                                                            "' of rank ", config_.rank,
+                                                            " before it was registered again"));
+        }
       }
     }
   }
@@ -379,15 +386,15 @@ absl::StatusOr<v1::TargetMemoryResponse> Agent::TargetMemory(const v1::TargetMem
     return absl::InvalidArgumentError(absl::StrCat("target memory asked for by rank ", request.from_rank()));
   }
   v1::TargetMemoryResponse response;
-  int64_t version = registry_.version();
+  std::vector<std::pair<std::string, int64_t>> handed;
   for (const std::string& name : request.buffers()) {
-    int64_t now = 0, registered_at = 0;
-    SHARDSYNC_ASSIGN_OR_RETURN(*response.add_buffers(), registry_.TargetHandle(name, &now, &registered_at));
+    int64_t registered_at = 0;
+    SHARDSYNC_ASSIGN_OR_RETURN(*response.add_buffers(), registry_.TargetHandle(name, &registered_at));
     response.add_registered_at(registered_at);
-    version = std::min(version, now);
+    handed.emplace_back(name, registered_at);
   }
   absl::MutexLock lock(&handed_mu_);
-  handed_version_[request.from_rank()] = version;
+  handed_[request.from_rank()] = std::move(handed);
   return response;
 }
 

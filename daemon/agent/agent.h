@@ -72,8 +72,8 @@ class Agent {
   absl::Status Transfer(const v1::TransferRequest& request, absl::Time deadline);
   absl::StatusOr<std::string> NewCommunicatorId() { return transport_.NewCommunicatorId(); }
   // Handles of this rank's targets for a same-node peer that writes them directly.
-  // Remembers the registry version it handed out: a sync whose targets were registered
-  // again since then fails instead of letting that peer write the old memory.
+  // Remembers which registrations it handed out: a sync whose targets were registered
+  // again since then is refused instead of letting that peer write the old memory.
   absl::StatusOr<v1::TargetMemoryResponse> TargetMemory(const v1::TargetMemoryRequest& request);
   v1::RankProgress Progress() const;
 
@@ -111,8 +111,8 @@ class Agent {
   // The transport of the rounds (and of the agreement): the data transport, or the
   // direct path's host messages where a device transport builds no communicator.
   executor::Transport& DataTransport(const Prepared& prepared) const;
-  // Every direct peer that writes this rank's targets mapped them at the registry's
-  // current version: else this rank is not ready (the peer would write old memory).
+  // Every direct peer that writes this rank's targets mapped the registrations they have
+  // now: else this rank is not ready (the peer would write old memory).
   absl::Status CheckDirectSendersMapped(const Prepared& prepared) const;
   // Execute's stages, in order. Up to SetUpAndAgree nothing is written on this rank.
   // A sync that stops there is refused with FAILED_PRECONDITION naming this rank.
@@ -161,7 +161,8 @@ class Agent {
   executor::ExecutionStats moved_ ABSL_GUARDED_BY(mu_);  // totals of successful syncs
   // TargetMemory answers never wait for mu_ (a peer asks while this agent prepares).
   mutable absl::Mutex handed_mu_;
-  std::map<int32_t, int64_t> handed_version_ ABSL_GUARDED_BY(handed_mu_);  // by peer
+  // By peer: the buffers it was last handed, each with its registration's version.
+  std::map<int32_t, std::vector<std::pair<std::string, int64_t>>> handed_ ABSL_GUARDED_BY(handed_mu_);
 };
 
 }  // namespace shardsync::agent

@@ -170,8 +170,7 @@ std::shared_ptr<const BufferEntry> Registry::Find(const std::string& buffer) con
   return it == buffers_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& buffer, int64_t* version,
-                                                            int64_t* registered_at) const {
+absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& buffer, int64_t* registered_at) const {
   absl::MutexLock lock(&mu_);
   auto entry = buffers_.find(buffer);
   if (entry == buffers_.end()) {
@@ -181,7 +180,6 @@ absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& b
     return absl::PermissionDeniedError(absl::StrCat("buffer '", buffer, "' on rank ", rank_, " is a ",
                                                     v1::Role_Name(entry->second->role), ": peers write only targets"));
   }
-  *version = version_;
   *registered_at = entry->second->registered_at;
   for (const v1::RegisteredBuffer& b : clients_.at(entry->second->client_id).request.buffers()) {
     if (b.name() == buffer) return b;

@@ -57,10 +57,9 @@ class Registry {
   int64_t version() const;
   std::shared_ptr<const BufferEntry> Find(const std::string& buffer) const;
   // A TARGET buffer's registration (name, bytes, handle) for a same-node peer that
-  // writes it directly, with the registry's version now and the one its registration
-  // made; NOT_FOUND or PERMISSION_DENIED (a source) naming it.
-  absl::StatusOr<v1::RegisteredBuffer> TargetHandle(const std::string& buffer, int64_t* version,
-                                                    int64_t* registered_at) const;
+  // writes it directly, and the version its registration made (BufferEntry::
+  // registered_at); NOT_FOUND or PERMISSION_DENIED (a source) naming it.
+  absl::StatusOr<v1::RegisteredBuffer> TargetHandle(const std::string& buffer, int64_t* registered_at) const;
   // Maps a peer's target from its registration, with this agent's memory backends.
   absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> OpenPeer(const v1::RegisteredBuffer& buffer) const;
   std::vector<v1::ClientInfo> Clients() const;

@@ -93,23 +93,23 @@ TEST_CASE("a peer gets a target's registration by name, never a source's; a new 
   v1::RegisterRequest source = Request("trainer", "uid:1000");
   source.set_role(v1::SOURCE);
   REQUIRE(registry.Add(source, peer).ok());
-  int64_t version = 0, registered_at = 0;
-  auto target = registry.TargetHandle("arena-rollout", &version, &registered_at);
+  int64_t registered_at = 0;
+  auto target = registry.TargetHandle("arena-rollout", &registered_at);
   REQUIRE(target.ok());
   CHECK(target->handle().shm_name() == "uid:1000");
   CHECK(target->bytes() == 64);
-  CHECK(version == registry.version());
+  CHECK(registered_at == registry.Find("arena-rollout")->registered_at);
   const int64_t first = registered_at;
-  auto refused = registry.TargetHandle("arena-trainer", &version, &registered_at);
+  auto refused = registry.TargetHandle("arena-trainer", &registered_at);
   CHECK(absl::IsPermissionDenied(refused.status()));
   CHECK_THAT(std::string(refused.status().message()), Contains("'arena-trainer' on rank 0 is a SOURCE"));
-  refused = registry.TargetHandle("nowhere", &version, &registered_at);
+  refused = registry.TargetHandle("nowhere", &registered_at);
   CHECK(absl::IsNotFound(refused.status()));
   CHECK_THAT(std::string(refused.status().message()), Contains("'nowhere' is not registered on rank 0"));
   // The same name and handle registered again: new memory, a newer registration.
   registry.Remove("rollout");
   REQUIRE(registry.Add(Request("rollout", "uid:1000"), peer).ok());
-  REQUIRE(registry.TargetHandle("arena-rollout", &version, &registered_at).ok());
+  REQUIRE(registry.TargetHandle("arena-rollout", &registered_at).ok());
   CHECK(registered_at > first);
 }
 
