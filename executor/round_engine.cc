@@ -183,9 +183,11 @@ absl::StatusOr<ExecutionStats> RoundEngine::RunStages(absl::string_view sync_id,
     // The stage's direct copies are in the peers' memory before they hear so, and the
     // peers' copies into this rank's targets are before the next stage reads them.
     if (!done_sends.empty() || !done_receives.empty()) {
+      const absl::Time waiting = absl::Now();
       if (!done_sends.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.FinishDirect());
       SHARDSYNC_RETURN_IF_ERROR(direct.signals->RunRound(sync_id, DirectDoneRound(static_cast<int32_t>(k)), done_sends,
                                                          done_receives, deadline));
+      stats.direct_wait_seconds += absl::ToDoubleSeconds(absl::Now() - waiting);
       for (const planner::PeerStream& stream : stage.receives) {
         if (!direct.Has(stream.peer)) continue;
         stats.received_bytes += stream.bytes;

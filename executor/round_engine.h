@@ -37,7 +37,8 @@ struct ExecutionStats {
   int64_t direct_sent_bytes = 0;        // of sent_bytes, written into peers' targets directly
   int64_t direct_received_bytes = 0;    // of received_bytes, written here by peers directly
   double seconds = 0;
-  double local_seconds = 0;  // the local copies and fills alone (beside the rounds on a device)
+  double local_seconds = 0;        // the local copies and fills alone (beside the rounds on a device)
+  double direct_wait_seconds = 0;  // waiting for this rank's direct copies and the peers' completion
 };
 
 // How far a run is, readable from another thread while it goes.

@@ -565,8 +565,10 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   executor::BufferTable table;
   if (ready.ok()) ready = HoldBuffers(prepared, held, table);
   if (ready.ok()) ready = CheckDirectSendersMapped(prepared);
-  const absl::Time deadline = absl::Now() + prepared.deadline;
+  const absl::Time checked = absl::Now();
+  const absl::Time deadline = checked + prepared.deadline;
   SHARDSYNC_RETURN_IF_ERROR(SetUpAndAgree(request, prepared, ready, deadline));
+  const absl::Time agreed = absl::Now();
 
   // A partial sync may only read on this rank: its targets keep their bytes and validity.
   const planner::Schedule& schedule = prepared.local->schedule;
@@ -606,6 +608,9 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   out.set_seconds(stats->seconds);
   out.set_local_seconds(stats->local_seconds);
   out.set_execute_seconds(absl::ToDoubleSeconds(absl::Now() - entered));
+  out.set_check_seconds(absl::ToDoubleSeconds(checked - entered));
+  out.set_agree_seconds(absl::ToDoubleSeconds(agreed - checked));
+  out.set_direct_wait_seconds(stats->direct_wait_seconds);
   return response;
 }
 
