@@ -32,6 +32,7 @@ struct PeerSetup {
   int32_t rank = 0;
   int32_t world_size = 0;
   std::map<int32_t, std::string> addresses;  // host transport: peers' AgentControl addresses
+  std::map<int32_t, std::string> boards;     // signal boards of the peers on this host
   std::string communicator_id;               // NCCL: the unique id of `generation`
   int64_t generation = 0;                    // NCCL: a new value means a new communicator
 };

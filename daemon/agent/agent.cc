@@ -31,10 +31,14 @@ absl::Status CheckPeers(const v1::PrepareRequest& request, int32_t rank) {
     return absl::InvalidArgumentError(
         absl::StrCat("deadline of ", request.deadline_ms(), " ms is outside (0, ", kMaxDeadlineMs, "]"));
   }
-  for (const auto& [peer, address] : request.peer_addresses()) {
-    if (peer < 0 || peer >= request.world_size() || peer == rank) {
-      return absl::InvalidArgumentError(absl::StrCat("an address is given for rank ", peer, " in a world of ",
-                                                     request.world_size(), " where this is rank ", rank));
+  const std::pair<const char*, const google::protobuf::Map<int32_t, std::string>*> named[] = {
+      {"an address", &request.peer_addresses()}, {"a signal board", &request.peer_signal_boards()}};
+  for (const auto& [what, names] : named) {
+    for (const auto& [peer, name] : *names) {
+      if (peer < 0 || peer >= request.world_size() || peer == rank) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " is given for rank ", peer, " in a world of ",
+                                                       request.world_size(), " where this is rank ", rank));
+      }
     }
   }
   return absl::OkStatus();
@@ -219,6 +223,7 @@ executor::PeerSetup Agent::PeersOf(const v1::PrepareRequest& request) const {
   peers.rank = config_.rank;
   peers.world_size = request.world_size();
   peers.addresses.insert(request.peer_addresses().begin(), request.peer_addresses().end());
+  peers.boards.insert(request.peer_signal_boards().begin(), request.peer_signal_boards().end());
   peers.communicator_id = request.communicator_id();
   peers.generation = request.communicator_generation();
   return peers;
@@ -493,8 +498,11 @@ absl::Status Agent::SetUpAndAgree(const v1::ExecuteRequest& request, const Prepa
   // One call (request.prepare) needs the agreement, and so does a world where peers
   // write each other's targets; after a Prepare fan-out it closes the gap between
   // Prepare and Execute where it is cheap.
+  // Without a device collective the ranks agree over host messages: the signal boards
+  // of the agents of this host, the agents' channels for the others.
   if (prepared.peers.world_size > 1 && (request.has_prepare() || prepared.agree_in_execute || data.fast_agreement())) {
-    const absl::StatusOr<bool> all_ready = data.Agree(request.sync_id(), prepared.peers, ready.ok(), deadline);
+    executor::Transport& agreement = data.fast_agreement() || direct_.signals == nullptr ? data : *direct_.signals;
+    const absl::StatusOr<bool> all_ready = agreement.Agree(request.sync_id(), prepared.peers, ready.ok(), deadline);
     if (!all_ready.ok()) {
       Finished(false);
       return NotStarted(request.sync_id(),

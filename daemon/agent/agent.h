@@ -36,9 +36,9 @@ struct AgentConfig {
 // The direct path between agents of one node (PrepareRequest.direct_peers). Without
 // it an agent refuses a Prepare that names direct peers.
 struct DirectPath {
-  // Host messages between agents (the agents' gRPC channels): each stage's completion
-  // of the direct copies, and the agreement of a sync that builds no communicator.
-  // The data transport itself where that is a host one.
+  // Host messages between agents (signal boards on this host, the agents' gRPC channels
+  // to others): each stage's completion of the direct copies, and the agreement
+  // wherever the data transport has no device collective.
   executor::Transport* signals = nullptr;
   PeerTargets* targets = nullptr;  // maps the peers' targets this rank writes
 };

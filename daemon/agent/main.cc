@@ -23,6 +23,7 @@
 #include "executor/fault_transport.h"
 #include "executor/host_shm.h"
 #include "executor/nccl_transport.h"
+#include "executor/signal_board.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/schedule.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -61,9 +62,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<shardsync::executor::MemoryBackend> memory;
   std::unique_ptr<shardsync::executor::Device> device;
   std::unique_ptr<shardsync::executor::Transport> transport;
-  // The direct path's host messages between agents: the host transport itself, or one
-  // beside NCCL.
-  std::unique_ptr<shardsync::executor::Transport> signals;
+  // The agents' channels beside NCCL, for host messages to agents on other hosts.
+  std::unique_ptr<shardsync::executor::Transport> channels;
   shardsync::executor::DeviceIdentity identity;
   if (ordinal < 0) {
     memory = std::make_unique<shardsync::executor::HostShmBackend>();
@@ -79,11 +79,24 @@ int main(int argc, char** argv) {
     identity = *std::move(identified);
     memory = std::make_unique<shardsync::executor::CudaIpcBackend>(ordinal);
     transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->network_stream());
-    signals = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox, *credentials);
+    channels = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox, *credentials);
     device = *std::move(cuda);
   }
+  // Host messages between agents (the agreement, the direct path's completion): this
+  // agent's signal board and its peers' on this host, the channels to the others.
+  const std::string incarnation = absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  if (const int removed = shardsync::executor::SignalBoard::RemoveOrphans(); removed > 0) {
+    spdlog::info("removed {} signal boards of agents that are gone", removed);
+  }
+  auto board = shardsync::executor::SignalBoard::Create(shardsync::executor::SignalBoard::NameFor(incarnation));
+  if (!board.ok()) {
+    spdlog::error("{}", std::string(board.status().message()));
+    return 1;
+  }
+  std::unique_ptr<shardsync::executor::Transport> signals =
+      std::make_unique<shardsync::executor::BoardTransport>(c.agent.rank, **board, channels ? *channels : *transport);
   // Tests only (--fault-stall-at-round): the transport stalls one sync at a known round
-  // (the direct path's completion messages are rounds of `signals`).
+  // (the agreement and the direct path's completion messages are rounds of `signals`).
   if (c.fault_stall) {
     shardsync::executor::StallFault stall;
     stall.round = c.fault_stall_at_round;
@@ -92,13 +105,13 @@ int main(int argc, char** argv) {
       spdlog::warn("fault injection: sync {} stalls at round {} until aborted or its deadline", std::string(sync_id),
                    round);
     };
-    auto& faulty = signals && c.fault_stall_at_round < 0 ? signals : transport;
+    auto& faulty = c.fault_stall_at_round < 0 ? signals : transport;
     faulty = std::make_unique<shardsync::executor::FaultTransport>(std::move(faulty), std::move(stall));
   }
   shardsync::agent::Registry registry(c.agent.rank, {memory.get()}, c.registrations);
   shardsync::agent::PeerTargets peer_targets(c.agent.rank, registry,
                                              shardsync::agent::PeerTargets::OverGrpc(*credentials));
-  const shardsync::agent::DirectPath direct{signals ? signals.get() : transport.get(), &peer_targets};
+  const shardsync::agent::DirectPath direct{signals.get(), &peer_targets};
   shardsync::agent::LinkConfig link_config;
   link_config.coordinator = c.coordinator;  // empty with --serve-coordinator: this agent
   link_config.rpc_deadline = c.agent.rpc_deadline;
@@ -112,7 +125,8 @@ int main(int argc, char** argv) {
   link_config.join.set_device_uuid(identity.uuid);
   for (const std::string& uuid : identity.peer_uuids) link_config.join.add_peer_device_uuids(uuid);
   link_config.join.set_fast_agreement(transport->fast_agreement());
-  link_config.join.set_incarnation(std::to_string(getpid()) + "-" + std::to_string(absl::ToUnixNanos(absl::Now())));
+  link_config.join.set_incarnation(incarnation);
+  link_config.join.set_signal_board((*board)->name());
   shardsync::agent::CoordinatorLink link(link_config, registry);
   shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox, direct);
   shardsync::agent::ControlService control(agent);

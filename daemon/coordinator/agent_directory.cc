@@ -9,7 +9,7 @@
 namespace shardsync::coordinator {
 namespace {
 
-constexpr size_t kMaxNameBytes = 1024;  // hosts, addresses, devices, nodes, incarnations, ids
+constexpr size_t kMaxNameBytes = 1024;  // hosts, addresses, devices, nodes, boards, incarnations, ids
 constexpr int kMaxPeerDevices = 1024;   // JoinRequest.peer_device_uuids
 
 absl::Status CheckRank(int32_t rank, int32_t world) {
@@ -36,6 +36,7 @@ absl::Status CheckJoin(const v1::JoinRequest& request, int32_t world) {
   SHARDSYNC_RETURN_IF_ERROR(CheckName("host", request.host(), false));
   SHARDSYNC_RETURN_IF_ERROR(CheckName("device", request.device(), false));
   SHARDSYNC_RETURN_IF_ERROR(CheckName("device uuid", request.device_uuid(), false));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("signal board", request.signal_board(), false));
   if (request.peer_device_uuids_size() > kMaxPeerDevices) {
     return absl::InvalidArgumentError(absl::StrCat("the request names ", request.peer_device_uuids_size(),
                                                    " peer devices; at most ", kMaxPeerDevices));
@@ -169,13 +170,6 @@ std::map<int32_t, std::shared_ptr<AgentLink>> AgentDirectory::Links() const {
   std::map<int32_t, std::shared_ptr<AgentLink>> links;
   for (const auto& [rank, entry] : agents_) links[rank] = entry.link;
   return links;
-}
-
-std::map<int32_t, std::string> AgentDirectory::Addresses() const {
-  absl::MutexLock lock(&mu_);
-  std::map<int32_t, std::string> addresses;
-  for (const auto& [rank, entry] : agents_) addresses[rank] = entry.join.address();
-  return addresses;
 }
 
 std::vector<v1::JoinRequest> AgentDirectory::Joins() const {

@@ -1,10 +1,14 @@
 // Which path the bytes between two agents take: DIRECT (the sender writes the
 // receiver's targets through CUDA IPC or host shared memory, no staging) or STAGED
 // (packed into staging and sent over the transport: NCCL between CUDA devices, the
-// agents' gRPC between host memories). A pure function of the agents' joins.
+// agents' gRPC between host memories). Also the path of the agents' host messages
+// (agreement, completion): signal boards between agents of one host. Pure functions
+// of the agents' joins.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,5 +37,10 @@ struct LinkPaths {
 // and agents that share a CUDA device when NCCL must join them (kNever, or another pair
 // is staged): NCCL cannot hold two ranks on one device.
 absl::StatusOr<LinkPaths> ChooseLinkPaths(const std::vector<v1::JoinRequest>& joins, DirectMode mode);
+
+// The signal boards (JoinRequest.signal_board) of the other agents on the host of
+// `rank`, by rank: its host messages to them go through the boards. `joins` by rank;
+// a rank that has not joined (no address) has none.
+std::map<int32_t, std::string> SignalBoardsFor(int32_t rank, const std::vector<v1::JoinRequest>& joins);
 
 }  // namespace shardsync::coordinator

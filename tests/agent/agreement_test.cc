@@ -220,6 +220,11 @@ TEST_CASE("Prepare refuses a world without its rank, peers outside it, and regio
     (*request.mutable_peer_addresses())[5] = "127.0.0.1:1";
     CHECK_THAT(refusal(1, request), Contains("an address is given for rank 5 in a world of 2"));
   }
+  SECTION("a signal board for this rank itself") {
+    (*request.mutable_peer_signal_boards())[1] = "/shardsync-board-1-1";
+    CHECK_THAT(refusal(1, request),
+               Contains("a signal board is given for rank 1 in a world of 2 where this is rank 1"));
+  }
   SECTION("a deadline of no time") {
     request.set_deadline_ms(0);
     CHECK_THAT(refusal(1, request), Contains("deadline of 0 ms is outside"));

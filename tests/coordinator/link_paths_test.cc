@@ -62,5 +62,19 @@ TEST_CASE("never stages every link and refuses agents that share a GPU; always r
   CHECK_THAT(std::string(paths.status().message()), Contains("ranks 0 (h, cuda:0) and 1 (g, cuda:0) cannot map"));
 }
 
+TEST_CASE("agents send host messages through the signal boards of their own host") {
+  std::vector<v1::JoinRequest> joins = {Agent("h", ""), Agent("h", "GPU-a"), Agent("g", ""), Agent("h", "")};
+  for (size_t r = 0; r < joins.size(); ++r) {
+    joins[r].set_address("a" + std::to_string(r));
+    joins[r].set_signal_board("/board-" + std::to_string(r));
+  }
+  joins[3].clear_signal_board();  // an agent without a board: its channel
+  CHECK(SignalBoardsFor(0, joins) == std::map<int32_t, std::string>{{1, "/board-1"}});
+  CHECK(SignalBoardsFor(1, joins) == std::map<int32_t, std::string>{{0, "/board-0"}});
+  CHECK(SignalBoardsFor(2, joins).empty());  // alone on host g
+  joins[1].clear_address();                  // not joined
+  CHECK(SignalBoardsFor(0, joins).empty());
+}
+
 }  // namespace
 }  // namespace shardsync::coordinator

@@ -1,0 +1,316 @@
+#include "executor/signal_board.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <vector>
+
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace shardsync::executor {
+namespace {
+
+constexpr uint64_t kMagic = 0x5353'424f'4152'4431ULL;  // "SSBOARD1": this layout
+constexpr absl::string_view kPrefix = "shardsync-board-";
+constexpr absl::Duration kCheckEvery = absl::Milliseconds(1);  // aborts are seen this soon
+
+struct Message {
+  std::atomic<uint64_t> sync;  // 0: void
+  std::atomic<int32_t> round;
+  std::atomic<uint32_t> value;
+};
+
+struct alignas(64) Header {
+  uint64_t magic;
+  int32_t ranks;
+  uint32_t depth;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "the board's counters are shared between processes");
+
+// Waits while `*word == expected`, at most until `until` and never longer than
+// kCheckEvery; a futex between processes (no FUTEX_PRIVATE_FLAG).
+void WaitWhile(std::atomic<uint32_t>& word, uint32_t expected, absl::Time until) {
+  const absl::Duration left = std::min(kCheckEvery, until - absl::Now());
+  if (left <= absl::ZeroDuration()) return;
+  const timespec timeout = absl::ToTimespec(left);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &timeout, nullptr, 0);
+}
+
+void WakeAll(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+struct alignas(64) SignalBoard::Ring {
+  std::atomic<uint32_t> written;  // by the sender
+  std::atomic<uint32_t> taken;    // by the board's owner
+  Message messages[kRingDepth];
+};
+
+namespace {
+constexpr size_t kBoardBytes = sizeof(Header) + sizeof(SignalBoard::Ring) * kBoardRanks;
+}  // namespace
+
+uint64_t SyncKey(absl::string_view sync_id) {
+  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a: the same in every process
+  for (unsigned char c : sync_id) hash = (hash ^ c) * 0x100000001b3ULL;
+  return hash == 0 ? 1 : hash;
+}
+
+std::string SignalBoard::NameFor(absl::string_view incarnation) { return absl::StrCat("/", kPrefix, incarnation); }
+
+int SignalBoard::RemoveOrphans() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* entry = readdir(dir)) {
+    absl::string_view name = entry->d_name;
+    if (!absl::ConsumePrefix(&name, kPrefix)) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(0, name.find('-')), &pid) || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    if (shm_unlink(absl::StrCat("/", entry->d_name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
+absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Create(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("creating signal board ", name, ": ", strerror(errno)));
+  void* base = MAP_FAILED;
+  if (ftruncate(fd, kBoardBytes) == 0) {
+    base = mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  const int error = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return absl::UnavailableError(absl::StrCat("sizing signal board ", name, ": ", strerror(error)));
+  }
+  // A fresh object reads as zeros: every ring empty. The magic is the last write.
+  auto* header = static_cast<Header*>(base);
+  header->ranks = kBoardRanks;
+  header->depth = kRingDepth;
+  std::atomic_thread_fence(std::memory_order_release);
+  header->magic = kMagic;
+  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, /*owner=*/true));
+}
+
+absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Open(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("opening signal board ", name, ": ", strerror(errno)));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != kBoardBytes) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(name, " is not a signal board of this version (",
+                                                      st.st_size, " bytes, not ", kBoardBytes, ")"));
+  }
+  void* base = mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  close(fd);
+  if (base == MAP_FAILED) return absl::UnavailableError(absl::StrCat("mapping signal board ", name, ": ", strerror(error)));
+  const auto* header = static_cast<const Header*>(base);
+  if (header->magic != kMagic || header->ranks != kBoardRanks || header->depth != kRingDepth) {
+    munmap(base, kBoardBytes);
+    return absl::FailedPreconditionError(absl::StrCat(name, " is not a signal board of this version"));
+  }
+  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, /*owner=*/false));
+}
+
+SignalBoard::~SignalBoard() {
+  munmap(base_, kBoardBytes);
+  if (owner_) shm_unlink(name_.c_str());
+}
+
+SignalBoard::Ring& SignalBoard::RingOf(int32_t from) const {
+  return reinterpret_cast<Ring*>(static_cast<uint8_t*>(base_) + sizeof(Header))[from];
+}
+
+absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline,
+                               const std::function<bool()>& aborted) {
+  if (from < 0 || from >= kBoardRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", from, " is beyond a signal board's ", kBoardRanks));
+  }
+  Ring& ring = RingOf(from);
+  const uint32_t written = ring.written.load(std::memory_order_relaxed);  // only this sender writes it
+  for (uint32_t taken = ring.taken.load(std::memory_order_acquire); written - taken >= kRingDepth;
+       taken = ring.taken.load(std::memory_order_acquire)) {
+    if (aborted()) return absl::AbortedError("aborted while the receiver's ring was full");
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("its ring on board ", name_, " stayed full until the deadline"));
+    }
+    WaitWhile(ring.taken, taken, deadline);
+  }
+  // This sender's untaken messages of other syncs are of syncs it has left.
+  for (uint32_t i = ring.taken.load(std::memory_order_acquire); i != written; ++i) {
+    Message& old = ring.messages[i % kRingDepth];
+    uint64_t sync = old.sync.load(std::memory_order_relaxed);
+    if (sync != key.sync) old.sync.compare_exchange_strong(sync, 0, std::memory_order_relaxed);
+  }
+  Message& message = ring.messages[written % kRingDepth];
+  message.round.store(key.round, std::memory_order_relaxed);
+  message.value.store(value, std::memory_order_relaxed);
+  message.sync.store(key.sync, std::memory_order_relaxed);
+  ring.written.store(written + 1, std::memory_order_release);
+  WakeAll(ring.written);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Time deadline,
+                                          const std::function<bool()>& aborted) {
+  if (from < 0 || from >= kBoardRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", from, " is beyond a signal board's ", kBoardRanks));
+  }
+  Ring& ring = RingOf(from);
+  uint32_t taken = ring.taken.load(std::memory_order_relaxed);  // only this owner writes it
+  while (true) {
+    const uint32_t written = ring.written.load(std::memory_order_acquire);
+    if (written != taken) {
+      const Message& message = ring.messages[taken % kRingDepth];
+      const uint64_t sync = message.sync.load(std::memory_order_relaxed);
+      const int32_t round = message.round.load(std::memory_order_relaxed);
+      const uint8_t value = static_cast<uint8_t>(message.value.load(std::memory_order_relaxed));
+      if (sync == 0 || (sync == key.sync && round == key.round)) {
+        ring.taken.store(++taken, std::memory_order_release);
+        WakeAll(ring.taken);
+        if (sync != 0) return value;
+        continue;  // void: the sender left that sync
+      }
+      if (sync == key.sync) {
+        return absl::InternalError(
+            absl::StrCat("rank ", from, " sent round ", round, " of this sync where round ", key.round, " was due"));
+      }
+    }
+    if (aborted()) return absl::AbortedError("aborted");
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("no message of round ", key.round, " from rank ", from,
+                                                 " before the deadline"));
+    }
+    WaitWhile(ring.written, written, deadline);
+  }
+}
+
+absl::Status BoardTransport::Setup(const PeerSetup& setup, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    peers_.clear();
+    for (const auto& [peer, name] : setup.boards) {
+      auto& board = opened_[name];
+      if (board == nullptr) {
+        absl::StatusOr<std::unique_ptr<SignalBoard>> opened = SignalBoard::Open(name);
+        if (!opened.ok()) {
+          opened_.erase(name);
+          return absl::UnavailableError(absl::StrCat("rank ", peer, ": ", opened.status().message()));
+        }
+        board = *std::move(opened);
+      }
+      peers_[peer] = board.get();
+    }
+    // Boards of agents no longer named (restarted, or gone) are unmapped.
+    for (auto it = opened_.begin(); it != opened_.end();) {
+      const bool named = std::any_of(setup.boards.begin(), setup.boards.end(),
+                                     [&](const auto& entry) { return entry.second == it->first; });
+      it = named ? std::next(it) : opened_.erase(it);
+    }
+  }
+  return others_.Setup(setup, deadline);
+}
+
+bool BoardTransport::Aborted(uint64_t sync) {
+  absl::MutexLock lock(&mu_);
+  return aborted_sync_ == sync;
+}
+
+absl::Status BoardTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
+                                      absl::Span<const RecvOp> receives, absl::Time deadline) {
+  const SignalKey key{SyncKey(sync_id), round};
+  const std::function<bool()> aborted = [this, &key] { return Aborted(key.sync); };
+  std::vector<std::pair<SignalBoard*, const SendOp*>> board_sends;
+  std::vector<const RecvOp*> board_receives;
+  std::vector<SendOp> other_sends;
+  std::vector<RecvOp> other_receives;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_sync_ == key.sync) return absl::AbortedError(aborted_reason_);
+    for (const SendOp& send : sends) {
+      const auto board = peers_.find(send.peer);
+      if (board == peers_.end()) {
+        other_sends.push_back(send);
+      } else {
+        board_sends.emplace_back(board->second, &send);
+      }
+    }
+    for (const RecvOp& receive : receives) {
+      if (peers_.count(receive.peer)) {
+        board_receives.push_back(&receive);
+      } else {
+        other_receives.push_back(receive);
+      }
+    }
+  }
+  const auto one_byte = [](int32_t peer, int64_t bytes) {
+    return bytes == 1 ? absl::OkStatus()
+                      : absl::InvalidArgumentError(absl::StrCat("a signal board carries one byte, not ", bytes,
+                                                                " (rank ", peer, ")"));
+  };
+  // An abort gives its reason, as the other transports do.
+  const auto failed = [this](const absl::Status& status, const std::string& what) {
+    absl::MutexLock lock(&mu_);
+    if (absl::IsAborted(status)) return absl::AbortedError(aborted_reason_);
+    return absl::Status(status.code(), absl::StrCat(what, status.message()));
+  };
+  for (const auto& [board, send] : board_sends) {
+    SHARDSYNC_RETURN_IF_ERROR(one_byte(send->peer, send->bytes));
+    const absl::Status posted = board->Post(rank_, key, *send->data, deadline, aborted);
+    if (!posted.ok()) return failed(posted, absl::StrCat("signalling rank ", send->peer, ": "));
+  }
+  if (!other_sends.empty() || !other_receives.empty()) {
+    SHARDSYNC_RETURN_IF_ERROR(others_.RunRound(sync_id, round, other_sends, other_receives, deadline));
+  }
+  for (const RecvOp* receive : board_receives) {
+    SHARDSYNC_RETURN_IF_ERROR(one_byte(receive->peer, receive->bytes));
+    const absl::StatusOr<uint8_t> value = own_.Take(receive->peer, key, deadline, aborted);
+    if (!value.ok()) return failed(value.status(), "");
+    *receive->data = *value;
+  }
+  return absl::OkStatus();
+}
+
+void BoardTransport::Abort(absl::string_view sync_id, absl::string_view reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    aborted_sync_ = SyncKey(sync_id);
+    aborted_reason_ = std::string(reason);
+  }
+  others_.Abort(sync_id, reason);
+}
+
+void BoardTransport::Reset() {
+  {
+    absl::MutexLock lock(&mu_);
+    aborted_sync_ = 0;
+    aborted_reason_.clear();
+  }
+  others_.Reset();
+}
+
+}  // namespace shardsync::executor

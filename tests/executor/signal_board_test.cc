@@ -1,0 +1,244 @@
+// Signal boards: one-byte messages between the agents of one host, in order per sender,
+// with void messages of syncs a sender left, deadlines and aborts that name the peer, and
+// the agreement of ranks mixing boards with another transport.
+#include "executor/signal_board.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "executor/mailbox.h"
+
+namespace shardsync::executor {
+namespace {
+
+using Catch::Matchers::Contains;
+
+std::string TestBoardName(absl::string_view what) {
+  return SignalBoard::NameFor(absl::StrCat(getpid(), "-test-", what));
+}
+
+const std::function<bool()> kNever = [] { return false; };
+
+absl::Time Soon() { return absl::Now() + absl::Milliseconds(50); }
+
+TEST_CASE("a sender's messages arrive in order, through a full ring") {
+  auto board = SignalBoard::Create(TestBoardName("order"));
+  REQUIRE(board.ok());
+  auto writer = SignalBoard::Open((*board)->name());
+  REQUIRE(writer.ok());
+  constexpr int kMessages = 1000;  // far more than a ring holds: the sender waits for the reader
+  std::thread sender([&] {
+    for (int i = 0; i < kMessages; ++i) {
+      REQUIRE((*writer)->Post(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, static_cast<uint8_t>(i), absl::InfiniteFuture(),
+                              kNever).ok());
+    }
+  });
+  for (int i = 0; i < kMessages; ++i) {
+    const absl::StatusOr<uint8_t> value =
+        (*board)->Take(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, absl::Now() + absl::Seconds(10), kNever);
+    REQUIRE(value.ok());
+    REQUIRE(*value == static_cast<uint8_t>(i));
+  }
+  sender.join();
+}
+
+TEST_CASE("a message of a sync the sender left is void; one of a sync to come waits") {
+  auto board = SignalBoard::Create(TestBoardName("void"));
+  REQUIRE(board.ok());
+  auto writer = SignalBoard::Open((*board)->name());
+  REQUIRE(writer.ok());
+  const SignalKey aborted{SyncKey("sync-1"), -2}, next{SyncKey("sync-2"), -1};
+  REQUIRE((*writer)->Post(1, aborted, 1, Soon(), kNever).ok());  // never taken: that sync was aborted here
+  // The reader waiting for sync-2 sees sync-1's message, not yet void: it waits.
+  const absl::StatusOr<uint8_t> early = (*board)->Take(1, next, Soon(), kNever);
+  CHECK(absl::IsUnavailable(early.status()));
+  CHECK_THAT(std::string(early.status().message()), Contains("from rank 1"));
+  // Posting for sync-2 voids it.
+  REQUIRE((*writer)->Post(1, next, 7, Soon(), kNever).ok());
+  const absl::StatusOr<uint8_t> value = (*board)->Take(1, next, Soon(), kNever);
+  REQUIRE(value.ok());
+  CHECK(*value == 7);
+  // A reader still in sync-2 while the sender is in sync-3: the message stays for sync-3.
+  const SignalKey later{SyncKey("sync-3"), -1};
+  REQUIRE((*writer)->Post(1, later, 5, Soon(), kNever).ok());
+  CHECK(absl::IsUnavailable((*board)->Take(1, SignalKey{SyncKey("sync-2"), -2}, Soon(), kNever).status()));
+  const absl::StatusOr<uint8_t> kept = (*board)->Take(1, later, Soon(), kNever);
+  REQUIRE(kept.ok());
+  CHECK(*kept == 5);
+}
+
+TEST_CASE("a message of the same sync for another round is a protocol error") {
+  auto board = SignalBoard::Create(TestBoardName("round"));
+  REQUIRE(board.ok());
+  auto writer = SignalBoard::Open((*board)->name());
+  REQUIRE(writer.ok());
+  REQUIRE((*writer)->Post(2, SignalKey{SyncKey("s"), -3}, 1, Soon(), kNever).ok());
+  const absl::StatusOr<uint8_t> value = (*board)->Take(2, SignalKey{SyncKey("s"), -2}, Soon(), kNever);
+  CHECK(absl::IsInternal(value.status()));
+  CHECK_THAT(std::string(value.status().message()), Contains("rank 2 sent round -3"));
+}
+
+TEST_CASE("a full ring waits for its reader until the deadline") {
+  auto board = SignalBoard::Create(TestBoardName("full"));
+  REQUIRE(board.ok());
+  auto writer = SignalBoard::Open((*board)->name());
+  REQUIRE(writer.ok());
+  const SignalKey key{SyncKey("s"), -2};
+  for (uint32_t i = 0; i < kRingDepth; ++i) REQUIRE((*writer)->Post(0, key, 1, Soon(), kNever).ok());
+  const absl::Status full = (*writer)->Post(0, key, 1, Soon(), kNever);
+  CHECK(absl::IsUnavailable(full));
+  CHECK_THAT(std::string(full.message()), Contains("stayed full"));
+  REQUIRE((*board)->Take(0, key, Soon(), kNever).ok());
+  CHECK((*writer)->Post(0, key, 1, Soon(), kNever).ok());
+}
+
+TEST_CASE("boards are this version's, unlinked by their owner, and orphans are removed") {
+  const std::string name = TestBoardName("life");
+  {
+    auto board = SignalBoard::Create(name);
+    REQUIRE(board.ok());
+    CHECK(absl::IsUnavailable(SignalBoard::Create(name).status()));  // one owner
+    CHECK(SignalBoard::Open(name).ok());
+  }
+  CHECK(absl::IsUnavailable(SignalBoard::Open(name).status()));  // gone with its owner
+
+  const std::string other = TestBoardName("other");
+  const int fd = shm_open(other.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, 4096) == 0);
+  close(fd);
+  const absl::StatusOr<std::unique_ptr<SignalBoard>> wrong = SignalBoard::Open(other);
+  CHECK(absl::IsFailedPrecondition(wrong.status()));
+  CHECK_THAT(std::string(wrong.status().message()), Contains("is not a signal board"));
+  shm_unlink(other.c_str());
+
+  // A board left by a process that is gone (SIGKILLed agents cannot unlink theirs).
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  REQUIRE(child > 0);
+  waitpid(child, nullptr, 0);
+  const std::string orphan = SignalBoard::NameFor(absl::StrCat(child, "-1"));
+  auto left = SignalBoard::Create(orphan);
+  REQUIRE(left.ok());
+  auto alive = SignalBoard::Create(TestBoardName("alive"));
+  REQUIRE(alive.ok());
+  CHECK(SignalBoard::RemoveOrphans() >= 1);
+  CHECK(absl::IsUnavailable(SignalBoard::Open(orphan).status()));
+  CHECK(SignalBoard::Open((*alive)->name()).ok());  // this process's board stays
+}
+
+// Ranks 0-2 share a host (boards), rank 3 is elsewhere (the mailbox loopback).
+struct World {
+  static constexpr int kRanks = 4;
+  std::vector<std::unique_ptr<SignalBoard>> boards;
+  std::vector<Mailbox> mailboxes = std::vector<Mailbox>(kRanks);
+  std::vector<std::unique_ptr<LoopbackTransport>> loopbacks;
+  std::vector<std::unique_ptr<BoardTransport>> transports;
+
+  World() {
+    std::map<int32_t, Mailbox*> by_rank;
+    for (int r = 0; r < kRanks; ++r) by_rank[r] = &mailboxes[r];
+    for (int r = 0; r < kRanks; ++r) {
+      boards.push_back(*SignalBoard::Create(TestBoardName(absl::StrCat("world-", r))));
+      loopbacks.push_back(std::make_unique<LoopbackTransport>(r, by_rank));
+      transports.push_back(std::make_unique<BoardTransport>(r, *boards[r], *loopbacks[r]));
+    }
+  }
+  PeerSetup SetupOf(int32_t rank) const {
+    PeerSetup setup;
+    setup.rank = rank;
+    setup.world_size = kRanks;
+    if (rank == 3) return setup;
+    for (int r = 0; r < 3; ++r) {
+      if (r != rank) setup.boards[r] = boards[r]->name();
+    }
+    return setup;
+  }
+};
+
+TEST_CASE("ranks agree over boards and the other transport together") {
+  World world;
+  for (int r = 0; r < World::kRanks; ++r) REQUIRE(world.transports[r]->Setup(world.SetupOf(r), Soon()).ok());
+  for (int not_ready : {-1, 0, 3}) {  // everyone ready; rank 0 (a board) or rank 3 (elsewhere) not
+    const std::string sync = absl::StrCat("agree-", not_ready);
+    std::vector<absl::StatusOr<bool>> results(World::kRanks, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < World::kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        results[r] = world.transports[r]->Agree(sync, world.SetupOf(r), r != not_ready,
+                                                absl::Now() + absl::Seconds(10));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < World::kRanks; ++r) {
+      INFO("rank " << r << ", rank " << not_ready << " not ready");
+      REQUIRE(results[r].ok());
+      CHECK(*results[r] == (not_ready < 0));
+    }
+  }
+}
+
+TEST_CASE("a wait on a board ends at an abort with its reason, and the next sync runs") {
+  World world;
+  for (int r = 0; r < World::kRanks; ++r) REQUIRE(world.transports[r]->Setup(world.SetupOf(r), Soon()).ok());
+  uint8_t byte = 0;
+  absl::Status waited;
+  std::thread waiting([&] {
+    const RecvOp receive{1, &byte, 1};
+    waited = world.transports[0]->RunRound("stuck", -2, {}, absl::MakeConstSpan(&receive, 1),
+                                           absl::Now() + absl::Seconds(30));
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  const absl::Time aborted = absl::Now();
+  world.transports[0]->Abort("stuck", "the coordinator stopped it");
+  waiting.join();
+  CHECK(absl::Now() - aborted < absl::Seconds(1));
+  CHECK(absl::IsAborted(waited));
+  CHECK_THAT(std::string(waited.message()), Contains("the coordinator stopped it"));
+
+  // Rank 1's message of "stuck", sent late, is void once it signals the next sync.
+  const uint8_t one = 1;
+  const SendOp late{0, &one, 1};
+  REQUIRE(world.transports[1]->RunRound("stuck", -2, absl::MakeConstSpan(&late, 1), {}, Soon()).ok());
+  world.transports[0]->Reset();
+  std::thread next([&] {
+    REQUIRE(world.transports[1]->RunRound("next", -2, absl::MakeConstSpan(&late, 1), {}, Soon()).ok());
+  });
+  const RecvOp receive{1, &byte, 1};
+  CHECK(world.transports[0]->RunRound("next", -2, {}, absl::MakeConstSpan(&receive, 1), Soon()).ok());
+  next.join();
+  CHECK(byte == 1);
+}
+
+TEST_CASE("a silent peer fails the wait at the deadline, naming it") {
+  World world;
+  REQUIRE(world.transports[0]->Setup(world.SetupOf(0), Soon()).ok());
+  uint8_t byte = 0;
+  const RecvOp receive{2, &byte, 1};
+  const absl::Status status = world.transports[0]->RunRound("s", -2, {}, absl::MakeConstSpan(&receive, 1), Soon());
+  CHECK(absl::IsUnavailable(status));
+  CHECK_THAT(std::string(status.message()), Contains("from rank 2"));
+}
+
+TEST_CASE("a board carries one byte per message") {
+  World world;
+  REQUIRE(world.transports[0]->Setup(world.SetupOf(0), Soon()).ok());
+  const uint8_t two[2] = {1, 1};
+  const SendOp send{1, two, 2};
+  const absl::Status status = world.transports[0]->RunRound("s", -2, absl::MakeConstSpan(&send, 1), {}, Soon());
+  CHECK(absl::IsInvalidArgument(status));
+}
+
+}  // namespace
+}  // namespace shardsync::executor
