@@ -3,7 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,9 +17,8 @@
 #include <ctime>
 #include <vector>
 
-#include "absl/strings/strip.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace shardsync::executor {
@@ -84,10 +83,17 @@ int SignalBoard::RemoveOrphans() {
   while (const dirent* entry = readdir(dir)) {
     absl::string_view name = entry->d_name;
     if (!absl::ConsumePrefix(&name, kPrefix)) continue;
-    int pid = 0;
-    if (!absl::SimpleAtoi(name.substr(0, name.find('-')), &pid) || pid <= 0) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
-    if (shm_unlink(absl::StrCat("/", entry->d_name).c_str()) == 0) ++removed;
+    const std::string path = absl::StrCat("/", entry->d_name);
+    const int fd = shm_open(path.c_str(), O_RDWR, 0);
+    if (fd < 0) continue;
+    // Unlocked and complete (the magic is written under the lock): its owner is gone.
+    // One being created holds no lock for an instant, but has no magic yet.
+    Header header{};
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && pread(fd, &header, sizeof(header), 0) == sizeof(header) &&
+        header.magic == kMagic && shm_unlink(path.c_str()) == 0) {
+      ++removed;
+    }
+    close(fd);  // releases the lock
   }
   closedir(dir);
   return removed;
@@ -96,14 +102,15 @@ int SignalBoard::RemoveOrphans() {
 absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Create(const std::string& name) {
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("creating signal board ", name, ": ", strerror(errno)));
+  // Held until this process ends: waits out another agent's orphan check of this name.
   void* base = MAP_FAILED;
-  if (ftruncate(fd, kBoardBytes) == 0) {
+  if (flock(fd, LOCK_EX) == 0 && ftruncate(fd, kBoardBytes) == 0) {
     base = mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
-  const int error = errno;
-  close(fd);
   if (base == MAP_FAILED) {
+    const int error = errno;
     shm_unlink(name.c_str());
+    close(fd);
     return absl::UnavailableError(absl::StrCat("sizing signal board ", name, ": ", strerror(error)));
   }
   // A fresh object reads as zeros: every ring empty. The magic is the last write.
@@ -112,7 +119,7 @@ absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Create(const std::stri
   header->depth = kRingDepth;
   std::atomic_thread_fence(std::memory_order_release);
   header->magic = kMagic;
-  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, /*owner=*/true));
+  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, fd));
 }
 
 absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Open(const std::string& name) {
@@ -121,24 +128,28 @@ absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Open(const std::string
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != kBoardBytes) {
     close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(name, " is not a signal board of this version (",
-                                                      st.st_size, " bytes, not ", kBoardBytes, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " is not a signal board of this version (", st.st_size, " bytes, not ", kBoardBytes, ")"));
   }
   void* base = mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
   close(fd);
-  if (base == MAP_FAILED) return absl::UnavailableError(absl::StrCat("mapping signal board ", name, ": ", strerror(error)));
+  if (base == MAP_FAILED)
+    return absl::UnavailableError(absl::StrCat("mapping signal board ", name, ": ", strerror(error)));
   const auto* header = static_cast<const Header*>(base);
   if (header->magic != kMagic || header->ranks != kBoardRanks || header->depth != kRingDepth) {
     munmap(base, kBoardBytes);
     return absl::FailedPreconditionError(absl::StrCat(name, " is not a signal board of this version"));
   }
-  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, /*owner=*/false));
+  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, /*owner_fd=*/-1));
 }
 
 SignalBoard::~SignalBoard() {
   munmap(base_, kBoardBytes);
-  if (owner_) shm_unlink(name_.c_str());
+  if (owner_fd_ >= 0) {
+    shm_unlink(name_.c_str());
+    close(owner_fd_);
+  }
 }
 
 SignalBoard::Ring& SignalBoard::RingOf(int32_t from) const {
@@ -202,8 +213,8 @@ absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Tim
     }
     if (aborted()) return absl::AbortedError("aborted");
     if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("no message of round ", key.round, " from rank ", from,
-                                                 " before the deadline"));
+      return absl::UnavailableError(
+          absl::StrCat("no message of round ", key.round, " from rank ", from, " before the deadline"));
     }
     WaitWhile(ring.written, written, deadline);
   }
@@ -269,8 +280,8 @@ absl::Status BoardTransport::RunRound(absl::string_view sync_id, int32_t round, 
   }
   const auto one_byte = [](int32_t peer, int64_t bytes) {
     return bytes == 1 ? absl::OkStatus()
-                      : absl::InvalidArgumentError(absl::StrCat("a signal board carries one byte, not ", bytes,
-                                                                " (rank ", peer, ")"));
+                      : absl::InvalidArgumentError(
+                            absl::StrCat("a signal board carries one byte, not ", bytes, " (rank ", peer, ")"));
   };
   // An abort gives its reason, as the other transports do.
   const auto failed = [this](const absl::Status& status, const std::string& what) {

@@ -10,7 +10,9 @@
 // once it posts for a later one, so a reader drops them: a sender knows its own order
 // of syncs, a reader may never have seen a sync that was aborted before it began.
 // Boards are created with mode 0600: only processes of the agent's user can map them,
-// the same trust as its shared memory buffers.
+// the same trust as its shared memory buffers. The owner holds an flock on its board
+// for its whole life, so a board nobody holds is an orphan, whatever PID namespace its
+// owner ran in.
 #pragma once
 
 #include <cstdint>
@@ -38,10 +40,10 @@ uint64_t SyncKey(absl::string_view sync_id);
 
 class SignalBoard {
  public:
-  // The board's name for an agent incarnation ("<pid>-<anything>").
+  // The board's name for an agent incarnation (unique on the host).
   static std::string NameFor(absl::string_view incarnation);
   // Unlinks the boards of agents that are gone (killed before they could remove their
-  // own), found by the process id in their names; returns how many.
+  // own): those whose owner's lock is released. Returns how many.
   static int RemoveOrphans();
   // This agent's board, created under `name` (a POSIX shared memory name, "/..."); it is
   // unlinked when the board is destroyed.
@@ -68,12 +70,12 @@ class SignalBoard {
   struct Ring;  // in the .cc: the shared layout
 
  private:
-  SignalBoard(std::string name, void* base, bool owner) : name_(std::move(name)), base_(base), owner_(owner) {}
+  SignalBoard(std::string name, void* base, int owner_fd) : name_(std::move(name)), base_(base), owner_fd_(owner_fd) {}
   Ring& RingOf(int32_t from) const;
 
   std::string name_;
   void* base_;
-  bool owner_;
+  int owner_fd_;  // the owner's descriptor, which holds the lock; -1 on a peer's board
 };
 
 // A host transport of one-byte messages: over the signal boards of the peers that have

@@ -40,8 +40,10 @@ TEST_CASE("a sender's messages arrive in order, through a full ring") {
   constexpr int kMessages = 1000;  // far more than a ring holds: the sender waits for the reader
   std::thread sender([&] {
     for (int i = 0; i < kMessages; ++i) {
-      REQUIRE((*writer)->Post(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, static_cast<uint8_t>(i), absl::InfiniteFuture(),
-                              kNever).ok());
+      REQUIRE(
+          (*writer)
+              ->Post(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, static_cast<uint8_t>(i), absl::InfiniteFuture(), kNever)
+              .ok());
     }
   });
   for (int i = 0; i < kMessages; ++i) {
@@ -123,19 +125,25 @@ TEST_CASE("boards are this version's, unlinked by their owner, and orphans are r
   CHECK_THAT(std::string(wrong.status().message()), Contains("is not a signal board"));
   shm_unlink(other.c_str());
 
-  // A board left by a process that is gone (SIGKILLed agents cannot unlink theirs).
+  // A board left by a process that is gone (SIGKILLed agents cannot unlink theirs): its
+  // lock went with it. The check does not depend on process ids, which another PID
+  // namespace (a container, a sandbox) sharing /dev/shm would not see.
+  const std::string orphan = TestBoardName("orphan");
   const pid_t child = fork();
-  if (child == 0) _exit(0);
+  if (child == 0) {
+    auto left = SignalBoard::Create(orphan);
+    _exit(left.ok() ? 0 : 1);  // without the destructor: the board stays
+  }
   REQUIRE(child > 0);
-  waitpid(child, nullptr, 0);
-  const std::string orphan = SignalBoard::NameFor(absl::StrCat(child, "-1"));
-  auto left = SignalBoard::Create(orphan);
-  REQUIRE(left.ok());
+  int exit_status = -1;
+  waitpid(child, &exit_status, 0);
+  REQUIRE(exit_status == 0);
+  REQUIRE(SignalBoard::Open(orphan).ok());
   auto alive = SignalBoard::Create(TestBoardName("alive"));
   REQUIRE(alive.ok());
   CHECK(SignalBoard::RemoveOrphans() >= 1);
   CHECK(absl::IsUnavailable(SignalBoard::Open(orphan).status()));
-  CHECK(SignalBoard::Open((*alive)->name()).ok());  // this process's board stays
+  CHECK(SignalBoard::Open((*alive)->name()).ok());  // held by this process: it stays
 }
 
 // Ranks 0-2 share a host (boards), rank 3 is elsewhere (the mailbox loopback).
@@ -176,8 +184,8 @@ TEST_CASE("ranks agree over boards and the other transport together") {
     std::vector<std::thread> threads;
     for (int r = 0; r < World::kRanks; ++r) {
       threads.emplace_back([&, r] {
-        results[r] = world.transports[r]->Agree(sync, world.SetupOf(r), r != not_ready,
-                                                absl::Now() + absl::Seconds(10));
+        results[r] =
+            world.transports[r]->Agree(sync, world.SetupOf(r), r != not_ready, absl::Now() + absl::Seconds(10));
       });
     }
     for (std::thread& t : threads) t.join();
@@ -212,9 +220,8 @@ TEST_CASE("a wait on a board ends at an abort with its reason, and the next sync
   const SendOp late{0, &one, 1};
   REQUIRE(world.transports[1]->RunRound("stuck", -2, absl::MakeConstSpan(&late, 1), {}, Soon()).ok());
   world.transports[0]->Reset();
-  std::thread next([&] {
-    REQUIRE(world.transports[1]->RunRound("next", -2, absl::MakeConstSpan(&late, 1), {}, Soon()).ok());
-  });
+  std::thread next(
+      [&] { REQUIRE(world.transports[1]->RunRound("next", -2, absl::MakeConstSpan(&late, 1), {}, Soon()).ok()); });
   const RecvOp receive{1, &byte, 1};
   CHECK(world.transports[0]->RunRound("next", -2, {}, absl::MakeConstSpan(&receive, 1), Soon()).ok());
   next.join();
