@@ -58,7 +58,7 @@ void WakeAll(std::atomic<uint32_t>& word) {
 
 }  // namespace
 
-struct alignas(64) SignalBoard::Ring {
+struct SignalBoard::Ring {
   std::atomic<uint32_t> written;  // by the sender
   std::atomic<uint32_t> taken;    // by the board's owner
   Message messages[kRingDepth];
@@ -104,11 +104,14 @@ absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Create(const std::stri
   if (fd < 0) return absl::UnavailableError(absl::StrCat("creating signal board ", name, ": ", strerror(errno)));
   // Held until this process ends: waits out another agent's orphan check of this name.
   void* base = MAP_FAILED;
-  if (flock(fd, LOCK_EX) == 0 && ftruncate(fd, kBoardBytes) == 0) {
+  // Allocated now, not at a peer's first write: a full /dev/shm fails here, not with a
+  // SIGBUS in the peer.
+  int error = flock(fd, LOCK_EX) == 0 ? posix_fallocate(fd, 0, kBoardBytes) : errno;
+  if (error == 0) {
     base = mmap(nullptr, kBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) error = errno;
   }
   if (base == MAP_FAILED) {
-    const int error = errno;
     shm_unlink(name.c_str());
     close(fd);
     return absl::UnavailableError(absl::StrCat("sizing signal board ", name, ": ", strerror(error)));
@@ -157,25 +160,27 @@ SignalBoard::Ring& SignalBoard::RingOf(int32_t from) const {
 }
 
 absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline,
-                               const std::function<bool()>& aborted) {
+                               const std::function<bool()>& aborted, const std::function<void()>& meanwhile) {
   if (from < 0 || from >= kBoardRanks) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", from, " is beyond a signal board's ", kBoardRanks));
   }
   Ring& ring = RingOf(from);
   const uint32_t written = ring.written.load(std::memory_order_relaxed);  // only this sender writes it
+  // This sender's untaken messages of other syncs are of syncs it has left: void them
+  // before waiting for room, which their reader then makes by dropping them.
+  for (uint32_t i = ring.taken.load(std::memory_order_acquire); i != written; ++i) {
+    Message& old = ring.messages[i % kRingDepth];
+    uint64_t sync = old.sync.load(std::memory_order_relaxed);
+    if (sync != key.sync) old.sync.compare_exchange_strong(sync, 0, std::memory_order_relaxed);
+  }
   for (uint32_t taken = ring.taken.load(std::memory_order_acquire); written - taken >= kRingDepth;
        taken = ring.taken.load(std::memory_order_acquire)) {
     if (aborted()) return absl::AbortedError("aborted while the receiver's ring was full");
     if (absl::Now() >= deadline) {
       return absl::UnavailableError(absl::StrCat("its ring on board ", name_, " stayed full until the deadline"));
     }
+    meanwhile();
     WaitWhile(ring.taken, taken, deadline);
-  }
-  // This sender's untaken messages of other syncs are of syncs it has left.
-  for (uint32_t i = ring.taken.load(std::memory_order_acquire); i != written; ++i) {
-    Message& old = ring.messages[i % kRingDepth];
-    uint64_t sync = old.sync.load(std::memory_order_relaxed);
-    if (sync != key.sync) old.sync.compare_exchange_strong(sync, 0, std::memory_order_relaxed);
   }
   Message& message = ring.messages[written % kRingDepth];
   message.round.store(key.round, std::memory_order_relaxed);
@@ -184,6 +189,20 @@ absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl:
   ring.written.store(written + 1, std::memory_order_release);
   WakeAll(ring.written);
   return absl::OkStatus();
+}
+
+int SignalBoard::DropVoid(int32_t from) {
+  if (from < 0 || from >= kBoardRanks) return 0;
+  Ring& ring = RingOf(from);
+  uint32_t taken = ring.taken.load(std::memory_order_relaxed);  // only this owner writes it
+  int dropped = 0;
+  while (taken != ring.written.load(std::memory_order_acquire) &&
+         ring.messages[taken % kRingDepth].sync.load(std::memory_order_relaxed) == 0) {
+    ring.taken.store(++taken, std::memory_order_release);
+    ++dropped;
+  }
+  if (dropped > 0) WakeAll(ring.taken);
+  return dropped;
 }
 
 absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Time deadline,
@@ -230,7 +249,7 @@ absl::Status BoardTransport::Setup(const PeerSetup& setup, absl::Time deadline) 
         absl::StatusOr<std::unique_ptr<SignalBoard>> opened = SignalBoard::Open(name);
         if (!opened.ok()) {
           opened_.erase(name);
-          return absl::UnavailableError(absl::StrCat("rank ", peer, ": ", opened.status().message()));
+          return absl::Status(opened.status().code(), absl::StrCat("rank ", peer, ": ", opened.status().message()));
         }
         board = *std::move(opened);
       }
@@ -259,9 +278,11 @@ absl::Status BoardTransport::RunRound(absl::string_view sync_id, int32_t round, 
   std::vector<const RecvOp*> board_receives;
   std::vector<SendOp> other_sends;
   std::vector<RecvOp> other_receives;
+  std::vector<int32_t> board_peers;
   {
     absl::MutexLock lock(&mu_);
     if (aborted_sync_ == key.sync) return absl::AbortedError(aborted_reason_);
+    for (const auto& [peer, board] : peers_) board_peers.push_back(peer);
     for (const SendOp& send : sends) {
       const auto board = peers_.find(send.peer);
       if (board == peers_.end()) {
@@ -283,22 +304,28 @@ absl::Status BoardTransport::RunRound(absl::string_view sync_id, int32_t round, 
                       : absl::InvalidArgumentError(
                             absl::StrCat("a signal board carries one byte, not ", bytes, " (rank ", peer, ")"));
   };
+  for (const auto& [board, send] : board_sends) SHARDSYNC_RETURN_IF_ERROR(one_byte(send->peer, send->bytes));
+  for (const RecvOp* receive : board_receives) SHARDSYNC_RETURN_IF_ERROR(one_byte(receive->peer, receive->bytes));
   // An abort gives its reason, as the other transports do.
   const auto failed = [this](const absl::Status& status, const std::string& what) {
     absl::MutexLock lock(&mu_);
     if (absl::IsAborted(status)) return absl::AbortedError(aborted_reason_);
     return absl::Status(status.code(), absl::StrCat(what, status.message()));
   };
+  // The peers' void messages leave this board's rings, now and while a peer's ring is
+  // full: two agents each waiting for room on the other's board make it for each other.
+  const std::function<void()> drop_void = [this, &board_peers] {
+    for (int32_t peer : board_peers) own_.DropVoid(peer);
+  };
+  drop_void();
   for (const auto& [board, send] : board_sends) {
-    SHARDSYNC_RETURN_IF_ERROR(one_byte(send->peer, send->bytes));
-    const absl::Status posted = board->Post(rank_, key, *send->data, deadline, aborted);
+    const absl::Status posted = board->Post(rank_, key, *send->data, deadline, aborted, drop_void);
     if (!posted.ok()) return failed(posted, absl::StrCat("signalling rank ", send->peer, ": "));
   }
   if (!other_sends.empty() || !other_receives.empty()) {
     SHARDSYNC_RETURN_IF_ERROR(others_.RunRound(sync_id, round, other_sends, other_receives, deadline));
   }
   for (const RecvOp* receive : board_receives) {
-    SHARDSYNC_RETURN_IF_ERROR(one_byte(receive->peer, receive->bytes));
     const absl::StatusOr<uint8_t> value = own_.Take(receive->peer, key, deadline, aborted);
     if (!value.ok()) return failed(value.status(), "");
     *receive->data = *value;

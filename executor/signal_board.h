@@ -27,8 +27,8 @@
 
 namespace shardsync::executor {
 
-inline constexpr int32_t kBoardRanks = 16384;  // senders one board takes (ranks 0..kBoardRanks-1)
-inline constexpr uint32_t kRingDepth = 8;      // messages one sender may have waiting
+inline constexpr int32_t kBoardRanks = 8192;  // senders one board takes: ranks 0..kBoardRanks-1
+inline constexpr uint32_t kRingDepth = 8;     // messages one sender may have waiting
 
 // What a message belongs to. A sync's key is a stable 64-bit hash of its id, never 0
 // (the mark of a void message).
@@ -57,10 +57,14 @@ class SignalBoard {
   const std::string& name() const { return name_; }
 
   // Appends a message to the ring of sender `from`, first voiding the ring's untaken
-  // messages of other syncs. Waits while the ring is full; fails with UNAVAILABLE at
-  // `deadline` and ABORTED once `aborted` returns true (checked every millisecond).
+  // messages of other syncs. Waits while the ring is full, running `meanwhile` between
+  // waits; fails with UNAVAILABLE at `deadline` and ABORTED once `aborted` returns true
+  // (checked every millisecond).
   absl::Status Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline,
-                    const std::function<bool()>& aborted);
+                    const std::function<bool()>& aborted, const std::function<void()>& meanwhile);
+  // On this agent's own board: drops the void messages at the head of `from`'s ring,
+  // making room for its sender. Returns how many.
+  int DropVoid(int32_t from);
   // Takes the next message of `from` for `key` and returns its value, dropping void
   // messages before it. A message of another sync stays (the sender has moved on; its
   // sync is next here), and this waits for the deadline or the abort as above. A

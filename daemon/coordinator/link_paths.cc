@@ -66,6 +66,7 @@ absl::StatusOr<LinkPaths> ChooseLinkPaths(const std::vector<v1::JoinRequest>& jo
 
 std::map<int32_t, std::string> SignalBoardsFor(int32_t rank, const std::vector<v1::JoinRequest>& joins) {
   std::map<int32_t, std::string> boards;
+  if (joins[rank].signal_board().empty()) return boards;  // it reads none: it hears over its channel
   for (int32_t peer = 0; peer < static_cast<int32_t>(joins.size()); ++peer) {
     const v1::JoinRequest& join = joins[peer];
     if (peer != rank && !join.address().empty() && !join.signal_board().empty() && join.host() == joins[rank].host()) {

@@ -40,7 +40,8 @@ absl::StatusOr<LinkPaths> ChooseLinkPaths(const std::vector<v1::JoinRequest>& jo
 
 // The signal boards (JoinRequest.signal_board) of the other agents on the host of
 // `rank`, by rank: its host messages to them go through the boards. `joins` by rank;
-// a rank that has not joined (no address) has none.
+// a rank that has not joined (no address) has none, and a rank without a board of its
+// own gets none (its peers reach it over its channel, so it reaches them so too).
 std::map<int32_t, std::string> SignalBoardsFor(int32_t rank, const std::vector<v1::JoinRequest>& joins);
 
 }  // namespace shardsync::coordinator

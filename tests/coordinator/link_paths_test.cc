@@ -72,6 +72,7 @@ TEST_CASE("agents send host messages through the signal boards of their own host
   CHECK(SignalBoardsFor(0, joins) == std::map<int32_t, std::string>{{1, "/board-1"}});
   CHECK(SignalBoardsFor(1, joins) == std::map<int32_t, std::string>{{0, "/board-0"}});
   CHECK(SignalBoardsFor(2, joins).empty());  // alone on host g
+  CHECK(SignalBoardsFor(3, joins).empty());  // no board of its own: both ways over its channel
   joins[1].clear_address();                  // not joined
   CHECK(SignalBoardsFor(0, joins).empty());
 }
