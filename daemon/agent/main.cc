@@ -17,6 +17,7 @@
 #include "daemon/agent/grpc_transport.h"
 #include "daemon/agent/local_agent_link.h"
 #include "daemon/agent/services.h"
+#include "daemon/coordinator/coordinator_flags.h"
 #include "daemon/coordinator/services.h"
 #include "executor/cuda_device.h"
 #include "executor/cuda_memory.h"
