@@ -70,15 +70,17 @@ def python_syncs(coordinator, syncs):
         ranks = response.ranks
         one_calls.append(response.one_call)  # no Prepare fan-out
         # Where the time went: the coordinator's whole sync, its Prepare and Execute
-        # fan-outs, the slowest agent's Execute call and its engine, and the slowest
-        # agent's checks, agreement and wait for the direct path's completion.
+        # fan-outs, the slowest agent's Execute call and its engine, the slowest
+        # agent's checks, agreement and wait for the direct path's completion, and the
+        # most a coordinator's call to an agent took beyond that agent's Execute.
         phases.append({"coordinator": response.seconds, "prepare": response.prepare_seconds,
                        "execute": response.execute_seconds,
                        "agent_execute": max(r.execute_seconds for r in response.ranks),
                        "agent_engine": max(r.seconds for r in response.ranks),
                        "agent_checks": max(r.check_seconds for r in response.ranks),
                        "agent_agree": max(r.agree_seconds for r in response.ranks),
-                       "agent_direct_wait": max(r.direct_wait_seconds for r in response.ranks)})
+                       "agent_direct_wait": max(r.direct_wait_seconds for r in response.ranks),
+                       "call_overhead": max(r.call_seconds - r.execute_seconds for r in response.ranks)})
     return times, phases, one_calls, ranks
 
 

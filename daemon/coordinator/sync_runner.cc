@@ -427,10 +427,14 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
     execute.set_verify(verify);
     if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, joins);
     // The agent's own waits end at the timeout; this leaves it room to say so.
+    const absl::Time called = absl::Now();
     absl::StatusOr<v1::ExecuteResponse> answer =
-        links.at(rank)->Execute(execute, absl::Now() + timeout + options_.rpc_deadline);
+        links.at(rank)->Execute(execute, called + timeout + options_.rpc_deadline);
     results[rank] = answer.status();
-    if (answer.ok()) responses[rank] = *std::move(answer);
+    if (answer.ok()) {
+      answer->mutable_stats()->set_call_seconds(absl::ToDoubleSeconds(absl::Now() - called));
+      responses[rank] = *std::move(answer);
+    }
     if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));
   });
   std::vector<std::string> failures;
