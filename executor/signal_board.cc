@@ -155,15 +155,18 @@ SignalBoard::~SignalBoard() {
   }
 }
 
+absl::Status SignalBoard::CheckSender(int32_t from) {
+  if (from >= 0 && from < kBoardRanks) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("rank ", from, " is beyond a signal board's ", kBoardRanks));
+}
+
 SignalBoard::Ring& SignalBoard::RingOf(int32_t from) const {
   return reinterpret_cast<Ring*>(static_cast<uint8_t*>(base_) + sizeof(Header))[from];
 }
 
 absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline,
                                const std::function<bool()>& aborted, const std::function<void()>& meanwhile) {
-  if (from < 0 || from >= kBoardRanks) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", from, " is beyond a signal board's ", kBoardRanks));
-  }
+  SHARDSYNC_RETURN_IF_ERROR(CheckSender(from));
   Ring& ring = RingOf(from);
   const uint32_t written = ring.written.load(std::memory_order_relaxed);  // only this sender writes it
   // This sender's untaken messages of other syncs are of syncs it has left: void them
@@ -192,7 +195,7 @@ absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl:
 }
 
 int SignalBoard::DropVoid(int32_t from) {
-  if (from < 0 || from >= kBoardRanks) return 0;
+  if (!CheckSender(from).ok()) return 0;
   Ring& ring = RingOf(from);
   uint32_t taken = ring.taken.load(std::memory_order_relaxed);  // only this owner writes it
   int dropped = 0;
@@ -207,28 +210,28 @@ int SignalBoard::DropVoid(int32_t from) {
 
 absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Time deadline,
                                           const std::function<bool()>& aborted) {
-  if (from < 0 || from >= kBoardRanks) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", from, " is beyond a signal board's ", kBoardRanks));
-  }
+  SHARDSYNC_RETURN_IF_ERROR(CheckSender(from));
   Ring& ring = RingOf(from);
-  uint32_t taken = ring.taken.load(std::memory_order_relaxed);  // only this owner writes it
   while (true) {
+    DropVoid(from);
+    const uint32_t taken = ring.taken.load(std::memory_order_relaxed);  // only this owner writes it
     const uint32_t written = ring.written.load(std::memory_order_acquire);
     if (written != taken) {
       const Message& message = ring.messages[taken % kRingDepth];
       const uint64_t sync = message.sync.load(std::memory_order_relaxed);
       const int32_t round = message.round.load(std::memory_order_relaxed);
       const uint8_t value = static_cast<uint8_t>(message.value.load(std::memory_order_relaxed));
-      if (sync == 0 || (sync == key.sync && round == key.round)) {
-        ring.taken.store(++taken, std::memory_order_release);
+      if (sync == key.sync && round == key.round) {
+        ring.taken.store(taken + 1, std::memory_order_release);
         WakeAll(ring.taken);
-        if (sync != 0) return value;
-        continue;  // void: the sender left that sync
+        return value;
       }
       if (sync == key.sync) {
         return absl::InternalError(
             absl::StrCat("rank ", from, " sent round ", round, " of this sync where round ", key.round, " was due"));
       }
+      // Void since DropVoid looked (its sender moved on meanwhile): drop it next time.
+      if (sync == 0) continue;
     }
     if (aborted()) return absl::AbortedError("aborted");
     if (absl::Now() >= deadline) {

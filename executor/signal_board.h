@@ -75,6 +75,7 @@ class SignalBoard {
 
  private:
   SignalBoard(std::string name, void* base, int owner_fd) : name_(std::move(name)), base_(base), owner_fd_(owner_fd) {}
+  static absl::Status CheckSender(int32_t from);  // a rank with a ring on the board
   Ring& RingOf(int32_t from) const;
 
   std::string name_;
