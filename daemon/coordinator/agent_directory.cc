@@ -172,6 +172,13 @@ std::map<int32_t, std::shared_ptr<AgentLink>> AgentDirectory::Links() const {
   return links;
 }
 
+std::map<int32_t, std::string> AgentDirectory::Addresses() const {
+  absl::MutexLock lock(&mu_);
+  std::map<int32_t, std::string> addresses;
+  for (const auto& [rank, entry] : agents_) addresses[rank] = entry.join.address();
+  return addresses;
+}
+
 std::vector<v1::JoinRequest> AgentDirectory::Joins() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::JoinRequest> joins(world_size_);

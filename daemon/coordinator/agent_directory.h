@@ -52,7 +52,8 @@ class AgentDirectory {
   std::map<int32_t, std::shared_ptr<AgentLink>> Links() const;
   // Every rank's JoinRequest (empty for a rank that has not joined), by rank.
   std::vector<v1::JoinRequest> Joins() const;
-  std::vector<int32_t> MissingRanks() const;  // not joined
+  std::map<int32_t, std::string> Addresses() const;  // of the ranks joined
+  std::vector<int32_t> MissingRanks() const;         // not joined
   // Every agent agrees on its device (JoinRequest.fast_agreement).
   bool AllAgreeFast() const;
   // The ranks that published a target tensor, ascending.

@@ -36,6 +36,7 @@ absl::StatusOr<LinkPaths> ChooseLinkPaths(const std::vector<v1::JoinRequest>& jo
   const int32_t world = static_cast<int32_t>(joins.size());
   paths.world_size = world;
   paths.direct.assign(static_cast<size_t>(world) * world, false);
+  for (int32_t rank = 0; rank < world; ++rank) paths.signal_boards.push_back(SignalBoardsFor(rank, joins));
   for (int32_t a = 0; a < world; ++a) {
     for (int32_t b = a + 1; b < world; ++b) {
       const bool can = CanMap(joins[a], joins[b]);

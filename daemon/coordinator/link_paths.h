@@ -25,6 +25,7 @@ struct LinkPaths {
   std::vector<bool> direct;         // [from * world_size + to], symmetric
   bool needs_communicator = false;  // some pair of CUDA agents is staged: NCCL joins every rank
   bool any_direct = false;          // some pair links directly
+  std::vector<std::map<int32_t, std::string>> signal_boards;  // by rank: SignalBoardsFor
   bool Direct(int32_t from, int32_t to) const { return direct[from * world_size + to]; }
   std::vector<int32_t> DirectPeers(int32_t rank) const;  // ascending
   v1::LinkPath Path(int32_t from, int32_t to) const { return Direct(from, to) ? v1::DIRECT : v1::STAGED; }

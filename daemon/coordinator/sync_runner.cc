@@ -332,7 +332,7 @@ absl::Status SyncRunner::RenewCommunicator() {
 
 v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
                                                  absl::Duration execute_deadline,
-                                                 const std::vector<v1::JoinRequest>& joins) {
+                                                 const std::map<int32_t, std::string>& addresses) {
   v1::PrepareRequest request = with_schedule ? *plan_->compiled.requests[rank] : v1::PrepareRequest();
   request.set_schedule_cached(!with_schedule);
   request.set_sync_id(sync_id);
@@ -345,11 +345,10 @@ v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, bool with_schedul
   for (int32_t peer : paths_.DirectPeers(rank)) request.add_direct_peers(peer);
   request.set_agree_in_execute(paths_.any_direct);
   // Every rank, not only those it sends to: Execute's agreement reaches all of them.
-  for (int32_t peer = 0; peer < static_cast<int32_t>(joins.size()); ++peer) {
-    const std::string& address = joins[peer].address();
-    if (peer != rank && !address.empty()) (*request.mutable_peer_addresses())[peer] = address;
+  for (const auto& [peer, address] : addresses) {
+    if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
   }
-  for (const auto& [peer, board] : SignalBoardsFor(rank, joins)) (*request.mutable_peer_signal_boards())[peer] = board;
+  request.mutable_peer_signal_boards()->insert(paths_.signal_boards[rank].begin(), paths_.signal_boards[rank].end());
   return request;
 }
 
@@ -357,14 +356,14 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
   if (auto status = RenewCommunicator(); !status.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
   }
-  const std::vector<v1::JoinRequest> joins = directory_.Joins();
+  const std::map<int32_t, std::string> addresses = directory_.Addresses();
   const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
   const int32_t world = options_.epoch.world_size;
   std::vector<std::string> refusals(world);
   phase_pool_.Run([&](int32_t rank) {
     const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->compiled.digest;
     for (bool send_schedule : {!cached, true}) {
-      const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, joins);
+      const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
       const absl::StatusOr<v1::PrepareResponse> response =
           links.at(rank)->Prepare(request, absl::Now() + options_.rpc_deadline);
       if (!response.ok()) {
@@ -403,7 +402,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
                                                                         absl::Duration timeout, bool verify,
                                                                         bool one_call) {
   const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
-  const std::vector<v1::JoinRequest> joins = directory_.Joins();
+  const std::map<int32_t, std::string> addresses = directory_.Addresses();
   const int32_t world = options_.epoch.world_size;
   std::vector<absl::Status> results(world);
   std::vector<v1::ExecuteResponse> responses(world);
@@ -425,7 +424,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
     execute.set_sync_id(sync_id);
     execute.set_digest(plan_->compiled.digest);
     execute.set_verify(verify);
-    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, joins);
+    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
     // The agent's own waits end at the timeout; this leaves it room to say so.
     const absl::Time called = absl::Now();
     absl::StatusOr<v1::ExecuteResponse> answer =

@@ -70,7 +70,7 @@ class SyncRunner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Rank `rank`'s Prepare: everything but the schedule unless `with_schedule`.
   v1::PrepareRequest PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
-                                       absl::Duration execute_deadline, const std::vector<v1::JoinRequest>& joins)
+                                       absl::Duration execute_deadline, const std::map<int32_t, std::string>& addresses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // A fresh communicator id from rank 0 when the last one may be broken (an empty one
   // when no link needs NCCL).

@@ -71,9 +71,13 @@ TEST_CASE("agents send host messages through the signal boards of their own host
   joins[3].clear_signal_board();  // an agent without a board: its channel
   CHECK(SignalBoardsFor(0, joins) == std::map<int32_t, std::string>{{1, "/board-1"}});
   CHECK(SignalBoardsFor(1, joins) == std::map<int32_t, std::string>{{0, "/board-0"}});
-  CHECK(SignalBoardsFor(2, joins).empty());  // alone on host g
-  CHECK(SignalBoardsFor(3, joins).empty());  // no board of its own: both ways over its channel
-  joins[1].clear_address();                  // not joined
+  CHECK(SignalBoardsFor(2, joins).empty());                // alone on host g
+  CHECK(SignalBoardsFor(3, joins).empty());                // no board of its own: both ways over its channel
+  auto paths = ChooseLinkPaths(joins, DirectMode::kAuto);  // kept with the paths, once per membership
+  REQUIRE(paths.ok());
+  CHECK(paths->signal_boards[0] == SignalBoardsFor(0, joins));
+  CHECK(paths->signal_boards[3].empty());
+  joins[1].clear_address();  // not joined
   CHECK(SignalBoardsFor(0, joins).empty());
 }
 
