@@ -13,7 +13,7 @@ void CountSegment(const Plan& plan, const Segment& s, std::vector<RankStats>& ra
   const int64_t bytes = SegmentBytes(s);
   RankStats& from = ranks[s.src.rank];
   ++from.segments;
-  if (s.stage > 0) from.relayed_bytes += bytes;
+  if (IsRelayStage(s.stage)) from.relayed_bytes += bytes;
   if (s.src.rank == s.dst.rank) {
     from.local_bytes += bytes;
     return;
@@ -36,6 +36,7 @@ std::vector<std::vector<RankStats>> StageBytes(const Plan& plan) {
   for (const FillOp& f : plan.fills) {
     stages[0][f.fill.holder.rank].fill_bytes += NumElements(f.fill.shape) * ElementBytes(f.dtype);
   }
+  for (const QuantizeOp& q : plan.quantizes) stages[q.stage][q.target.rank].quantized_bytes += q.rows * q.cols;
   return stages;
 }
 
@@ -55,12 +56,13 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
       total.network_sent_bytes += part.network_sent_bytes;
       total.network_received_bytes += part.network_received_bytes;
       total.relayed_bytes += part.relayed_bytes;
+      total.quantized_bytes += part.quantized_bytes;
     }
   }
   for (const Segment& s : plan.segments) {
     const int64_t bytes = SegmentBytes(s);
     ++stats.segments;
-    if (s.stage > 0) stats.total_relayed_bytes += bytes;
+    if (IsRelayStage(s.stage)) stats.total_relayed_bytes += bytes;
     if (s.src.rank == s.dst.rank) {
       stats.total_local_bytes += bytes;
       continue;
@@ -100,8 +102,9 @@ std::vector<double> StageFloorSeconds(const std::vector<std::vector<RankStats>>&
                           bw.link_bytes_per_s;
       const int64_t network_bytes = std::max(r.network_sent_bytes, r.network_received_bytes);
       const double network = network_bytes > 0 ? network_bytes / bw.network_bytes_per_s : 0;
-      // A copy reads and writes each byte; a fill only writes.
-      const double memory = (2.0 * r.local_bytes + r.fill_bytes) / bw.memory_bytes_per_s;
+      // A copy reads and writes each byte; a fill only writes; quantizing reads two
+      // bytes of scratch and writes one per element.
+      const double memory = (2.0 * r.local_bytes + r.fill_bytes + 3.0 * r.quantized_bytes) / bw.memory_bytes_per_s;
       slowest = std::max({slowest, link, network, memory});
     }
     floors.push_back(slowest);

@@ -21,7 +21,8 @@ struct RankStats {
   int32_t rounds = 0;
   int64_t network_sent_bytes = 0;      // of sent_bytes: to ranks of other nodes
   int64_t network_received_bytes = 0;  // of received_bytes: from ranks of other nodes
-  int64_t relayed_bytes = 0;           // of sent + local: forwarded from this rank's targets (stage 1)
+  int64_t relayed_bytes = 0;           // of sent + local: forwarded from this rank's targets (relay stages)
+  int64_t quantized_bytes = 0;         // float8 written by quantizing this rank's scratch (one per element)
 };
 
 // Measured or assumed speeds, bytes per second.
@@ -37,7 +38,7 @@ struct PlanStats {
   std::map<std::pair<int32_t, int32_t>, int64_t> link_bytes;  // (from, to) -> bytes
   int64_t total_sent_bytes = 0;
   int64_t total_network_bytes = 0;  // of total_sent_bytes: between nodes
-  int64_t total_relayed_bytes = 0;  // sent or copied in the relay stage
+  int64_t total_relayed_bytes = 0;  // sent or copied in relay stages
   int64_t total_local_bytes = 0;
   int64_t segments = 0;
   int64_t chunks = 0;
@@ -54,7 +55,7 @@ std::vector<std::vector<RankStats>> StageBytes(const Plan& plan);
 // The floor: within a stage every rank's sends, receives and local copies overlap, and
 // so do its link to its node and its share of the network, so a rank needs the largest
 // of sent / link, received / link, network sent / network, network received / network
-// and (2 * local + fill) / memory seconds (bytes to other nodes count on the network,
+// and (2 * local + fill + 3 * quantized) / memory seconds (bytes to other nodes count on the network,
 // not the link); a stage needs its slowest rank's time, and the stages follow each other.
 double CostFloorSeconds(const PlanStats& stats, const Bandwidths& bandwidths);
 double CostFloorSeconds(const std::vector<std::vector<RankStats>>& stages, const Bandwidths& bandwidths);

@@ -79,6 +79,17 @@ std::string PlanDigest(const Plan& plan, int64_t staging_bytes) {
     d.AddAll(f.fill.shape, f.fill.shape.size());
     d.AddAll(f.fill.strides, f.fill.strides.size());
   }
+  for (const Buffer& b : plan.scratch) {
+    for (int64_t v : {int64_t{b.holder.rank}, int64_t{b.holder.buffer}, b.bytes}) d.Add(v);
+  }
+  for (const QuantizeOp& q : plan.quantizes) {
+    for (int64_t v :
+         {int64_t{q.tensor}, int64_t{q.stage}, int64_t{q.scratch.rank}, int64_t{q.scratch.buffer}, q.scratch_base,
+          int64_t{q.target.rank}, int64_t{q.target.buffer}, q.target_base, q.target_row_stride, int64_t{q.scale.rank},
+          int64_t{q.scale.buffer}, q.scale_base, q.scale_row_stride, q.rows, q.cols}) {
+      d.Add(v);
+    }
+  }
   return d.Hex();
 }
 

@@ -251,13 +251,20 @@ absl::StatusOr<std::vector<TensorLayouts>> MatchTensors(const std::vector<Tensor
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': shape mismatch, source ",
                                                      IndexToString(s.shape), ", target ", IndexToString(t.shape)));
     }
-    out.push_back(TensorLayouts{t.name, t.shape, s.dtype, t.dtype, s.layout, t.layout});
+    out.push_back(TensorLayouts{t.name, t.shape, s.dtype, t.dtype, s.layout, t.layout, t.scales});
   }
   return out;
 }
 
-absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options) {
-  SHARDSYNC_RETURN_IF_ERROR(ValidatePlanInput(input));
+namespace {
+
+// MakePlan on validated input. `first_stage` gives each tensor's first stage (see
+// Segment), `quantized` the tensors that are never relayed; both empty: every tensor
+// starts in stage 0 and may be relayed.
+absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t>& first_stage,
+                                const std::vector<bool>& quantized, const ReplicaPolicy& policy,
+                                const PlanOptions& options) {
+  const auto first_stage_of = [&](size_t tensor) -> int8_t { return first_stage.empty() ? 0 : first_stage[tensor]; };
   Plan plan;
   plan.node_of_rank = input.node_of_rank;
   for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
@@ -282,7 +289,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     const SourceIndex index = IndexSources(t);
     covers.StartTensor(t);
     std::optional<ReplicaGroups> groups;
-    if (options.relay && many_nodes) groups.emplace(t, input.node_of_rank);
+    if (options.relay && many_nodes && (quantized.empty() || !quantized[ti])) groups.emplace(t, input.node_of_rank);
     for (size_t pi = 0; pi < t.target.placements.size(); ++pi) {
       const Placement& target = t.target.placements[pi];
       if (IsEmpty(target.box)) continue;
@@ -317,8 +324,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
       const auto flush = [&] {
         if (open_from == nullptr) return;
         const DType from_dtype = open_stage == 0 ? t.source_dtype : t.target_dtype;
-        const Segment made =
-            MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype, open_box, open_stage);
+        const Segment made = MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype,
+                                         open_box, static_cast<int8_t>(first_stage_of(ti) + open_stage));
         plan.stages = std::max(plan.stages, made.stage + 1);
         if (plan.segments.size() <= made_from || !TryMergeRuns(plan.segments.back(), made))
           plan.segments.push_back(made);
@@ -393,7 +400,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
     const size_t pick = policy.Choose(target.holder.rank, ranks, sent);
     if (ranks[pick] != target.holder.rank) sent[ranks[pick]] += Volume(p.box) * ElementBytes(t.target_dtype);
     plan.segments[p.segment] = MakeSegment(p.tensor, t.source.placements[pool[p.sources_begin + pick]], t.source_dtype,
-                                           target, t.target_dtype, p.box, 0);
+                                           target, t.target_dtype, p.box, first_stage_of(p.tensor));
   }
 
   // Contiguous runs that continue each other become one segment: forced ones as they
@@ -415,6 +422,22 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& polic
       if (NumElements(f.shape) > 0) plan.fills.push_back(FillOp{static_cast<int32_t>(ti), f, t.target_dtype});
     }
   }
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options) {
+  SHARDSYNC_RETURN_IF_ERROR(ValidatePlanInput(input));
+  const bool quantizes = std::any_of(input.tensors.begin(), input.tensors.end(),
+                                     [](const TensorLayouts& t) { return !t.target_scales.empty(); });
+  if (!quantizes) return PlanStages(input, {}, {}, policy, options);
+  SHARDSYNC_ASSIGN_OR_RETURN(ScratchLayout scratch, PlaceScratch(input, options.scratch_bytes));
+  SHARDSYNC_ASSIGN_OR_RETURN(Plan plan,
+                             PlanStages(scratch.input, scratch.first_stage, scratch.quantized, policy, options));
+  for (const QuantizeOp& q : scratch.quantizes) plan.stages = std::max<int32_t>(plan.stages, q.stage + 1);
+  plan.scratch = std::move(scratch.scratch);
+  plan.quantizes = std::move(scratch.quantizes);
   return plan;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "planner/block_vector.h"
+#include "planner/quantize.h"
 #include "planner/types.h"
 
 namespace shardsync::planner {
@@ -29,9 +30,11 @@ inline constexpr int64_t kMaxSegmentAxis = std::numeric_limits<SegmentAxis>::max
 // (SegmentAxis), which keeps a segment at 88 bytes; ValidatePlanInput refuses tensors
 // whose axes or strides do not fit.
 //
-// Stage 0 reads sources. Stage 1 is the relay: it reads a target placement that stage
-// 0 wrote (`src` is a target buffer, src_dtype the target dtype) and writes another
-// target of the same node, so each element crosses the network once per node.
+// Even stages read sources: stage 0 every tensor but the block-quantized ones, stage
+// 2g quantization group g (planner/quantize.h). Odd stage 2g+1 is the relay of stage
+// 2g: it reads a target placement that stage 2g wrote (`src` is a target buffer,
+// src_dtype the target dtype) and writes another target of the same node, so each
+// element crosses the network once per node.
 struct Segment {
   Holder src;
   Holder dst;
@@ -41,7 +44,7 @@ struct Segment {
   DType src_dtype = DType::kBFloat16;
   DType dst_dtype = DType::kBFloat16;
   int8_t axes = 0;   // entries used in the arrays below, >= 1
-  int8_t stage = 0;  // 0: from a source; 1: relayed from a target stage 0 wrote
+  int8_t stage = 0;  // even: from a source; odd: relayed from a target (see above)
   std::array<SegmentAxis, kMaxAxes> shape{};
   std::array<SegmentAxis, kMaxAxes> src_strides{};
   std::array<SegmentAxis, kMaxAxes> dst_strides{};
@@ -68,12 +71,18 @@ struct Plan {
   std::vector<FillOp> fills;
   std::vector<std::string> tensor_names;
   int32_t num_ranks = 0;              // one past the highest rank of any buffer
-  int32_t stages = 1;                 // 2 when some segment is relayed
+  int32_t stages = 1;                 // one past the highest stage of any segment
   std::vector<int32_t> node_of_rank;  // as planned (PlanInput::node_of_rank)
+  // Block-quantized targets: each rank's scratch buffer (in no PlanInput) and what it
+  // quantizes at the end of each stage, by stage.
+  std::vector<Buffer> scratch;
+  std::vector<QuantizeOp> quantizes;
 };
 
 // Stage s+1 of a rank runs after its stage s (see Segment).
-inline constexpr int kMaxStages = 2;
+inline constexpr int kMaxStages = 2 * kMaxQuantizeGroups;
+// Whether stage `stage` relays targets an earlier stage wrote (see Segment).
+inline bool IsRelayStage(int stage) { return stage % 2 == 1; }
 
 // Chooses the source of a piece that several holders have. Changes only cost, never
 // the bits written.
@@ -99,6 +108,7 @@ struct TensorSide {
   Index shape;
   DType dtype = DType::kBFloat16;
   Layout layout;
+  std::vector<BlockScales> scales = {};  // a target's: see TensorLayouts::target_scales
 };
 
 // Pairs every target tensor with its source by name. Refuses a target without a
@@ -118,12 +128,15 @@ struct PlanOptions {
   // the fewest bytes from other nodes so far), and the others copy it from the relay's
   // target in stage 1. Off, every target reads its own pieces from a source.
   bool relay = false;
+  // Block-quantized targets: the bfloat16 scratch each rank may hold at once.
+  int64_t scratch_bytes = kDefaultScratchBytes;
 };
 
 // Plans the whole batch at once. Fails before anything is planned on bad input, with
 // the tensor, rank and box named. A piece that a holder on the target's own node has
 // is read there (by the policy, among those holders): the network carries only what
-// the node lacks.
+// the node lacks. Block-quantized targets are planned as bfloat16 into scratch, in
+// groups within options.scratch_bytes (planner/quantize.h).
 absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options = {});
 
 }  // namespace shardsync::planner

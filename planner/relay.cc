@@ -1,5 +1,7 @@
 #include "planner/relay.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -13,13 +15,18 @@ absl::StatusOr<RelayMode> ParseRelayMode(absl::string_view name) {
 }
 
 absl::StatusOr<Plan> MakePlanWithRelay(const PlanInput& input, const ReplicaPolicy& policy, RelayMode mode,
-                                       const Bandwidths& bandwidths, std::pair<double, double>* floors) {
-  if (mode != RelayMode::kAuto) return MakePlan(input, policy, PlanOptions{mode == RelayMode::kAlways});
+                                       const Bandwidths& bandwidths, std::pair<double, double>* floors,
+                                       int64_t scratch_bytes) {
+  if (mode != RelayMode::kAuto) return MakePlan(input, policy, PlanOptions{mode == RelayMode::kAlways, scratch_bytes});
   // With nothing to relay the relayed plan is the direct one: plan a second time only
   // when the relay changed something.
-  absl::StatusOr<Plan> relayed = MakePlan(input, policy, PlanOptions{true});
-  if (!relayed.ok() || relayed->stages == 1) return relayed;
-  SHARDSYNC_ASSIGN_OR_RETURN(Plan direct, MakePlan(input, policy, PlanOptions{false}));
+  absl::StatusOr<Plan> relayed = MakePlan(input, policy, PlanOptions{true, scratch_bytes});
+  if (!relayed.ok()) return relayed;
+  if (std::none_of(relayed->segments.begin(), relayed->segments.end(),
+                   [](const Segment& s) { return IsRelayStage(s.stage); })) {
+    return relayed;
+  }
+  SHARDSYNC_ASSIGN_OR_RETURN(Plan direct, MakePlan(input, policy, PlanOptions{false, scratch_bytes}));
   const double direct_floor = CostFloorSeconds(StageBytes(direct), bandwidths);
   const double relayed_floor = CostFloorSeconds(StageBytes(*relayed), bandwidths);
   if (floors != nullptr) *floors = {direct_floor, relayed_floor};

@@ -19,8 +19,10 @@ absl::StatusOr<RelayMode> ParseRelayMode(absl::string_view name);
 // Plans the batch as `mode` says. kAuto plans with the relay and, if that relays
 // anything, without it too, and keeps the plan whose floor at `bandwidths` is lower
 // (without the relay on a tie: one stage fewer); `floors`, if given, gets both (without,
-// with) when both were planned, and stays as it was otherwise.
+// with) when both were planned, and stays as it was otherwise. `scratch_bytes`: as
+// PlanOptions::scratch_bytes.
 absl::StatusOr<Plan> MakePlanWithRelay(const PlanInput& input, const ReplicaPolicy& policy, RelayMode mode,
-                                       const Bandwidths& bandwidths, std::pair<double, double>* floors = nullptr);
+                                       const Bandwidths& bandwidths, std::pair<double, double>* floors = nullptr,
+                                       int64_t scratch_bytes = kDefaultScratchBytes);
 
 }  // namespace shardsync::planner

@@ -83,6 +83,13 @@ absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t sta
             absl::StrCat("a local copy of stage ", plan.segments[index].stage, " is listed in stage ", k));
       }
     }
+    for (int32_t index : stage.quantizes) {
+      const QuantizeOp& q = plan.quantizes[index];
+      if (q.stage != static_cast<int8_t>(k) || q.target.rank != schedule.rank) {
+        return absl::InvalidArgumentError(absl::StrCat("a quantize of stage ", q.stage, " on rank ", q.target.rank,
+                                                       " is listed in stage ", k, " of rank ", schedule.rank));
+      }
+    }
     for (const auto* streams : {&stage.sends, &stage.receives}) {
       for (const PeerStream& stream : *streams) {
         if (static_cast<int64_t>(stream.chunks.size()) > stage.rounds) {
@@ -204,6 +211,11 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
     }
     first_round += most_rounds;
   }
+  for (size_t i = 0; i < plan.quantizes.size(); ++i) {
+    const QuantizeOp& q = plan.quantizes[i];
+    schedules[q.target.rank].stages[q.stage].quantizes.push_back(static_cast<int32_t>(i));
+  }
+  for (Schedule& schedule : schedules) schedule.scratch_handoff = !plan.quantizes.empty();
   return schedules;
 }
 

@@ -66,6 +66,9 @@ struct Stage {
   // of earlier stages, on the rank that has the most), so both ends of a chunk name it
   // alike.
   int32_t first_round = 0;
+  // Block-quantized targets of this rank whose bytes this stage brings: indices into
+  // Plan::quantizes, quantized at the end of the stage.
+  std::vector<int32_t> quantizes;
 };
 
 struct Schedule {
@@ -73,6 +76,10 @@ struct Schedule {
   std::vector<int32_t> fills;  // indices into Plan::fills on this rank, with stage 0
   std::vector<Stage> stages;   // Plan::stages of them, some maybe empty
   int32_t rounds() const;      // of every stage
+  // Set on every rank when the plan quantizes: scratch is reused from stage to stage,
+  // so a rank writing a peer's memory directly in a stage after the first waits until
+  // that peer says its earlier quantizes are done (RoundEngine).
+  bool scratch_handoff = false;
 };
 
 // Schedules of every rank in one pass over the plan. `staging_bytes` is the budget per
@@ -82,7 +89,8 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
 
 // What an executor checks of a schedule it was sent: every chunk's bytes are its parts'
 // (none empty) and fit one slot of `staging_bytes`; no stream has more chunks than its
-// stage has rounds; every segment of a stage is of that stage.
+// stage has rounds; every segment and quantize of a stage is of that stage (and the
+// quantizes of this rank).
 absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t staging_bytes);
 
 }  // namespace shardsync::planner

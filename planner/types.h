@@ -75,6 +75,15 @@ struct Layout {
   std::vector<Fill> fills;  // targets only
 };
 
+// The float32 scales of one block-quantized target placement (planner/quantize.h):
+// the scale of block (i, j) of the placement's rows x cols is at
+// base + i * row_stride + j of `holder`, on the placement's rank.
+struct BlockScales {
+  Holder holder;
+  int64_t base = 0;
+  int64_t row_stride = 0;
+};
+
 // One tensor to move: its logical shape, the dtype on each side, and both layouts.
 struct TensorLayouts {
   std::string name;
@@ -83,6 +92,9 @@ struct TensorLayouts {
   DType target_dtype = DType::kBFloat16;
   Layout source;
   Layout target;
+  // A FLOAT8_E4M3 target quantized in 128 x 128 blocks: the scales of every target
+  // placement, in the same order. Empty for every other target.
+  std::vector<BlockScales> target_scales = {};
 };
 
 // A whole batch: every buffer the layouts name, and every tensor.

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "planner/box.h"
 #include "planner/plan.h"
+#include "planner/quantize.h"
 
 namespace shardsync::planner {
 namespace {
@@ -159,6 +160,52 @@ absl::Status CheckPlacements(const PlanInput& input, const TensorLayouts& t, con
   return absl::OkStatus();
 }
 
+// A block-quantized target (planner/quantize.h): two axes, columns contiguous, no
+// fills, and per placement its scales on its rank, inside their buffer.
+absl::Status CheckQuantized(const PlanInput& input, const TensorLayouts& t, const BufferTable& buffers,
+                            SpanSink& spans) {
+  if (t.target_scales.empty()) return absl::OkStatus();
+  if (t.target_dtype != DType::kFloat8E4M3) {
+    return Invalid(t, absl::StrCat("block scales are given for a ", DTypeName(t.target_dtype),
+                                   " target; only float8_e4m3 targets are block-quantized"));
+  }
+  if (t.shape.size() != 2) return Invalid(t, "a block-quantized target has two axes");
+  if (!t.target.fills.empty()) return Invalid(t, "a block-quantized target cannot hold zero fills");
+  if (t.target_scales.size() != t.target.placements.size()) {
+    return Invalid(t, absl::StrCat(t.target.placements.size(), " target placements but ", t.target_scales.size(),
+                                   " sets of block scales"));
+  }
+  for (size_t i = 0; i < t.target_scales.size(); ++i) {
+    const Placement& p = t.target.placements[i];
+    const BlockScales& scales = t.target_scales[i];
+    const Index extent = Extent(p.box);
+    if (extent[1] > 1 && p.strides[1] != 1) {
+      return Invalid(t, absl::StrCat("the quantized target in ", BufferLabel(input, p.holder), " has column stride ",
+                                     p.strides[1], "; its columns must be contiguous"));
+    }
+    if (scales.holder.rank != p.holder.rank) {
+      return Invalid(
+          t, absl::StrCat("the scales of the target on rank ", p.holder.rank, " are on rank ", scales.holder.rank));
+    }
+    const Index blocks{ScaleBlocks(extent[0]), ScaleBlocks(extent[1])};
+    if (scales.row_stride < blocks[1]) {
+      return Invalid(t, absl::StrCat("the scales in ", BufferLabel(input, scales.holder), " have row stride ",
+                                     scales.row_stride, " for ", blocks[1], " blocks per row"));
+    }
+    SHARDSYNC_RETURN_IF_ERROR(CheckFits(input, t, "block scales", scales.holder, scales.base, blocks,
+                                        Index{scales.row_stride, 1}, DType::kFloat32, buffers, spans));
+  }
+  return absl::OkStatus();
+}
+
+// Same dtypes, float32 -> bfloat16, or bfloat16 or float32 into a block-quantized target.
+bool CanMove(const TensorLayouts& t) {
+  if (!t.target_scales.empty()) {
+    return t.source_dtype == DType::kBFloat16 || t.source_dtype == DType::kFloat32;
+  }
+  return CanConvert(t.source_dtype, t.target_dtype);
+}
+
 }  // namespace
 
 absl::Status ValidateShape(absl::string_view tensor, const Index& shape) {
@@ -207,6 +254,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   const auto check_spans = [&](const TensorLayouts& t, SpanSink& spans) {
     SHARDSYNC_RETURN_IF_ERROR(CheckPlacements(input, t, t.source, "source", t.source_dtype, buffers, spans));
     SHARDSYNC_RETURN_IF_ERROR(CheckPlacements(input, t, t.target, "target", t.target_dtype, buffers, spans));
+    SHARDSYNC_RETURN_IF_ERROR(CheckQuantized(input, t, buffers, spans));
     if (!t.source.fills.empty()) return Invalid(t, "a source layout cannot hold zero fills");
     for (const Fill& f : t.target.fills) {
       if (f.shape.size() > static_cast<size_t>(kMaxAxes)) return Invalid(t, "a fill has too many axes");
@@ -228,9 +276,11 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
     if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
     if (!names.insert(t.name).second) return Invalid(t, "named twice in one batch");
     SHARDSYNC_RETURN_IF_ERROR(ValidateShape(t.name, t.shape));
-    if (!CanConvert(t.source_dtype, t.target_dtype)) {
-      return Invalid(t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ",
-                                     DTypeName(t.target_dtype), " (only equal dtypes or float32 -> bfloat16)"));
+    if (!CanMove(t)) {
+      return Invalid(
+          t, absl::StrCat("dtype mismatch: source ", DTypeName(t.source_dtype), ", target ", DTypeName(t.target_dtype),
+                          " (only equal dtypes, float32 -> bfloat16, or bfloat16 or float32 into "
+                          "float8_e4m3 with block scales)"));
     }
     SHARDSYNC_RETURN_IF_ERROR(check_spans(t, spans));
   }
