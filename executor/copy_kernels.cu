@@ -1,3 +1,5 @@
+#include <cuda_fp8.h>
+
 #include "executor/copy_kernels.h"
 
 namespace shardsync::executor {
@@ -165,7 +167,72 @@ __global__ void HashKernel(const uint8_t* data, const HashPiece* pieces, uint64_
   }
 }
 
+constexpr int kQuantizeThreads = 256;
+constexpr int kQuantizeBlock = 128;  // planner::kScaleBlock
+constexpr int kQuantizeElementsPerThread = kQuantizeBlock * kQuantizeBlock / kQuantizeThreads;
+
+// One 128 x 128 block of one placement: its amax, its scale, its float8 elements (the
+// rule of executor/block_quantize.h, with IEEE float32 division).
+__global__ void QuantizeKernel(const QuantizeDescriptor* descriptors, int32_t count) {
+  int32_t lo = 0, hi = count - 1;  // the descriptor whose blocks hold blockIdx.x
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (descriptors[mid].first_block <= static_cast<int64_t>(blockIdx.x)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const QuantizeDescriptor d = descriptors[lo];
+  const int64_t block = blockIdx.x - d.first_block;
+  const int64_t blocks_per_row = (d.cols + kQuantizeBlock - 1) / kQuantizeBlock;
+  const int64_t row0 = block / blocks_per_row * kQuantizeBlock;
+  const int64_t col0 = block % blocks_per_row * kQuantizeBlock;
+  const uint16_t* scratch = reinterpret_cast<const uint16_t*>(d.scratch);
+  float values[kQuantizeElementsPerThread];
+  float amax = 0;
+#pragma unroll
+  for (int k = 0; k < kQuantizeElementsPerThread; ++k) {
+    const int i = threadIdx.x + k * kQuantizeThreads;
+    const int64_t row = row0 + i / kQuantizeBlock, col = col0 + i % kQuantizeBlock;
+    values[k] = 0;
+    if (row < d.rows && col < d.cols) {
+      values[k] = __uint_as_float(static_cast<uint32_t>(scratch[row * d.cols + col]) << 16);
+      amax = fmaxf(amax, fabsf(values[k]));
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_down_sync(0xffffffffu, amax, offset));
+  __shared__ float warp_amax[kQuantizeThreads / 32];
+  __shared__ float block_scale;
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float most = 0;
+    for (int w = 0; w < kQuantizeThreads / 32; ++w) most = fmaxf(most, warp_amax[w]);
+    block_scale = most > 0 ? __fdiv_rn(most, 448.0f) : 1.0f;
+    reinterpret_cast<float*>(d.scale)[row0 / kQuantizeBlock * d.scale_row_stride + col0 / kQuantizeBlock] = block_scale;
+  }
+  __syncthreads();
+  const float scale = block_scale;
+#pragma unroll
+  for (int k = 0; k < kQuantizeElementsPerThread; ++k) {
+    const int i = threadIdx.x + k * kQuantizeThreads;
+    const int64_t row = row0 + i / kQuantizeBlock, col = col0 + i % kQuantizeBlock;
+    if (row < d.rows && col < d.cols) {
+      d.target[row * d.target_row_stride + col] =
+          static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(values[k], scale), __NV_SATFINITE, __NV_E4M3));
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchQuantizes(const QuantizeDescriptor* descriptors, int32_t count, int64_t total_blocks,
+                            cudaStream_t stream) {
+  if (count == 0 || total_blocks == 0) return cudaSuccess;
+  QuantizeKernel<<<static_cast<unsigned>(total_blocks), kQuantizeThreads, 0, stream>>>(descriptors, count);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchHashes(const uint8_t* data, const HashPiece* pieces, int32_t count, uint64_t* sums,
                          cudaStream_t stream) {

@@ -41,6 +41,25 @@ inline constexpr int64_t kElementsPerBlock = 32768;
 cudaError_t LaunchCopies(const CopyDescriptor* descriptors, const int64_t* first_block, int32_t count,
                          int64_t total_blocks, cudaStream_t stream);
 
+// One block-quantized target placement (planner/quantize.h): `rows` x `cols` bfloat16
+// elements row-major at `scratch` into float8_e4m3 at `target` (row stride
+// target_row_stride) and float32 scales at `scale` (row stride scale_row_stride).
+struct QuantizeDescriptor {
+  const uint8_t* scratch;
+  uint8_t* target;
+  uint8_t* scale;
+  int64_t rows;
+  int64_t cols;
+  int64_t target_row_stride;
+  int64_t scale_row_stride;
+  int64_t first_block;  // of the launch's blocks, the first of this placement
+};
+
+// One thread block per 128 x 128 block of every placement, `total_blocks` in all;
+// `descriptors` (by ascending first_block) are in device memory.
+cudaError_t LaunchQuantizes(const QuantizeDescriptor* descriptors, int32_t count, int64_t total_blocks,
+                            cudaStream_t stream);
+
 // sums[i] = the sum of WordHash over piece i of `data` (one block a piece). `pieces` and
 // `sums` are in device memory.
 cudaError_t LaunchHashes(const uint8_t* data, const HashPiece* pieces, int32_t count, uint64_t* sums,

@@ -126,6 +126,7 @@ CudaDevice::~CudaDevice() {
   for (Batch* batch : {&pack_batch_, &unpack_batch_, &local_batch_, &direct_batch_}) cudaFree(batch->device);
   cudaFree(hash_pieces_);
   cudaFree(hash_sums_);
+  cudaFree(quantize_device_);
   for (const SlotEvents& slot : slots_) {
     for (cudaEvent_t event : {slot.packed, slot.transferred, slot.unpacked}) cudaEventDestroy(event);
   }
@@ -283,6 +284,36 @@ absl::Status CudaDevice::FinishDirect() {
   return absl::OkStatus();
 }
 
+absl::Status CudaDevice::Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
+                                  const BufferTable& buffers) {
+  quantize_descriptors_.clear();
+  int64_t blocks = 0;
+  for (int32_t index : quantizes) {
+    const planner::QuantizeOp& q = plan.quantizes[index];
+    quantize_descriptors_.push_back(QuantizeDescriptor{
+        buffers[q.scratch.buffer] + q.scratch_base * planner::ElementBytes(planner::DType::kBFloat16),
+        buffers[q.target.buffer] + q.target_base, buffers[q.scale.buffer] + q.scale_base * sizeof(float), q.rows,
+        q.cols, q.target_row_stride, q.scale_row_stride, blocks});
+    blocks += planner::ScaleBlocks(q.rows) * planner::ScaleBlocks(q.cols);
+  }
+  if (blocks == 0) return absl::OkStatus();
+  SHARDSYNC_RETURN_IF_ERROR(Fence());  // after this stage's copies and receives, on every stream
+  if (quantize_descriptors_.size() > quantize_capacity_) {
+    // The local stream may still read the old descriptors: wait before freeing them.
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.local));
+    if (quantize_device_ != nullptr) SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaFree(quantize_device_));
+    quantize_device_ = nullptr;
+    quantize_capacity_ = 2 * quantize_descriptors_.size();
+    SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&quantize_device_, quantize_capacity_ * sizeof(QuantizeDescriptor)));
+  }
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(quantize_device_, quantize_descriptors_.data(),
+                                                 quantize_descriptors_.size() * sizeof(QuantizeDescriptor),
+                                                 cudaMemcpyHostToDevice, streams_.local));
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(
+      LaunchQuantizes(quantize_device_, static_cast<int32_t>(quantize_descriptors_.size()), blocks, streams_.local));
+  return absl::OkStatus();
+}
+
 absl::Status CudaDevice::Fence() {
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
   const std::array<cudaStream_t, 5> streams = streams_.all();
@@ -346,6 +377,7 @@ absl::Status CudaDevice::QueueHashes(const uint8_t* data, absl::Span<const HashP
     }
     if (pieces.size() > hash_sums_capacity_) {
       cudaFree(hash_sums_);
+      cudaFree(quantize_device_);
       hash_sums_ = nullptr;
       hash_sums_capacity_ = std::max<size_t>(pieces.size(), 1 << 16);
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&hash_sums_, hash_sums_capacity_ * sizeof(uint64_t)));

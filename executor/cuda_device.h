@@ -52,6 +52,8 @@ class CudaDevice final : public Device {
   absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
                           const BufferTable& buffers) override;
   absl::Status FinishDirect() override;
+  absl::Status Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
+                        const BufferTable& buffers) override;
   absl::Status Fence() override;
   absl::Status Synchronize() override;
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
@@ -109,6 +111,10 @@ class CudaDevice final : public Device {
   size_t hash_queued_ = 0;
   std::vector<uint64_t> hash_collected_;
   std::map<std::tuple<int32_t, bool, int>, std::pair<uint8_t*, int64_t>> staging_;
+  // Quantize: the last launch's descriptors, on the local stream.
+  std::vector<QuantizeDescriptor> quantize_descriptors_;
+  QuantizeDescriptor* quantize_device_ = nullptr;
+  size_t quantize_capacity_ = 0;  // descriptors
 };
 
 }  // namespace shardsync::executor

@@ -67,6 +67,11 @@ class Device {
   virtual absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
                                   const BufferTable& buffers) = 0;
   virtual absl::Status FinishDirect() = 0;
+  // Quantizes `quantizes` (indices into plan.quantizes) from their scratch into their
+  // targets and scales (planner/quantize.h), after everything queued so far on every
+  // stream; work queued after the next Fence waits for it.
+  virtual absl::Status Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
+                                const BufferTable& buffers) = 0;
   // Everything queued after this waits for everything queued before it, on every
   // stream: the next stage of a sync reads targets this one wrote.
   virtual absl::Status Fence() = 0;
@@ -105,7 +110,9 @@ class HostDevice final : public Device {
   absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
                           const BufferTable& buffers) override;
   absl::Status FinishDirect() override { return absl::OkStatus(); }  // copied on return
-  absl::Status Fence() override { return absl::OkStatus(); }         // every copy is done on return
+  absl::Status Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
+                        const BufferTable& buffers) override;
+  absl::Status Fence() override { return absl::OkStatus(); }  // every copy is done on return
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "absl/time/clock.h"
+#include "executor/block_quantize.h"
 #include "executor/device.h"
 #include "executor/host_copy.h"
 
@@ -55,6 +56,15 @@ absl::Status HostDevice::CopyLocal(const planner::Plan& plan, absl::Span<const i
   CopySegments(plan, segments, buffers);
   for (int32_t index : fills) FillHost(plan.fills[index], buffers[plan.fills[index].fill.holder.buffer]);
   local_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
+                                  const BufferTable& buffers) {
+  for (int32_t index : quantizes) {
+    const planner::QuantizeOp& q = plan.quantizes[index];
+    QuantizeHost(q, buffers[q.scratch.buffer], buffers[q.target.buffer], buffers[q.scale.buffer]);
+  }
   return absl::OkStatus();
 }
 

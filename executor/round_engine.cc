@@ -53,6 +53,25 @@ absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const
   return stats;
 }
 
+absl::Status RoundEngine::HandOffScratch(absl::string_view sync_id, int32_t stage_number, const planner::Stage& stage,
+                                         absl::Time deadline, const DirectLinks& direct) {
+  uint8_t free_byte = 1;
+  std::vector<SendOp> to_writers;
+  std::vector<RecvOp> from_readers;
+  for (const planner::PeerStream& stream : stage.receives) {
+    if (direct.Has(stream.peer)) to_writers.push_back(SendOp{stream.peer, &free_byte, 1});
+  }
+  for (const planner::PeerStream& stream : stage.sends) {
+    if (direct.Has(stream.peer)) from_readers.push_back(RecvOp{stream.peer, nullptr, 1});
+  }
+  if (to_writers.empty() && from_readers.empty()) return absl::OkStatus();
+  std::vector<uint8_t> received(from_readers.size(), 0);
+  for (size_t i = 0; i < from_readers.size(); ++i) from_readers[i].data = &received[i];
+  // This rank's earlier quantizes have read its scratch before a peer may write it.
+  if (!to_writers.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.Synchronize());
+  return direct.signals->RunRound(sync_id, ScratchFreeRound(stage_number), to_writers, from_readers, deadline);
+}
+
 absl::StatusOr<ExecutionStats> RoundEngine::RunStages(absl::string_view sync_id, const planner::Plan& plan,
                                                       const planner::Schedule& schedule, const BufferTable& buffers,
                                                       int64_t staging_bytes, absl::Time deadline,
@@ -124,6 +143,9 @@ absl::StatusOr<ExecutionStats> RoundEngine::RunStages(absl::string_view sync_id,
     }
     done_received.assign(done_receives.size(), 0);
     for (size_t i = 0; i < done_receives.size(); ++i) done_receives[i].data = &done_received[i];
+    if (k > 0 && schedule.scratch_handoff) {
+      SHARDSYNC_RETURN_IF_ERROR(HandOffScratch(sync_id, static_cast<int32_t>(k), stage, deadline, direct));
+    }
     if (!direct_segments.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.CopyDirect(plan, direct_segments, buffers));
     for (int32_t round = 0; round < stage.rounds; ++round) {
       const int32_t number = stage.first_round + round;  // the transport's, the same at both ends
@@ -194,6 +216,13 @@ absl::StatusOr<ExecutionStats> RoundEngine::RunStages(absl::string_view sync_id,
         stats.direct_received_bytes += stream.bytes;
       }
       progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
+    }
+    // The stage's bytes are all here: quantize what they complete.
+    if (!stage.quantizes.empty()) {
+      SHARDSYNC_RETURN_IF_ERROR(device_.Quantize(plan, stage.quantizes, buffers));
+      for (int32_t index : stage.quantizes) {
+        stats.quantized_bytes += plan.quantizes[index].rows * plan.quantizes[index].cols;
+      }
     }
   }
   SHARDSYNC_RETURN_IF_ERROR(transport_.Finish(deadline));

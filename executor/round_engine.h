@@ -8,6 +8,8 @@
 // to back on their side moved without staging. Streams with a direct peer take no
 // part in the rounds: the sender copies them into the peer's mapped targets itself
 // (Device::CopyDirect) and, at the end of each stage, tells the receiver they are done.
+// At the end of each stage a rank quantizes the block-quantized targets whose bfloat16
+// bytes that stage brought into its scratch (planner/quantize.h).
 #pragma once
 
 #include <algorithm>
@@ -36,6 +38,7 @@ struct ExecutionStats {
   int64_t peak_peer_staging_bytes = 0;  // staging of one peer, both directions and slots (<= budget)
   int64_t direct_sent_bytes = 0;        // of sent_bytes, written into peers' targets directly
   int64_t direct_received_bytes = 0;    // of received_bytes, written here by peers directly
+  int64_t quantized_bytes = 0;          // float8 targets quantized from scratch (a byte per element)
   double seconds = 0;
   double local_seconds = 0;        // the local copies and fills alone (beside the rounds on a device)
   double direct_wait_seconds = 0;  // waiting for this rank's direct copies and the peers' completion
@@ -77,6 +80,12 @@ class RoundEngine {
                                            const planner::Schedule& schedule, const BufferTable& buffers,
                                            int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress,
                                            const DirectLinks& direct);
+
+  // Before a stage's direct copies, when scratch is handed off (Schedule): each rank
+  // tells the peers that write it directly that its earlier quantizes are done, and
+  // waits for the same from the peers it writes.
+  absl::Status HandOffScratch(absl::string_view sync_id, int32_t stage_number, const planner::Stage& stage,
+                              absl::Time deadline, const DirectLinks& direct);
 
   Device& device_;
   Transport& transport_;

@@ -41,6 +41,9 @@ struct PeerSetup {
 inline constexpr int32_t kAgreementRound = -1;
 // The round number of the direct path's completion messages of a stage (RoundEngine).
 inline constexpr int32_t DirectDoneRound(int32_t stage) { return -2 - stage; }
+// The round number of the messages that say a rank's scratch is free for a stage's
+// direct writes (RoundEngine), below every DirectDoneRound.
+inline constexpr int32_t ScratchFreeRound(int32_t stage) { return -1000 - stage; }
 
 class Transport {
  public:

@@ -173,8 +173,20 @@ SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index) {
 
 std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
                                                  absl::Span<const planner::Schedule> schedules,
-                                                 const std::vector<std::string>& buffer_names,
+                                                 const std::vector<std::string>& given_names,
                                                  google::protobuf::Arena& arena) {
+  // The scratch buffers of the quantizes are the plan's own (planner/quantize.h).
+  std::vector<std::string> names_with_scratch;
+  const std::vector<std::string>& buffer_names = plan.scratch.empty() ? given_names : names_with_scratch;
+  if (!plan.scratch.empty()) {
+    names_with_scratch = given_names;
+    for (const planner::Buffer& b : plan.scratch) {
+      if (static_cast<int32_t>(names_with_scratch.size()) <= b.holder.buffer) {
+        names_with_scratch.resize(b.holder.buffer + 1);
+      }
+      names_with_scratch[b.holder.buffer] = b.name;
+    }
+  }
   std::vector<int32_t> encoder_of(plan.num_ranks, -1);  // by rank
   std::vector<RequestEncoder> encoders;
   encoders.reserve(schedules.size());
@@ -207,6 +219,28 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
       out->set_rounds(stage.rounds);
       out->set_first_round(stage.first_round);
     }
+    for (size_t k = 0; k < schedule.stages.size(); ++k) {
+      for (int32_t index : schedule.stages[k].quantizes) {
+        const planner::QuantizeOp& q = plan.quantizes[index];
+        v1::QuantizeSpec* out = request.add_quantizes();
+        out->set_tensor(encoder.Tensor(q.tensor));
+        out->set_stage(static_cast<int32_t>(k));
+        out->set_scratch_buffer(encoder.Buffer(q.scratch));
+        out->set_scratch_base(q.scratch_base);
+        out->set_target_buffer(encoder.Buffer(q.target));
+        out->set_target_base(q.target_base);
+        out->set_target_row_stride(q.target_row_stride);
+        out->set_scale_buffer(encoder.Buffer(q.scale));
+        out->set_scale_base(q.scale_base);
+        out->set_scale_row_stride(q.scale_row_stride);
+        out->set_rows(q.rows);
+        out->set_cols(q.cols);
+      }
+    }
+    for (const planner::Buffer& b : plan.scratch) {
+      if (b.holder.rank == schedule.rank) request.set_scratch_bytes(b.bytes);
+    }
+    request.set_scratch_handoff(schedule.scratch_handoff);
     for (int32_t index : schedule.fills) {
       const planner::FillOp& f = plan.fills[index];
       v1::FillSpec* fill = request.add_fills();
@@ -282,7 +316,7 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     if (in.stage >= planner::kMaxStages || in.stage >= request.stages_size()) {
       return Malformed(absl::StrCat("tensor '", tensor, "': stage ", in.stage));
     }
-    if (in.stage > 0 && in.src_dtype != in.dst_dtype) {
+    if (planner::IsRelayStage(in.stage) && in.src_dtype != in.dst_dtype) {
       return Malformed(absl::StrCat("tensor '", tensor, "': a relay converts dtypes"));
     }
     s.tensor = in.tensor;
@@ -360,6 +394,40 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
       }
     }
   }
+  for (const v1::QuantizeSpec& in : request.quantizes()) {
+    if (in.tensor() < 0 || in.tensor() >= tensors) return Malformed("quantize tensor index");
+    const std::string& tensor = request.tensor_names(in.tensor());
+    if (in.stage() < 0 || in.stage() >= request.stages_size()) {
+      return Malformed(absl::StrCat("tensor '", tensor, "': quantize stage ", in.stage()));
+    }
+    if (in.rows() < 1 || in.cols() < 1 || in.rows() > planner::kMaxSegmentAxis ||
+        in.cols() > planner::kMaxSegmentAxis || in.scratch_base() < 0 || in.target_base() < 0 || in.scale_base() < 0 ||
+        in.target_row_stride() < in.cols() || in.scale_row_stride() < planner::ScaleBlocks(in.cols()) ||
+        in.target_row_stride() > planner::kMaxSegmentAxis || in.scale_row_stride() > planner::kMaxSegmentAxis) {
+      return Malformed(absl::StrCat("tensor '", tensor, "': a quantize's extent, base or stride"));
+    }
+    planner::QuantizeOp q;
+    int32_t* ids[] = {&q.scratch.buffer, &q.target.buffer, &q.scale.buffer};
+    const int32_t indices[] = {in.scratch_buffer(), in.target_buffer(), in.scale_buffer()};
+    for (int k = 0; k < 3; ++k) {
+      if (!named(rank, indices[k], ids[k])) return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
+    }
+    q.scratch.rank = q.target.rank = q.scale.rank = rank;
+    q.tensor = in.tensor();
+    q.stage = static_cast<int8_t>(in.stage());
+    q.scratch_base = in.scratch_base();
+    q.target_base = in.target_base();
+    q.target_row_stride = in.target_row_stride();
+    q.scale_base = in.scale_base();
+    q.scale_row_stride = in.scale_row_stride();
+    q.rows = in.rows();
+    q.cols = in.cols();
+    local.schedule.stages[q.stage].quantizes.push_back(static_cast<int32_t>(local.plan.quantizes.size()));
+    local.plan.quantizes.push_back(q);
+  }
+  if (request.scratch_bytes() < 0) return Malformed("scratch bytes");
+  local.scratch_bytes = request.scratch_bytes();
+  local.schedule.scratch_handoff = request.scratch_handoff();
   // Peer buffers take the ids after this rank's.
   const int32_t own = static_cast<int32_t>(local.buffer_names.size());
   for (planner::Segment& s : local.plan.segments) {

@@ -44,7 +44,8 @@ SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index);
 
 // Every schedule's PrepareRequest, made on `arena`, which owns them, in the order of
 // `schedules`: one pass over the plan writes each segment into the tables of its two
-// ranks. `buffer_names[id]` names planner buffer id `id`.
+// ranks. `buffer_names[id]` names planner buffer id `id`; the plan's scratch buffers
+// are named by the plan.
 std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
                                                  absl::Span<const planner::Schedule> schedules,
                                                  const std::vector<std::string>& buffer_names,
@@ -66,6 +67,7 @@ struct LocalSchedule {
   // The other ranks' buffers this rank's sends write, by local id - buffer_names.size()
   // (a send segment's dst.buffer; -1 where the request named none).
   std::vector<PeerBufferName> peer_buffers;
+  int64_t scratch_bytes = 0;  // the scratch buffer this rank holds for the plan's quantizes
   int32_t buffer_count() const { return static_cast<int32_t>(buffer_names.size() + peer_buffers.size()); }
 };
 

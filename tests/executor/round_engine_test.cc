@@ -9,15 +9,18 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/schedule_codec.h"
 #include "executor/buffer_check.h"
 #include "executor/mailbox.h"
+#include "planner/box.h"
 #include "planner/builders.h"
 #include "planner/cost.h"
 #include "planner/model_layout.h"
 #include "planner/schedule.h"
 #include "tests/executor/buffer_table.h"
+#include "tests/executor/reference_quantizer.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/sync_check.h"
 
@@ -179,7 +182,10 @@ std::vector<absl::StatusOr<ExecutionStats>> RunEveryRankDirect(const planner::Pl
   for (const auto& [holder, bytes] : buffers) ids = std::max(ids, holder.buffer + 1);
   std::vector<std::string> names;
   for (int32_t id = 0; id < ids; ++id) names.push_back(absl::StrCat("buffer-", id));
-  const auto id_of = [](const std::string& name) { return std::stoi(name.substr(7)); };
+  // The plan names its scratch buffers itself (planner/quantize.h).
+  const auto id_of = [&](const std::string& name) {
+    return name == planner::kScratchBufferName ? plan.scratch.front().holder.buffer : std::stoi(name.substr(7));
+  };
   World data(plan.num_ranks), signals(plan.num_ranks);
   std::vector<absl::StatusOr<ExecutionStats>> results(plan.num_ranks, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
@@ -317,6 +323,210 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   CHECK(absl::IsAborted(mailbox.Deliver("s", 9, 0, data, 4, absl::Now() + absl::Seconds(1))));
   // The abort belongs to sync "s": a delivery for the next sync waits for its receive.
   CHECK(absl::IsDeadlineExceeded(mailbox.Deliver("t", 9, 0, data, 4, absl::Now() + absl::Milliseconds(50))));
+}
+
+using planner::DType;
+using planner::Holder;
+using planner::Index;
+
+// Random block-quantized tensors (bfloat16 or float32 sources, ZeRO-3 over every rank,
+// so partitions cut blocks anywhere) into float8 targets split by rows or columns over
+// every rank at random points, with padded row strides; one bfloat16 tensor beside them
+// on every rank. Buffers on each rank: 0 sources, 1 float8 targets, 2 scales, 3 the
+// bfloat16 target.
+struct QuantizedBatch {
+  planner::PlanInput input;
+  std::vector<std::vector<float>> values;  // per tensor, row-major, as sent (bfloat16-exact)
+};
+
+QuantizedBatch RandomQuantizedBatch(std::mt19937_64& rng, int ranks) {
+  QuantizedBatch batch;
+  std::vector<int32_t> all(ranks);
+  for (int r = 0; r < ranks; ++r) all[r] = r;
+  const int tensors = 2 + static_cast<int>(rng() % 3);
+  const std::vector<int64_t> extents{1, 7, 128, 200, 256, 300};
+  std::vector<int64_t> numels, target_bytes(ranks, 0), scale_elements(ranks, 0);
+  const DType source_dtype = rng() % 2 == 0 ? DType::kBFloat16 : DType::kFloat32;
+  for (int t = 0; t < tensors; ++t) {
+    planner::TensorLayouts layouts;
+    layouts.name = absl::StrCat("q", t);
+    const int64_t rows = extents[rng() % extents.size()], cols = extents[rng() % extents.size()];
+    layouts.shape = Index{rows, cols};
+    layouts.source_dtype = source_dtype;
+    layouts.target_dtype = DType::kFloat8E4M3;
+    numels.push_back(rows * cols);
+    const int axis = static_cast<int>(rng() % 2);
+    std::vector<int64_t> cuts{0, layouts.shape[axis]};
+    for (int r = 1; r < ranks; ++r) cuts.push_back(static_cast<int64_t>(rng() % (layouts.shape[axis] + 1)));
+    std::sort(cuts.begin(), cuts.end());
+    for (int r = 0; r < ranks; ++r) {
+      planner::Box box{{0, 0}, {rows, cols}};
+      box.lo[axis] = cuts[r];
+      box.hi[axis] = cuts[r + 1];
+      const int64_t shard_rows = box.hi[0] - box.lo[0], shard_cols = box.hi[1] - box.lo[1];
+      const int64_t row_stride = shard_cols + static_cast<int64_t>(rng() % 3);
+      layouts.target.placements.push_back({box, Holder{r, 1}, target_bytes[r], Index{row_stride, 1}});
+      target_bytes[r] += shard_rows * row_stride;
+      const int64_t scale_stride = planner::ScaleBlocks(shard_cols) + static_cast<int64_t>(rng() % 2);
+      layouts.target_scales.push_back({Holder{r, 2}, scale_elements[r], scale_stride});
+      scale_elements[r] += planner::ScaleBlocks(shard_rows) * scale_stride;
+    }
+    std::vector<float> values(rows * cols);
+    std::uniform_int_distribution<int> exponent(-135, 15);
+    std::uniform_real_distribution<float> unit(-1, 1);
+    const int e = exponent(rng);
+    const bool zero = rng() % 4 == 0;
+    for (float& v : values) {
+      const float x = zero || rng() % 8 == 0 ? 0.0f : std::ldexp(unit(rng), e + static_cast<int>(rng() % 3));
+      v = testing::BFloat16Value(testing::Float32ToBFloat16(absl::bit_cast<uint32_t>(x)));
+    }
+    batch.values.push_back(std::move(values));
+    batch.input.tensors.push_back(std::move(layouts));
+  }
+  const std::vector<int64_t> offsets = planner::Zero3Offsets(numels, ranks);
+  for (int t = 0; t < tensors; ++t) {
+    batch.input.tensors[t].source = planner::Zero3(batch.input.tensors[t].shape, all, 0, offsets[t]);
+  }
+  planner::TensorLayouts plain;
+  plain.name = "plain";
+  plain.shape = Index{100};
+  plain.source_dtype = plain.target_dtype = DType::kBFloat16;
+  plain.source = planner::Replicated(plain.shape, all, 4, std::vector<int64_t>(ranks, 0));
+  plain.target = planner::Replicated(plain.shape, all, 3, std::vector<int64_t>(ranks, 0));
+  batch.input.tensors.push_back(plain);
+  for (int r = 0; r < ranks; ++r) {
+    batch.input.buffers.push_back({Holder{r, 0}, offsets.back() * planner::ElementBytes(source_dtype), "source"});
+    batch.input.buffers.push_back({Holder{r, 1}, target_bytes[r], "float8"});
+    batch.input.buffers.push_back({Holder{r, 2}, 4 * scale_elements[r], "scales"});
+    batch.input.buffers.push_back({Holder{r, 3}, 200, "bfloat16"});
+    batch.input.buffers.push_back({Holder{r, 4}, 200, "plain source"});
+  }
+  return batch;
+}
+
+// Writes each tensor's values into its source placements (as their dtype).
+void WriteSources(const QuantizedBatch& batch, testing::HostBuffers& buffers) {
+  for (size_t t = 0; t + 1 < batch.input.tensors.size(); ++t) {
+    const planner::TensorLayouts& layouts = batch.input.tensors[t];
+    const int64_t element = planner::ElementBytes(layouts.source_dtype);
+    for (const planner::Placement& p : layouts.source.placements) {
+      for (int64_t r = p.box.lo[0]; r < p.box.hi[0]; ++r) {
+        for (int64_t c = p.box.lo[1]; c < p.box.hi[1]; ++c) {
+          const float v = batch.values[t][r * layouts.shape[1] + c];
+          uint8_t* at = buffers.at(p.holder).data() +
+                        (p.base + (r - p.box.lo[0]) * p.strides[0] + (c - p.box.lo[1]) * p.strides[1]) * element;
+          const uint32_t bits = absl::bit_cast<uint32_t>(v);
+          if (element == 4) {
+            std::memcpy(at, &bits, 4);
+          } else {
+            const uint16_t half = static_cast<uint16_t>(bits >> 16);
+            std::memcpy(at, &half, 2);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Every float8 element and scale of every target placement as the oracle quantizes the
+// placement's own 128 x 128 blocks; the first mismatch, described, or empty.
+std::string CheckQuantized(const QuantizedBatch& batch, const testing::HostBuffers& buffers) {
+  for (size_t t = 0; t + 1 < batch.input.tensors.size(); ++t) {
+    const planner::TensorLayouts& layouts = batch.input.tensors[t];
+    for (size_t i = 0; i < layouts.target.placements.size(); ++i) {
+      const planner::Placement& p = layouts.target.placements[i];
+      const planner::BlockScales& scales = layouts.target_scales[i];
+      for (int64_t br = p.box.lo[0]; br < p.box.hi[0]; br += 128) {
+        for (int64_t bc = p.box.lo[1]; bc < p.box.hi[1]; bc += 128) {
+          const int64_t r_end = std::min(p.box.hi[0], br + 128), c_end = std::min(p.box.hi[1], bc + 128);
+          float amax = 0;
+          for (int64_t r = br; r < r_end; ++r) {
+            for (int64_t c = bc; c < c_end; ++c)
+              amax = std::max(amax, std::fabs(batch.values[t][r * layouts.shape[1] + c]));
+          }
+          const float scale = testing::ReferenceBlockScale(amax);
+          float got;
+          std::memcpy(&got,
+                      buffers.at(scales.holder).data() +
+                          4 * (scales.base + (br - p.box.lo[0]) / 128 * scales.row_stride + (bc - p.box.lo[1]) / 128),
+                      4);
+          if (absl::bit_cast<uint32_t>(got) != absl::bit_cast<uint32_t>(scale)) {
+            return absl::StrCat(layouts.name, " on rank ", p.holder.rank, ": scale of block at ", br, ", ", bc, " is ",
+                                got, ", not ", scale);
+          }
+          for (int64_t r = br; r < r_end; ++r) {
+            for (int64_t c = bc; c < c_end; ++c) {
+              const uint8_t expected = testing::NearestFloat8E4M3(batch.values[t][r * layouts.shape[1] + c] / scale);
+              const uint8_t value = buffers.at(p.holder)[p.base + (r - p.box.lo[0]) * p.strides[0] + (c - p.box.lo[1])];
+              if (value != expected) {
+                return absl::StrCat(layouts.name, " on rank ", p.holder.rank, ": element ", r, ", ", c, " is ", value,
+                                    ", not ", expected);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return "";
+}
+
+TEST_CASE("block-quantized targets: every rank's engine quantizes what ZeRO-3 partitions sent, bit for bit") {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  int grouped = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    std::mt19937_64 rng(seed);
+    const int ranks = 2 + static_cast<int>(seed % 3);
+    const QuantizedBatch batch = RandomQuantizedBatch(rng, ranks);
+    // One group, or the least scratch that holds the largest tensor on a rank: a group
+    // for about every tensor.
+    int64_t least = 0;
+    for (const planner::TensorLayouts& t : batch.input.tensors) {
+      std::map<int32_t, int64_t> need;
+      for (const planner::Placement& p : t.target.placements) {
+        need[p.holder.rank] += (planner::NumElements(planner::Extent(p.box)) + 127) / 128 * 128 * 2;
+      }
+      for (const auto& [rank, bytes] : need) least = std::max(least, bytes);
+    }
+    planner::PlanOptions options;
+    options.scratch_bytes = seed % 2 == 0 ? int64_t{1} << 20 : least;
+    auto plan = planner::MakePlan(batch.input, *policy, options);
+    INFO(plan.status().ToString());
+    REQUIRE(plan.ok());
+    grouped += plan->stages > 1;
+    const int64_t budget = std::vector<int64_t>{64, 4096}[seed % 2];
+    auto schedules = planner::MakeSchedules(*plan, budget);
+    REQUIRE(schedules.ok());
+    // Every link direct in a third of the batches, a mix of direct and staged links in the rest.
+    const auto direct = [seed](int32_t a, int32_t b) { return seed % 3 == 0 || (a + b + seed) % 2 == 0; };
+    INFO("seed " << seed << " ranks " << ranks << " stages " << plan->stages);
+    testing::HostBuffers buffers = testing::AllocateBuffers(batch.input);
+    for (auto& [holder, bytes] : buffers) {
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());  // poison
+    }
+    for (const planner::Buffer& b : plan->scratch) buffers[b.holder].assign(b.bytes, 0xff);
+    WriteSources(batch, buffers);
+    std::vector<uint8_t> plain(200);
+    for (uint8_t& b : plain) b = static_cast<uint8_t>(rng());
+    for (int r = 0; r < ranks; ++r) std::memcpy(buffers.at(Holder{r, 4}).data(), plain.data(), 200);
+    std::set<int32_t> every;
+    for (int32_t r = 0; r < ranks; ++r) every.insert(r);
+    const auto results = RunEveryRankDirect(*plan, *schedules, buffers, budget, direct, every);
+    int64_t quantized = 0;
+    for (int32_t r = 0; r < ranks; ++r) {
+      REQUIRE(results[r].ok());
+      quantized += results[r]->quantized_bytes;
+    }
+    int64_t elements = 0;
+    for (size_t t = 0; t + 1 < batch.input.tensors.size(); ++t)
+      elements += static_cast<int64_t>(batch.values[t].size());
+    CHECK(quantized == elements);
+    const std::string error = CheckQuantized(batch, buffers);
+    INFO(error);
+    CHECK(error.empty());
+    for (int r = 0; r < ranks; ++r) CHECK(std::memcmp(buffers.at(Holder{r, 3}).data(), plain.data(), 200) == 0);
+  }
+  CHECK(grouped >= 25);
 }
 
 }  // namespace
