@@ -11,11 +11,11 @@ uint8_t Float32ToFloat8E4M3(float x) {
   std::memcpy(&bits, &x, 4);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
   const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return sign | 0x7f;                     // NaN
-  if (magnitude >= 0x43e00000u) return sign | 0x7e;                    // >= 448: saturate
-  if (magnitude < 0x3c800000u) {                                       // below 2^-6: subnormal
-    const float units = std::nearbyint(std::fabs(x) * 512.0f);         // of 2^-9, exact scaling
-    return sign | static_cast<uint8_t>(units);                         // 8 units is 2^-6, encoded 0x08
+  if (magnitude > 0x7f800000u) return sign | 0x7f;              // NaN
+  if (magnitude >= 0x43e00000u) return sign | 0x7e;             // >= 448: saturate
+  if (magnitude < 0x3c800000u) {                                // below 2^-6: subnormal
+    const float units = std::nearbyint(std::fabs(x) * 512.0f);  // of 2^-9, exact scaling
+    return sign | static_cast<uint8_t>(units);                  // 8 units is 2^-6, encoded 0x08
   }
   // Rebias the exponent (127 -> 7) and round the 23-bit mantissa to 3 bits, ties to even;
   // a carry out of the mantissa moves into the exponent.

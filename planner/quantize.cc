@@ -41,10 +41,10 @@ absl::StatusOr<ScratchLayout> PlaceScratch(const PlanInput& input, int64_t scrat
     bool fits = true;
     for (const auto& [rank, elements] : need) {
       if (elements > budget) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "tensor '", t.name, "': its quantized targets on rank ", rank, " need ",
-            elements * ElementBytes(DType::kBFloat16), " bytes of bfloat16 scratch; the budget is ", scratch_bytes,
-            " bytes per rank"));
+        return absl::ResourceExhaustedError(absl::StrCat("tensor '", t.name, "': its quantized targets on rank ", rank,
+                                                         " need ", elements * ElementBytes(DType::kBFloat16),
+                                                         " bytes of bfloat16 scratch; the budget is ", scratch_bytes,
+                                                         " bytes per rank"));
       }
       fits = fits && used[rank] + elements <= budget;
     }

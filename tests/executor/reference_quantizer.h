@@ -16,8 +16,8 @@ namespace shardsync::testing {
 inline float DecodeFloat8E4M3(uint8_t code) {
   const int exponent = (code >> 3) & 15, mantissa = code & 7;
   if (exponent == 15 && mantissa == 7) return NAN;
-  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
-                                        : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+  const float magnitude =
+      exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9) : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
   return (code & 0x80) ? -magnitude : magnitude;
 }
 

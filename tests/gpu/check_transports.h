@@ -105,6 +105,10 @@ class HeldDevice final : public Device {
     return inner_.CopyDirect(plan, segments, buffers);
   }
   absl::Status FinishDirect() override { return inner_.FinishDirect(); }
+  absl::Status Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
+                        const BufferTable& buffers) override {
+    return inner_.Quantize(plan, quantizes, buffers);
+  }
   absl::Status Fence() override { return inner_.Fence(); }
   absl::Status Synchronize() override { return inner_.Synchronize(); }
   absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override {
