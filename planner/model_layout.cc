@@ -7,6 +7,7 @@
 #include "planner/arena.h"
 #include "planner/box.h"
 #include "planner/builders.h"
+#include "planner/quantize.h"
 
 namespace shardsync::planner {
 namespace {
@@ -119,6 +120,14 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
     if (!by_name.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
     if (t.tied_to.empty()) sourced.push_back(&t);
   }
+  // Float8 targets are vLLM's block-quantized linear layers: 2-D split tensors only.
+  const bool float8 = spec.target_dtype == DType::kFloat8E4M3;
+  const auto quantized = [&](const ModelTensor& t) {
+    return float8 && t.shape.size() == 2 && (t.style == TpStyle::kColumn || t.style == TpStyle::kRow);
+  };
+  const auto target_dtype = [&](const ModelTensor& t) {
+    return quantized(t) ? DType::kFloat8E4M3 : float8 ? t.dtype : spec.target_dtype.value_or(t.dtype);
+  };
   PlanInput input;
   std::map<std::string, size_t> index;  // tensor name -> PlanInput::tensors
   std::vector<int64_t> numels;
@@ -136,8 +145,7 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
     index[t.name] = input.tensors.size();
     Layout source = spec.zero_stage == 3 ? Zero3(t.shape, spec.dp_ranks, spec.source_buffer, offsets[i])
                                          : Zero12(t.shape, spec.dp_ranks, spec.source_buffer, offsets[i]);
-    input.tensors.push_back(
-        TensorLayouts{t.name, t.shape, t.dtype, spec.target_dtype.value_or(t.dtype), std::move(source), Layout{}});
+    input.tensors.push_back(TensorLayouts{t.name, t.shape, t.dtype, target_dtype(t), std::move(source), Layout{}});
   }
   if (!sourced.empty()) {
     for (int32_t rank : spec.dp_ranks) {
@@ -169,21 +177,33 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
     if (it == index.end()) return Bad(t.name, absl::StrCat("is tied to '", name, "', which has no source"));
     return &input.tensors[it->second];
   };
+  ArenaPacker arena(spec.target_buffer);
   auto add = [&](const ModelTensor& t, Layout layout) -> absl::Status {
     SHARDSYNC_ASSIGN_OR_RETURN(auto target, target_of(t));
+    if (quantized(t)) {
+      if (target->target_dtype != DType::kFloat8E4M3) {
+        return Bad(t.name, "a block-quantized target is tied to a tensor that is not");
+      }
+      // Each placement's float32 scales follow it in its rank's arena.
+      for (const Placement& p : layout.placements) {
+        const Index extent = Extent(p.box);
+        const int64_t row_stride = ScaleBlocks(extent[1]);
+        const int64_t base = arena.Reserve(p.holder.rank, ScaleBlocks(extent[0]) * row_stride, DType::kFloat32);
+        target->target_scales.push_back(BlockScales{p.holder, base, row_stride});
+      }
+    }
     Layout& into = target->target;
     into.placements.insert(into.placements.end(), layout.placements.begin(), layout.placements.end());
     into.fills.insert(into.fills.end(), layout.fills.begin(), layout.fills.end());
     return absl::OkStatus();
   };
 
-  ArenaPacker arena(spec.target_buffer);
   for (const std::vector<int32_t>& ranks : spec.replicas) {
     if (ranks.empty()) return absl::InvalidArgumentError("a rollout replica has no ranks");
     ReplicaBuilder replica(ranks, arena);
     for (const ModelTensor& declared : spec.tensors) {
       ModelTensor t = declared;  // as the rollout holds it
-      t.dtype = spec.target_dtype.value_or(t.dtype);
+      t.dtype = target_dtype(declared);
       absl::Status status;
       if (auto q = qkv_of.find(t.name); q != qkv_of.end()) {
         const FusedQkvGroup& g = *q->second;

@@ -10,6 +10,7 @@
 #include "planner/box.h"
 #include "planner/known_models.h"
 #include "planner/model_layout.h"
+#include "planner/quantize.h"
 #include "planner/validate.h"
 
 namespace shardsync::spec {
@@ -158,6 +159,20 @@ absl::StatusOr<planner::TensorSide> ToTensorSide(const v1::TensorLayout& layout,
                                                           f.base() + flat - f.begin(), strides});
     }
   }
+  if (layout.block_scales_size() > 0 && layout.flat_placements_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", side.name, "': block scales need box placements, not flat ones"));
+  }
+  for (int i = 0; i < layout.block_scales_size(); ++i) {
+    const v1::BlockScales& scales = layout.block_scales(i);
+    int64_t row_stride = scales.row_stride();
+    if (row_stride == 0 && i < static_cast<int>(side.layout.placements.size())) {
+      const planner::Box& box = side.layout.placements[i].box;
+      if (box.lo.size() == 2) row_stride = planner::ScaleBlocks(box.hi[1] - box.lo[1]);
+    }
+    side.scales.push_back(
+        planner::BlockScales{planner::Holder{scales.rank(), ids.Id(scales.buffer())}, scales.base(), row_stride});
+  }
   for (const v1::Fill& f : layout.fills()) {
     const planner::Index shape = ToIndex(f.shape());
     side.layout.fills.push_back(
@@ -176,9 +191,19 @@ RankSide RankLayouts(const planner::PlanInput& input, const BufferIds& ids, int3
     out.set_name(t.name);
     for (int64_t v : t.shape) out.add_shape(v);
     out.set_dtype(FromDType(sources ? t.source_dtype : t.target_dtype));
-    for (const planner::Placement& p : layout.placements) {
+    for (size_t i = 0; i < layout.placements.size(); ++i) {
+      const planner::Placement& p = layout.placements[i];
       if (p.holder.rank != rank) continue;
       used[p.holder.buffer] = true;
+      if (!sources && !t.target_scales.empty()) {
+        const planner::BlockScales& scales = t.target_scales[i];
+        used[scales.holder.buffer] = true;
+        v1::BlockScales* out_scales = out.add_block_scales();
+        out_scales->set_rank(rank);
+        out_scales->set_buffer(ids.Name(scales.holder.buffer));
+        out_scales->set_base(scales.base);
+        out_scales->set_row_stride(scales.row_stride);
+      }
       v1::Placement* placement = out.add_placements();
       for (size_t k = 0; k < p.box.lo.size(); ++k) {
         placement->mutable_box()->add_lo(p.box.lo[k]);

@@ -38,10 +38,15 @@ class SharedBuffer:
         self._shm.unlink()
 
 
-def tensor_layout(name, shape, dtype, placements=(), flat_placements=(), fills=()):
+def tensor_layout(name, shape, dtype, placements=(), flat_placements=(), fills=(), block_scales=()):
     """A TensorLayout message: `placements` are (box_lo, box_hi, buffer, base[, strides]),
-    `flat_placements` are (begin, end, buffer, base)."""
+    `flat_placements` are (begin, end, buffer, base). A "float8_e4m3" target quantized in
+    128 x 128 blocks gives `block_scales`: per placement, in order, (buffer, base[,
+    row_stride]) of its float32 scales (row_stride 0 or left out: ceil(columns / 128))."""
     layout = layout_pb2.TensorLayout(name=name, shape=list(shape), dtype=_DTYPE_ENUM[dtype])
+    for scales in block_scales:
+        buffer, base = scales[:2]
+        layout.block_scales.add(buffer=buffer, base=base, row_stride=scales[2] if len(scales) > 2 else 0)
     for placement in placements:
         lo, hi, buffer, base = placement[:4]
         strides = placement[4] if len(placement) > 4 else ()
