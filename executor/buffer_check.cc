@@ -52,6 +52,23 @@ absl::Status CheckRegionsFit(const planner::Plan& plan, int32_t rank, absl::Span
       return Outside(plan.tensor_names[f.tensor], "a fill", f.fill.holder.buffer, buffer_bytes, buffer_names);
     }
   }
+  for (const planner::QuantizeOp& q : plan.quantizes) {
+    if (q.target.rank != rank) continue;
+    const int64_t rows_cols[] = {q.rows, q.cols};
+    const int64_t blocks[] = {planner::ScaleBlocks(q.rows), planner::ScaleBlocks(q.cols)};
+    const int64_t scratch_strides[] = {q.cols, 1}, target_strides[] = {q.target_row_stride, 1},
+                  scale_strides[] = {q.scale_row_stride, 1};
+    const std::string& tensor = plan.tensor_names[q.tensor];
+    if (!Fits(q.scratch_base, rows_cols, scratch_strides, 2, 2, size_of(q.scratch.buffer))) {
+      return Outside(tensor, "a quantize's scratch", q.scratch.buffer, buffer_bytes, buffer_names);
+    }
+    if (!Fits(q.target_base, rows_cols, target_strides, 2, 1, size_of(q.target.buffer))) {
+      return Outside(tensor, "a float8 target", q.target.buffer, buffer_bytes, buffer_names);
+    }
+    if (!Fits(q.scale_base, blocks, scale_strides, 2, 4, size_of(q.scale.buffer))) {
+      return Outside(tensor, "a block scale", q.scale.buffer, buffer_bytes, buffer_names);
+    }
+  }
   return absl::OkStatus();
 }
 

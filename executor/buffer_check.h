@@ -11,7 +11,8 @@
 
 namespace shardsync::executor {
 
-// `buffer_bytes[id]`: the size of buffer `id` on `rank` (ids as the plan's holders
+// Segments, fills and quantizes (scratch, float8 target and scales). `buffer_bytes[id]`:
+// the size of buffer `id` on `rank` (ids as the plan's holders
 // name them on this rank); `buffer_names[id]` names it in a refusal, with the tensor.
 absl::Status CheckRegionsFit(const planner::Plan& plan, int32_t rank, absl::Span<const int64_t> buffer_bytes,
                              absl::Span<const std::string> buffer_names);

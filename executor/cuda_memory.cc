@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "executor/cuda_check.h"
@@ -25,6 +26,24 @@ class CudaIpcBuffer final : public MappedBuffer {
  private:
   int ordinal_;
   void* mapping_;
+  uint8_t* data_;
+  int64_t bytes_;
+};
+
+// Device memory this process allocated (CudaIpcBackend::Allocate).
+class OwnedCudaBuffer final : public MappedBuffer {
+ public:
+  OwnedCudaBuffer(int ordinal, uint8_t* data, int64_t bytes) : ordinal_(ordinal), data_(data), bytes_(bytes) {}
+  ~OwnedCudaBuffer() override {
+    cudaSetDevice(ordinal_);
+    cudaFree(data_);
+  }
+  uint8_t* data() const override { return data_; }
+  int64_t bytes() const override { return bytes_; }
+  bool on_device() const override { return true; }
+
+ private:
+  int ordinal_;
   uint8_t* data_;
   int64_t bytes_;
 };
@@ -57,6 +76,19 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::Open(const MemoryH
 
 absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::OpenPeer(const MemoryHandle& handle, int64_t bytes) {
   return OpenOn(handle, bytes, /*own_device=*/false);
+}
+
+absl::StatusOr<MemoryBackend::Owned> CudaIpcBackend::Allocate(int64_t bytes) {
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+  void* data = nullptr;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&data, static_cast<size_t>(std::max<int64_t>(bytes, 1))));
+  Owned owned;
+  owned.buffer = std::make_unique<OwnedCudaBuffer>(ordinal_, static_cast<uint8_t*>(data), bytes);
+  cudaIpcMemHandle_t ipc;
+  SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&ipc, data));
+  owned.handle.cuda_ipc_handle.assign(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+  owned.handle.device = ordinal_;
+  return owned;
 }
 
 absl::StatusOr<std::unique_ptr<MappedBuffer>> CudaIpcBackend::OpenOn(const MemoryHandle& handle, int64_t bytes,

@@ -19,6 +19,8 @@ class CudaIpcBackend final : public MemoryBackend {
   absl::StatusOr<std::unique_ptr<MappedBuffer>> Open(const MemoryHandle& handle, int64_t bytes) override;
   // Any device of this host: peer access is enabled as the handle is opened.
   absl::StatusOr<std::unique_ptr<MappedBuffer>> OpenPeer(const MemoryHandle& handle, int64_t bytes) override;
+  // cudaMalloc on this device, with its IPC handle; cudaFree when the buffer is destroyed.
+  absl::StatusOr<Owned> Allocate(int64_t bytes) override;
 
  private:
   absl::StatusOr<std::unique_ptr<MappedBuffer>> OpenOn(const MemoryHandle& handle, int64_t bytes, bool own_device);

@@ -1,16 +1,22 @@
 #include "executor/host_shm.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace shardsync::executor {
 namespace {
@@ -55,7 +61,80 @@ class HostShmBuffer final : public MappedBuffer {
   uint32_t owner_;
 };
 
+constexpr char kScratchPrefix[] = "shardsync-scratch-";
+
+// Host memory this process made (HostShmBackend::Allocate): unlinked, then unmapped,
+// when destroyed; its lock goes with the descriptor.
+class OwnedShmBuffer final : public MappedBuffer {
+ public:
+  OwnedShmBuffer(std::string name, int fd, void* mapping, int64_t bytes)
+      : name_(std::move(name)), fd_(fd), mapping_(mapping), bytes_(bytes) {}
+  ~OwnedShmBuffer() override {
+    shm_unlink(name_.c_str());
+    munmap(mapping_, static_cast<size_t>(std::max<int64_t>(bytes_, 1)));
+    close(fd_);
+  }
+  uint8_t* data() const override { return static_cast<uint8_t*>(mapping_); }
+  int64_t bytes() const override { return bytes_; }
+  bool on_device() const override { return false; }
+  std::optional<uint32_t> owner_uid() const override { return geteuid(); }
+
+ private:
+  std::string name_;
+  int fd_;
+  void* mapping_;
+  int64_t bytes_;
+};
+
 }  // namespace
+
+absl::StatusOr<MemoryBackend::Owned> HostShmBackend::Allocate(int64_t bytes) {
+  static std::atomic<int64_t> made{0};
+  const std::string name =
+      absl::StrCat("/", kScratchPrefix, getpid(), "-", absl::ToUnixNanos(absl::Now()), "-", made++);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("shm_open('", name, "'): ", std::strerror(errno)));
+  const size_t mapped = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+  int error = flock(fd, LOCK_EX) == 0 ? posix_fallocate(fd, 0, static_cast<off_t>(mapped)) : errno;
+  // Another agent's orphan sweep may have unlinked it before the lock was taken.
+  struct stat own {
+  }, linked{};
+  if (error == 0 && (fstat(fd, &own) != 0 || stat(absl::StrCat("/dev/shm", name).c_str(), &linked) != 0 ||
+                     own.st_ino != linked.st_ino)) {
+    error = ENOENT;
+  }
+  void* mapping = MAP_FAILED;
+  if (error == 0) {
+    mapping = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapping == MAP_FAILED) error = errno;
+  }
+  if (error != 0) {
+    shm_unlink(name.c_str());
+    close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shm '", name, "': cannot back ", bytes, " bytes of scratch: ", std::strerror(error)));
+  }
+  Owned owned;
+  owned.buffer = std::make_unique<OwnedShmBuffer>(name, fd, mapping, bytes);
+  owned.handle.shm_name = name;
+  return owned;
+}
+
+int HostShmBackend::RemoveOrphanScratch() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* entry = readdir(dir)) {
+    if (!absl::StartsWith(entry->d_name, kScratchPrefix)) continue;
+    const std::string name = absl::StrCat("/", entry->d_name);
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && shm_unlink(name.c_str()) == 0) ++removed;
+    close(fd);  // releases the lock
+  }
+  closedir(dir);
+  return removed;
+}
 
 absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryHandle& handle, int64_t bytes) {
   if (bytes < 0 || handle.offset_bytes < 0) {

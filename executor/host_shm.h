@@ -10,6 +10,12 @@ class HostShmBackend final : public MemoryBackend {
   absl::string_view name() const override { return "host-shm"; }
   bool Accepts(const MemoryHandle& handle) const override { return !handle.shm_name.empty(); }
   absl::StatusOr<std::unique_ptr<MappedBuffer>> Open(const MemoryHandle& handle, int64_t bytes) override;
+  // A new object, /shardsync-scratch-..., mode 0600, every page backed, locked (flock)
+  // while this process holds it and unlinked when the buffer is destroyed.
+  absl::StatusOr<Owned> Allocate(int64_t bytes) override;
+  // Unlinks the scratch objects whose owners are gone (nobody holds their lock);
+  // returns how many.
+  static int RemoveOrphanScratch();
 };
 
 }  // namespace shardsync::executor

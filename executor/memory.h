@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace shardsync::executor {
@@ -49,6 +50,16 @@ class MemoryBackend {
   // device of this host that this one reaches by peer access.
   virtual absl::StatusOr<std::unique_ptr<MappedBuffer>> OpenPeer(const MemoryHandle& handle, int64_t bytes) {
     return Open(handle, bytes);
+  }
+  // Memory this agent owns, which peers of its host map by `handle` (a scratch buffer):
+  // `bytes` of this backend's memory, freed when `buffer` is destroyed.
+  struct Owned {
+    std::unique_ptr<MappedBuffer> buffer;
+    MemoryHandle handle;
+  };
+  virtual absl::StatusOr<Owned> Allocate(int64_t bytes) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " memory backend allocates no memory of its own (", bytes, " bytes asked)"));
   }
 };
 

@@ -13,6 +13,7 @@
 #include "executor/buffer_check.h"
 #include "executor/round_engine.h"
 #include "executor/verify.h"
+#include "planner/quantize.h"
 #include "planner/schedule.h"
 #include "spdlog/spdlog.h"
 
@@ -206,14 +207,25 @@ absl::Status Agent::Check(const daemon::LocalSchedule& local,
     return absl::OkStatus();
   };
   for (const planner::Segment& s : local.plan.segments) {
-    // The relay stage reads a target of this rank (that the first stage wrote).
+    // A relay stage reads a target of this rank (that the stage before wrote).
     if (s.src.rank == config_.rank) {
-      SHARDSYNC_RETURN_IF_ERROR(check(s.src.buffer, s.stage == 0 ? v1::SOURCE : v1::TARGET, s.tensor));
+      SHARDSYNC_RETURN_IF_ERROR(
+          check(s.src.buffer, planner::IsRelayStage(s.stage) ? v1::TARGET : v1::SOURCE, s.tensor));
     }
     if (s.dst.rank == config_.rank) SHARDSYNC_RETURN_IF_ERROR(check(s.dst.buffer, v1::TARGET, s.tensor));
   }
   for (const planner::FillOp& f : local.plan.fills) {
     SHARDSYNC_RETURN_IF_ERROR(check(f.fill.holder.buffer, v1::TARGET, f.tensor));
+  }
+  for (const planner::QuantizeOp& q : local.plan.quantizes) {
+    if (local.buffer_names.at(q.scratch.buffer) != planner::kScratchBufferName) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", local.plan.tensor_names[q.tensor],
+                                                     "': a quantize reads buffer '",
+                                                     local.buffer_names[q.scratch.buffer], "' as its scratch"));
+    }
+    for (int32_t id : {q.scratch.buffer, q.target.buffer, q.scale.buffer}) {
+      SHARDSYNC_RETURN_IF_ERROR(check(id, v1::TARGET, q.tensor));
+    }
   }
   return executor::CheckRegionsFit(local.plan, config_.rank, sizes, local.buffer_names);
 }
@@ -275,6 +287,7 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool map_di
   SHARDSYNC_ASSIGN_OR_RETURN(auto local, daemon::DecodeSchedule(request, config_.rank));
   SHARDSYNC_RETURN_IF_ERROR(planner::CheckChunks(local.plan, local.schedule, request.staging_bytes()));
   SHARDSYNC_RETURN_IF_ERROR(CheckStreams(local.schedule, request.world_size()));
+  SHARDSYNC_RETURN_IF_ERROR(registry_.ProvideScratch(local.scratch_bytes));
   SHARDSYNC_RETURN_IF_ERROR(Check(local));
   Prepared prepared{std::make_shared<const daemon::LocalSchedule>(std::move(local)),
                     request.sync_id(),
@@ -344,9 +357,13 @@ absl::Status Agent::PrepareDirect(const v1::PrepareRequest& request, Prepared& p
       return absl::InvalidArgumentError(absl::StrCat("no address for direct peer ", peer));
     }
     std::vector<std::string> wanted;
-    for (int32_t k : buffers) wanted.push_back(local.peer_buffers[k].name);
-    SHARDSYNC_ASSIGN_OR_RETURN(auto mapped,
-                               direct_.targets->Map(peer, address->second, wanted, absl::Now() + config_.rpc_deadline));
+    int64_t scratch_bytes = 0;
+    for (int32_t k : buffers) {
+      wanted.push_back(local.peer_buffers[k].name);
+      scratch_bytes = std::max(scratch_bytes, local.peer_buffers[k].scratch_bytes);
+    }
+    SHARDSYNC_ASSIGN_OR_RETURN(auto mapped, direct_.targets->Map(peer, address->second, wanted, scratch_bytes,
+                                                                 absl::Now() + config_.rpc_deadline));
     for (size_t i = 0; i < buffers.size(); ++i) {
       prepared.peer_memory[buffers[i]] = mapped[i];
       sizes[own + buffers[i]] = mapped[i]->bytes();
@@ -392,6 +409,14 @@ absl::StatusOr<v1::TargetMemoryResponse> Agent::TargetMemory(const v1::TargetMem
   }
   v1::TargetMemoryResponse response;
   std::vector<std::pair<std::string, int64_t>> handed;
+  // A peer may prepare before this rank does: the scratch of the plan is made now.
+  if (std::count(request.buffers().begin(), request.buffers().end(), planner::kScratchBufferName) > 0) {
+    if (request.scratch_bytes() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", request.from_rank(), " asked for the scratch of rank ",
+                                                     config_.rank, " without its size"));
+    }
+    SHARDSYNC_RETURN_IF_ERROR(registry_.ProvideScratch(request.scratch_bytes()));
+  }
   for (const std::string& name : request.buffers()) {
     int64_t registered_at = 0;
     SHARDSYNC_ASSIGN_OR_RETURN(*response.add_buffers(), registry_.TargetHandle(name, &registered_at));
@@ -613,6 +638,8 @@ absl::StatusOr<v1::ExecuteResponse> Agent::Execute(const v1::ExecuteRequest& req
   out.set_peak_peer_staging_bytes(stats->peak_peer_staging_bytes);
   out.set_direct_sent_bytes(stats->direct_sent_bytes);
   out.set_direct_received_bytes(stats->direct_received_bytes);
+  out.set_quantized_bytes(stats->quantized_bytes);
+  out.set_scratch_bytes(prepared.local->scratch_bytes);
   out.set_seconds(stats->seconds);
   out.set_local_seconds(stats->local_seconds);
   out.set_execute_seconds(absl::ToDoubleSeconds(absl::Now() - entered));

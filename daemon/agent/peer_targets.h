@@ -34,12 +34,13 @@ class PeerTargets {
   PeerTargets(int32_t rank, const Registry& registry, Ask ask)
       : rank_(rank), registry_(registry), ask_(std::move(ask)) {}
 
-  // The mappings of `names` (buffers registered on `peer`, at `address`), in order.
-  // Refuses what the peer refuses, an answer that is not for these names, and a
-  // handle this agent cannot open (each naming the buffer and the peer).
+  // The mappings of `names` (buffers registered on `peer`, at `address`), in order;
+  // `scratch_bytes`: the size of the peer's scratch where `names` holds it. Refuses
+  // what the peer refuses, an answer that is not for these names, and a handle this
+  // agent cannot open (each naming the buffer and the peer).
   absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> Map(int32_t peer, const std::string& address,
                                                                            const std::vector<std::string>& names,
-                                                                           absl::Time deadline);
+                                                                           int64_t scratch_bytes, absl::Time deadline);
 
  private:
   struct Mapping {

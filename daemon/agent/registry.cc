@@ -1,12 +1,17 @@
 #include "daemon/agent/registry.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "planner/quantize.h"
 #include "planner/validate.h"
 #include "spec/layout_spec.h"
 
 namespace shardsync::agent {
 namespace {
+
+// Buffer names clients may not register: the agent's own (planner::kScratchBufferName).
+constexpr char kReservedPrefix[] = "shardsync.";
 
 executor::MemoryHandle ToHandle(const v1::MemoryHandle& in) {
   executor::MemoryHandle handle;
@@ -29,6 +34,10 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
     SHARDSYNC_ASSIGN_OR_RETURN(auto side, spec::ToTensorSide(t, ids));
     planner::TensorLayouts layouts{side.name, side.shape, side.dtype, side.dtype, {}, {}};
     (request.role() == v1::SOURCE ? layouts.source : layouts.target) = side.layout;
+    if (!side.scales.empty()) {  // a quantized target: any source dtype it takes will do here
+      layouts.source_dtype = planner::DType::kBFloat16;
+      layouts.target_scales = side.scales;
+    }
     input.tensors.push_back(std::move(layouts));
   }
   return planner::ValidatePlanInput(input);
@@ -46,6 +55,12 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   if (!request.ready_event().empty() && request.role() != v1::SOURCE) {
     return absl::InvalidArgumentError(absl::StrCat(
         "client '", request.client_id(), "': only a SOURCE gives a ready event (the writes a sync waits for)"));
+  }
+  for (const v1::RegisteredBuffer& b : request.buffers()) {
+    if (absl::StartsWith(b.name(), kReservedPrefix)) {
+      return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                     "': names starting '", kReservedPrefix, "' are the agent's"));
+    }
   }
   for (v1::TensorLayout& t : *request.mutable_tensors()) {
     for (v1::Placement& p : *t.mutable_placements()) p.set_rank(rank_);
@@ -181,6 +196,7 @@ absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& b
                                                     v1::Role_Name(entry->second->role), ": peers write only targets"));
   }
   *registered_at = entry->second->registered_at;
+  if (buffer == planner::kScratchBufferName) return scratch_;
   for (const v1::RegisteredBuffer& b : clients_.at(entry->second->client_id).request.buffers()) {
     if (b.name() == buffer) return b;
   }
@@ -194,6 +210,43 @@ absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Registry::OpenPeer(const
   }
   return absl::InvalidArgumentError(
       absl::StrCat("buffer '", buffer.name(), "': no memory backend on this agent takes its handle"));
+}
+
+absl::Status Registry::ProvideScratch(int64_t bytes) {
+  absl::MutexLock one_at_a_time(&scratch_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    const bool held = buffers_.count(planner::kScratchBufferName) > 0;
+    if (held && scratch_.bytes() == bytes) return absl::OkStatus();
+    if (held) buffers_.erase(planner::kScratchBufferName);
+    scratch_.Clear();
+  }
+  if (bytes == 0) return absl::OkStatus();
+  absl::Status failed = absl::FailedPreconditionError("this agent has no memory backend");
+  for (executor::MemoryBackend* backend : backends_) {
+    absl::StatusOr<executor::MemoryBackend::Owned> owned = backend->Allocate(bytes);
+    if (absl::IsUnimplemented(owned.status())) continue;
+    if (!owned.ok()) {
+      failed = owned.status();
+      break;
+    }
+    v1::RegisteredBuffer registration;
+    registration.set_name(planner::kScratchBufferName);
+    registration.set_bytes(bytes);
+    v1::MemoryHandle& handle = *registration.mutable_handle();  // its kinds are a oneof
+    if (!owned->handle.shm_name.empty()) handle.set_shm_name(owned->handle.shm_name);
+    if (!owned->handle.cuda_ipc_handle.empty()) handle.set_cuda_ipc_handle(owned->handle.cuda_ipc_handle);
+    handle.set_device(owned->handle.device);
+    absl::MutexLock lock(&mu_);
+    auto entry = std::make_shared<BufferEntry>(
+        BufferEntry{kReservedPrefix, v1::TARGET, std::shared_ptr<executor::MappedBuffer>(std::move(owned->buffer))});
+    entry->registered_at = -++scratch_made_;
+    buffers_[planner::kScratchBufferName] = std::move(entry);
+    scratch_ = std::move(registration);
+    return absl::OkStatus();
+  }
+  return absl::Status(failed.code(), absl::StrCat("scratch of ", bytes, " bytes on rank ", rank_,
+                                                  " for block-quantized targets: ", failed.message()));
 }
 
 std::vector<v1::ClientInfo> Registry::Clients() const {

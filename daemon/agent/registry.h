@@ -62,6 +62,12 @@ class Registry {
   absl::StatusOr<v1::RegisteredBuffer> TargetHandle(const std::string& buffer, int64_t* registered_at) const;
   // Maps a peer's target from its registration, with this agent's memory backends.
   absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> OpenPeer(const v1::RegisteredBuffer& buffer) const;
+  // This agent's own scratch for block-quantized targets (planner/quantize.h), named
+  // planner::kScratchBufferName and `bytes` long, from the first backend that allocates:
+  // found and handed to peers as a TARGET, never published, not a registration (the
+  // version stays). One of another size replaces it; 0 drops it. A running sync keeps
+  // what it holds.
+  absl::Status ProvideScratch(int64_t bytes);
   std::vector<v1::ClientInfo> Clients() const;
   // The ready events of every client that gave one: a sync waits for them all.
   std::vector<std::shared_ptr<const executor::ReadyEvent>> ReadyEvents() const;
@@ -78,6 +84,11 @@ class Registry {
   absl::Status CheckLimits(const std::string& client_id, const Peer& peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int32_t rank_;
+  // The scratch's registration as peers receive it (ProvideScratch), and how many were
+  // made: the n-th has registered_at -n, apart from every client's.
+  absl::Mutex scratch_mu_;  // one ProvideScratch at a time (the owner's Prepare, a peer's ask)
+  v1::RegisteredBuffer scratch_ ABSL_GUARDED_BY(mu_);
+  int64_t scratch_made_ ABSL_GUARDED_BY(mu_) = 0;
   const std::vector<executor::MemoryBackend*> backends_;
   const RegistryLimits limits_;
   mutable absl::Mutex mu_;

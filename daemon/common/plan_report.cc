@@ -36,6 +36,10 @@ v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const std::vector<
     rank->set_network_sent_bytes(in.network_sent_bytes);
     rank->set_network_received_bytes(in.network_received_bytes);
     rank->set_relayed_bytes(in.relayed_bytes);
+    rank->set_quantized_bytes(in.quantized_bytes);
+  }
+  for (const planner::Buffer& b : plan.scratch) {
+    if (b.holder.rank < report.ranks_size()) report.mutable_ranks(b.holder.rank)->set_scratch_bytes(b.bytes);
   }
   for (const auto& [link, bytes] : stats.link_bytes) {
     v1::LinkBytes* out = report.add_links();

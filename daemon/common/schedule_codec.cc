@@ -112,6 +112,9 @@ class RequestEncoder {
       v1::PeerBuffer* peer = request_->add_peer_buffers();
       peer->set_rank(h.rank);
       peer->set_name(buffer_names_.at(h.buffer));
+      for (const planner::Buffer& b : plan_.scratch) {
+        if (b.holder == h) peer->set_scratch_bytes(b.bytes);
+      }
     }
     return -2 - static_cast<int32_t>(it - named_peer_buffers_.begin());
   }
@@ -433,7 +436,10 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
   for (planner::Segment& s : local.plan.segments) {
     if (s.dst.buffer < -1) s.dst.buffer = own + (-2 - s.dst.buffer);
   }
-  for (const v1::PeerBuffer& peer : request.peer_buffers()) local.peer_buffers.push_back({peer.rank(), peer.name()});
+  for (const v1::PeerBuffer& peer : request.peer_buffers()) {
+    if (peer.scratch_bytes() < 0) return Malformed("a peer's scratch bytes");
+    local.peer_buffers.push_back({peer.rank(), peer.name(), peer.scratch_bytes()});
+  }
   local.schedule.rank = rank;
   local.plan.num_ranks = 0;
   local.plan.stages = request.stages_size();

@@ -57,7 +57,8 @@ v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Sche
 // A buffer of another rank that this rank's segments write (the direct path).
 struct PeerBufferName {
   int32_t rank = 0;
-  std::string name;  // as registered on `rank`
+  std::string name;           // as registered on `rank`
+  int64_t scratch_bytes = 0;  // the size of `rank`'s scratch, when this is it
 };
 
 struct LocalSchedule {

@@ -16,6 +16,7 @@ SyncOptions SyncOptionsOf(const CoordinatorConfig& config) {
   options.direct = config.direct;
   options.epoch.bandwidths = config.bandwidths;
   options.epoch.staging_bytes = config.staging_bytes;
+  options.epoch.scratch_bytes = config.scratch_bytes;
   options.epoch.shared_source_uids = config.shared_source_uids;
   options.rpc_deadline = config.rpc_deadline;
   options.sync_timeout = config.sync_timeout;

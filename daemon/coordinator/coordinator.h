@@ -17,6 +17,7 @@
 #include "daemon/coordinator/sync_runner.h"
 #include "daemon/coordinator/target_validity.h"
 #include "planner/cost.h"
+#include "planner/quantize.h"
 #include "planner/relay.h"
 #include "proto/shardsync.pb.h"
 
@@ -28,11 +29,12 @@ struct CoordinatorConfig {
   DirectMode direct = DirectMode::kAuto;  // which links take the direct path (link_paths.h)
   // The cost model: the relay choice (kAuto) and Explain's floor (bytes per second).
   planner::Bandwidths bandwidths{360e9, 4200e9, 50e9};
-  int64_t staging_bytes = int64_t{128} << 20;       // per peer, both directions
-  absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
-  absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
-  Credentials credentials;                          // of the channels to agents: TLS or, if asked, plaintext
-  std::vector<uint32_t> shared_source_uids;         // may be sources of one tensor together
+  int64_t staging_bytes = int64_t{128} << 20;             // per peer, both directions
+  int64_t scratch_bytes = planner::kDefaultScratchBytes;  // per agent, for block-quantized targets
+  absl::Duration rpc_deadline = absl::Seconds(5);         // Prepare, Abort
+  absl::Duration sync_timeout = absl::Seconds(60);        // Execute, unless the request says
+  Credentials credentials;                                // of the channels to agents: TLS or, if asked, plaintext
+  std::vector<uint32_t> shared_source_uids;               // may be sources of one tensor together
 };
 
 class Coordinator {

@@ -24,6 +24,10 @@ std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& 
   options.push_back(flags::AddInt(app, "--world", config.world_size, "number of agents (ranks 0..N-1)", 1, kMaxWorld));
   options.push_back(flags::AddInt(app, "--staging-bytes", config.staging_bytes,
                                   "staging budget per peer, both directions, bytes", planner::kMinStagingBytes));
+  options.push_back(flags::AddInt(app, "--scratch-bytes", config.scratch_bytes,
+                                  "bfloat16 scratch per agent for block-quantized float8 targets, bytes: their "
+                                  "tensors are synced in groups that fit it",
+                                  int64_t{64} << 10));
   options.push_back(app.add_option_function<int64_t>(
                            "--sync-timeout-ms", [&config](int64_t ms) { config.sync_timeout = absl::Milliseconds(ms); },
                            "default deadline of a sync's Execute")

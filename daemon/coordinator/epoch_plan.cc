@@ -42,8 +42,9 @@ absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const st
                                        const EpochOptions& options) {
   EpochPlan epoch;
   absl::Time start = absl::Now();
-  SHARDSYNC_ASSIGN_OR_RETURN(epoch.plan, planner::MakePlanWithRelay(input, *planner::LocalFirstLeastLoaded(),
-                                                                    options.relay, options.bandwidths, &epoch.floors));
+  SHARDSYNC_ASSIGN_OR_RETURN(epoch.plan,
+                             planner::MakePlanWithRelay(input, *planner::LocalFirstLeastLoaded(), options.relay,
+                                                        options.bandwidths, &epoch.floors, options.scratch_bytes));
   epoch.plan.num_ranks = options.world_size;
   epoch.timings.plan_seconds = SecondsSince(start);
 

@@ -23,9 +23,10 @@ namespace shardsync::coordinator {
 struct EpochOptions {
   int32_t world_size = 1;  // every rank gets a schedule, empty or not
   planner::RelayMode relay = planner::RelayMode::kAuto;
-  planner::Bandwidths bandwidths;            // the relay choice (kAuto)
-  int64_t staging_bytes = 0;                 // per peer, both directions
-  std::vector<uint32_t> shared_source_uids;  // may be sources of one tensor together
+  planner::Bandwidths bandwidths;                         // the relay choice (kAuto)
+  int64_t staging_bytes = 0;                              // per peer, both directions
+  int64_t scratch_bytes = planner::kDefaultScratchBytes;  // per rank, for block-quantized targets
+  std::vector<uint32_t> shared_source_uids;               // may be sources of one tensor together
 };
 
 // Wall time of each step, for logs and the benchmark.

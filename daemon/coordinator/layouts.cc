@@ -29,9 +29,15 @@ absl::Status Merge(std::map<std::string, Gathered>& into, const v1::TensorLayout
                      planner::IndexToString(have.shape), " ", planner::DTypeName(have.dtype), ", rank ", rank,
                      " registered ", planner::IndexToString(side->shape), " ", planner::DTypeName(side->dtype)));
   }
+  if (have.scales.empty() != side->scales.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", side->name, "': rank ", (have.scales.empty() ? rank : it->second.first_rank),
+        " registered it with block scales, rank ", (have.scales.empty() ? it->second.first_rank : rank), " without"));
+  }
   have.layout.placements.insert(have.layout.placements.end(), side->layout.placements.begin(),
                                 side->layout.placements.end());
   have.layout.fills.insert(have.layout.fills.end(), side->layout.fills.begin(), side->layout.fills.end());
+  have.scales.insert(have.scales.end(), side->scales.begin(), side->scales.end());
   return absl::OkStatus();
 }
 

@@ -18,11 +18,15 @@ namespace shardsync::coordinator {
 namespace {
 
 // sync --verify: the checksums of every rank added up per (tensor, target rank); the
-// number of pairs compared, or which differ.
-absl::StatusOr<int32_t> CompareChecksums(const std::vector<v1::ExecuteResponse>& responses) {
+// number of pairs compared, or which differ. The pairs in `quantized` (block-quantized
+// targets: float8, not their sources' bytes) are left out and counted in `skipped`.
+absl::StatusOr<int32_t> CompareChecksums(const std::vector<v1::ExecuteResponse>& responses,
+                                         const std::set<std::pair<std::string, int32_t>>& quantized, int32_t* skipped) {
   std::map<std::pair<std::string, int32_t>, std::pair<uint64_t, uint64_t>> sums;  // sources, targets
+  *skipped = static_cast<int32_t>(quantized.size());
   for (const v1::ExecuteResponse& response : responses) {
     for (const v1::TensorChecksum& c : response.checksums()) {
+      if (quantized.count({c.tensor(), c.target_rank()})) continue;
       auto& [sources, targets] = sums[{c.tensor(), c.target_rank()}];
       sources += c.sources();
       targets += c.targets();
@@ -177,12 +181,17 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   const absl::Time executed = absl::Now();
   v1::SyncResponse response;
   if (request.verify()) {
-    absl::StatusOr<int32_t> compared = CompareChecksums(*responses);
+    const planner::Plan& plan = plan_->compiled.plan;
+    std::set<std::pair<std::string, int32_t>> quantized;
+    for (const planner::QuantizeOp& q : plan.quantizes) quantized.emplace(plan.tensor_names[q.tensor], q.target.rank);
+    int32_t skipped = 0;
+    absl::StatusOr<int32_t> compared = CompareChecksums(*responses, quantized, &skipped);
     if (!compared.ok()) {
       validity_.PartlyWritten(plan_->target_ranks);
       return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", compared.status().message())));
     }
     response.set_verified_placements(*compared);
+    response.set_unverified_quantized_placements(skipped);
   }
   validity_.Written(plan_->target_ranks, !plan_->partial);
   ready_digest_ = plan_->compiled.digest;

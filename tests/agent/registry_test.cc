@@ -5,6 +5,9 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
+#include "executor/host_shm.h"
+#include "planner/quantize.h"
+
 namespace shardsync::agent {
 namespace {
 
@@ -111,6 +114,50 @@ TEST_CASE("a peer gets a target's registration by name, never a source's; a new 
   REQUIRE(registry.Add(Request("rollout", "uid:1000"), peer).ok());
   REQUIRE(registry.TargetHandle("arena-rollout", &registered_at).ok());
   CHECK(registered_at > first);
+}
+
+}  // namespace
+}  // namespace shardsync::agent
+
+namespace shardsync::agent {
+namespace {
+
+TEST_CASE("the agent's scratch: found and handed to peers as a target, replaced by size, never published") {
+  executor::HostShmBackend backend;
+  Registry registry(3, {&backend});
+  const int64_t version = registry.version();
+  REQUIRE(registry.ProvideScratch(4096).ok());
+  CHECK(registry.version() == version);
+  CHECK(registry.Layouts(nullptr).empty());
+  const std::shared_ptr<const BufferEntry> entry = registry.Find(planner::kScratchBufferName);
+  REQUIRE(entry);
+  CHECK(entry->role == v1::TARGET);
+  CHECK(entry->memory->bytes() == 4096);
+  int64_t registered_at = 0;
+  auto handed = registry.TargetHandle(planner::kScratchBufferName, &registered_at);
+  REQUIRE(handed.ok());
+  CHECK(handed->bytes() == 4096);
+  CHECK(registered_at < 0);
+  // A peer maps the same memory.
+  auto peer = registry.OpenPeer(*handed);
+  REQUIRE(peer.ok());
+  entry->memory->data()[4095] = 42;
+  CHECK((*peer)->data()[4095] == 42);
+  // The same size keeps it; another size is new memory; 0 drops it.
+  REQUIRE(registry.ProvideScratch(4096).ok());
+  CHECK(registry.Find(planner::kScratchBufferName) == entry);
+  REQUIRE(registry.ProvideScratch(8192).ok());
+  int64_t again = 0;
+  REQUIRE(registry.TargetHandle(planner::kScratchBufferName, &again).ok());
+  CHECK(again != registered_at);
+  REQUIRE(registry.ProvideScratch(0).ok());
+  CHECK_FALSE(registry.Find(planner::kScratchBufferName));
+  // Clients cannot take the agent's names.
+  v1::RegisterRequest request = Request("client", "any");
+  request.mutable_buffers(0)->set_name("shardsync.scratch");
+  const absl::Status refused = registry.Add(request, Peer{1, 1});
+  CHECK(absl::IsInvalidArgument(refused));
+  CHECK_THAT(std::string(refused.message()), Contains("names starting 'shardsync.' are the agent's"));
 }
 
 }  // namespace

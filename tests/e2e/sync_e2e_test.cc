@@ -92,6 +92,65 @@ TEST_CASE(
   }
 }
 
+// Linear layers block-quantized into float8 (vLLM's layout) beside bfloat16 ones:
+// 128 x 128 blocks cut by ZeRO-3 partitions and by TP splits that are no multiple of 128.
+std::string Float8ModelJson(const std::string& replicas) {
+  return absl::StrCat(R"({"model": {"tensors": [
+      {"name": "embed", "shape": [100, 16], "style": "VOCAB"},
+      {"name": "gate", "shape": [256, 200], "style": "COLUMN"},
+      {"name": "up", "shape": [256, 200], "style": "COLUMN"},
+      {"name": "down", "shape": [200, 256], "style": "ROW"},
+      {"name": "odd", "shape": [300, 130], "style": "COLUMN"},
+      {"name": "norm", "shape": [16]}],
+    "fused_rows": [{"parts": ["gate", "up"]}],
+    "zero_stage": 3, "dp_ranks": [0, 1, 2, 3], "target_dtype": "FLOAT8_E4M3", "replicas": )",
+                      replicas, "}}");
+}
+
+TEST_CASE(
+    "float8 block-quantized targets from ZeRO-3 bfloat16 sources: exact twice, in scratch groups, direct and "
+    "staged") {
+  for (const std::string direct : {"auto", "never"}) {
+    ClusterOptions options;
+    options.direct = direct;
+    options.scratch_bytes = 64 << 10;  // one or two shards of a rank per group
+    Cluster cluster(options);
+    for (const Layout& layout : {kLayouts[0], kLayouts[1]}) {
+      INFO("--direct " << direct << " into " << layout.name);
+      Deployment deployment(cluster, absl::StrCat("float8-", layout.name), Float8ModelJson(layout.replicas), 7);
+      RequireReady(deployment);
+      auto first = SyncOnce(cluster, absl::Seconds(20), /*verify=*/true);
+      if (!first.ok()) cluster.DumpLogs();
+      REQUIRE(first.ok());
+      std::vector<std::string> errors = deployment.CheckTargets(7);
+      INFO((errors.empty() ? "" : errors.front()));
+      CHECK(errors.empty());
+      CHECK(first->stages() > 2);  // several groups of the scratch budget
+      int64_t quantized = 0;
+      for (const v1::RankStats& r : first->ranks()) {
+        quantized += r.quantized_bytes();
+        CHECK(r.scratch_bytes() > 0);
+        CHECK(r.scratch_bytes() <= options.scratch_bytes);
+        if (direct == "never") CHECK(r.direct_received_bytes() == 0);
+      }
+      const int replicas = layout.name == std::string("tp2x2") ? 2 : 1;
+      CHECK(quantized == replicas * (2 * 256 * 200 + 200 * 256 + 300 * 130));
+      // Verify compares the bfloat16 tensors; float8 bytes are not their sources'.
+      CHECK(first->verified_placements() > 0);
+      CHECK(first->unverified_quantized_placements() == 4 * 4);  // 4 tensors on each of 4 ranks
+
+      deployment.Refill(8);
+      auto second = SyncOnce(cluster, absl::Seconds(20));
+      REQUIRE(second.ok());
+      CHECK(second->plan_seconds() == 0);
+      errors = deployment.CheckTargets(8);
+      INFO((errors.empty() ? "" : errors.front()));
+      CHECK(errors.empty());
+      CHECK(deployment.CheckSources(8).empty());
+    }
+  }
+}
+
 TEST_CASE("one agent: the first sync prepares, every later one is a single Execute call, all exact") {
   ClusterOptions options;
   options.agents = 1;

@@ -91,6 +91,7 @@ void Cluster::StartCoordinator(const std::string& listen) {
                                    "debug"};
   if (!options_.relay.empty()) argv.insert(argv.end(), {"--relay", options_.relay});
   if (!options_.direct.empty()) argv.insert(argv.end(), {"--direct", options_.direct});
+  if (options_.scratch_bytes > 0) argv.insert(argv.end(), {"--scratch-bytes", std::to_string(options_.scratch_bytes)});
   if (options_.metrics) {
     argv.insert(argv.end(),
                 {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", dir_.path() + "/coordinator.metrics"});
@@ -160,6 +161,9 @@ void Cluster::StartAgent(int rank, const std::vector<std::string>& extra_flags) 
                              std::to_string(options_.sync_timeout_ms)});
     if (!options_.relay.empty()) argv.insert(argv.end(), {"--relay", options_.relay});
     if (!options_.direct.empty()) argv.insert(argv.end(), {"--direct", options_.direct});
+    if (options_.scratch_bytes > 0) {
+      argv.insert(argv.end(), {"--scratch-bytes", std::to_string(options_.scratch_bytes)});
+    }
   } else {
     argv.insert(argv.end(), {"--coordinator", coordinator_address_});
   }

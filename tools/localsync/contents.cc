@@ -1,9 +1,11 @@
 #include "tools/localsync/contents.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
+#include "executor/block_quantize.h"
 #include "executor/host_copy.h"
 #include "planner/box.h"
 
@@ -17,23 +19,78 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// The logical values of one tensor in its source dtype, element by element.
+// The logical values of one tensor in its source dtype, element by element. Those of
+// a block-quantized target are finite floats (the quantizer's domain): the top bit of
+// the exponent is cleared.
 class Values {
  public:
   Values(const planner::TensorLayouts& t, uint64_t seed)
-      : salt_(Mix(seed ^ std::hash<std::string>()(t.name))), bytes_(planner::ElementBytes(t.source_dtype)) {}
+      : salt_(Mix(seed ^ std::hash<std::string>()(t.name))),
+        bytes_(planner::ElementBytes(t.source_dtype)),
+        finite_(!t.target_scales.empty()) {}
   // Element sizes divide 8, so an element's bytes lie in one hashed word.
   void Element(int64_t flat, uint8_t* out) const {
     const uint64_t i = static_cast<uint64_t>(flat * bytes_);
     const uint64_t word = Mix(salt_ + (i & ~uint64_t{7})) | 0x0101010101010101ULL;  // no zero byte
     const uint64_t shifted = word >> (8 * (i & 7));
     std::memcpy(out, &shifted, bytes_);
+    if (finite_) out[bytes_ - 1] &= 0xbf;
+  }
+  // The element as the receiver holds it before quantizing: bfloat16, as a float.
+  float BFloat16Value(int64_t flat) const {
+    uint8_t bytes[8];
+    Element(flat, bytes);
+    uint32_t bits = 0;
+    if (bytes_ == 4) {
+      std::memcpy(&bits, bytes, 4);
+      bits = static_cast<uint32_t>(executor::Float32ToBFloat16(bits)) << 16;
+    } else {
+      uint16_t half;
+      std::memcpy(&half, bytes, 2);
+      bits = static_cast<uint32_t>(half) << 16;
+    }
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
   }
 
  private:
   uint64_t salt_;
   int64_t bytes_;
+  bool finite_;
 };
+
+// Writes into `data` (the buffer `holder`) what quantizing placement `p` of `t` puts
+// there: its float8 elements, or its block scales `scales`.
+void ExpectQuantized(const planner::TensorLayouts& t, const Values& values, const planner::Placement& p,
+                     const planner::BlockScales& scales, planner::Holder holder, std::vector<uint8_t>& data) {
+  if (!(p.holder == holder) && !(scales.holder == holder)) return;
+  const int64_t rows = p.box.hi[0] - p.box.lo[0], cols = p.box.hi[1] - p.box.lo[1];
+  const auto value = [&](int64_t r, int64_t c) {
+    return values.BFloat16Value((p.box.lo[0] + r) * t.shape[1] + p.box.lo[1] + c);
+  };
+  for (int64_t br = 0; br < rows; br += planner::kScaleBlock) {
+    for (int64_t bc = 0; bc < cols; bc += planner::kScaleBlock) {
+      const int64_t r_end = std::min(rows, br + planner::kScaleBlock),
+                    c_end = std::min(cols, bc + planner::kScaleBlock);
+      float amax = 0;
+      for (int64_t r = br; r < r_end; ++r) {
+        for (int64_t c = bc; c < c_end; ++c) amax = std::max(amax, std::fabs(value(r, c)));
+      }
+      const float scale = executor::BlockScale(amax);
+      if (scales.holder == holder) {
+        const int64_t at = scales.base + br / planner::kScaleBlock * scales.row_stride + bc / planner::kScaleBlock;
+        std::memcpy(data.data() + 4 * at, &scale, 4);
+      }
+      if (!(p.holder == holder)) continue;
+      for (int64_t r = br; r < r_end; ++r) {
+        for (int64_t c = bc; c < c_end; ++c) {
+          data[p.base + r * p.strides[0] + c] = executor::Float32ToFloat8E4M3(value(r, c) / scale);
+        }
+      }
+    }
+  }
+}
 
 // Calls fn(flat tensor index, buffer element offset) for every element of a placement,
 // row by row along the innermost axis.
@@ -106,6 +163,12 @@ std::vector<uint8_t> ExpectedTarget(const planner::PlanInput& input, uint64_t se
   for (const planner::TensorLayouts& t : input.tensors) {
     const Values values(t, seed);
     const int64_t out = planner::ElementBytes(t.target_dtype);
+    if (!t.target_scales.empty()) {
+      for (size_t i = 0; i < t.target.placements.size(); ++i) {
+        ExpectQuantized(t, values, t.target.placements[i], t.target_scales[i], holder, data);
+      }
+      continue;
+    }
     for (const planner::Placement& p : t.target.placements) {
       if (!(p.holder == holder)) continue;
       ForEachElement(p, t.shape, [&](int64_t flat, int64_t at) {

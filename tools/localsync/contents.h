@@ -22,7 +22,8 @@ void WriteSources(const planner::PlanInput& input, uint64_t seed, int32_t rank,
                   const std::function<uint8_t*(planner::Holder)>& memory);
 // One target buffer as it must be after a sync of `seed`: the poison it started with
 // (from `poison`), every target element equal to its source (converted to the target
-// dtype), every fill zero.
+// dtype), every fill zero; block-quantized targets and their scales as the receiver's
+// quantizer makes them from the bfloat16 values (executor/block_quantize.h).
 std::vector<uint8_t> ExpectedTarget(const planner::PlanInput& input, uint64_t seed, uint64_t poison,
                                     planner::Holder holder);
 // A buffer as its client creates it, before anything is written.

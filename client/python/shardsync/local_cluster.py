@@ -36,14 +36,14 @@ class LocalCluster:
     """`bin_dir` holds shardsync-agent and shardsync-coordinator (or give their paths).
     Agent r runs on CUDA device r with `cuda` (`devices[r]` where given: several agents
     may share one device over the direct path), else on the CPU. `staging_bytes`,
-    `sync_timeout_ms`, `relay` and `direct` go to the coordinator, `rpc_deadline_ms` to every daemon,
+    `sync_timeout_ms`, `relay`, `direct` and `scratch_bytes` go to the coordinator, `rpc_deadline_ms` to every daemon,
     `agent_flags` (e.g. ["--max-staging-bytes", "1073741824"]) to every agent; unset,
     the daemons' defaults. `tls=(ca, cert, key)` (PEM files; `server_name` as
     --tls-server-name): every daemon runs with mutual TLS instead of --insecure."""
 
     def __init__(self, bin_dir, world, logs, *, cuda=False, serving="process", staging_bytes=None,
                  sync_timeout_ms=None, rpc_deadline_ms=None, agent_flags=(), agent_bin=None, coordinator_bin=None,
-                 tls=None, server_name=None, nodes=(), relay=None, devices=None, direct=None):
+                 tls=None, server_name=None, nodes=(), relay=None, devices=None, direct=None, scratch_bytes=None):
         if serving not in SERVINGS:
             raise ValueError(f"serving must be one of {SERVINGS}")
         self.dir = tempfile.mkdtemp(prefix="shardsync-local-", dir="/tmp")  # sockets and port files
@@ -51,7 +51,7 @@ class LocalCluster:
         os.makedirs(logs, exist_ok=True)
         self.agent_bin = agent_bin or os.path.join(bin_dir, "shardsync-agent")
         optional = [("--staging-bytes", staging_bytes), ("--sync-timeout-ms", sync_timeout_ms), ("--relay", relay),
-                    ("--direct", direct)]
+                    ("--direct", direct), ("--scratch-bytes", scratch_bytes)]
         self.coordinator_flags = ["--world", str(world)] + [x for flag, value in optional if value is not None
                                                             for x in (flag, str(value))]
         security = ["--insecure"]
