@@ -25,7 +25,14 @@ parser.add_argument("--tp", type=int, default=1)
 parser.add_argument("--tp-rank", type=int, default=0)  # rollout: this rank's place in its TP group
 parser.add_argument("--fused", action="store_true")
 parser.add_argument("--seed", type=int, default=1)
+# Rollout: the layers' linear weights block-quantized in float8, their float32 scales
+# after each in the arena (not with --fused).
+parser.add_argument("--float8", action="store_true")
 args = parser.parse_args()
+if args.float8 and args.fused:
+    parser.error("--float8 takes the unfused layout")
+if args.float8:  # the checks' oracle, tests/gpu/float8_reference.py (bench/sync/run puts it on the path)
+    from float8_reference import reference_float8
 torch.cuda.set_device(args.rank if args.device is None else args.device)
 device = torch.device("cuda", torch.cuda.current_device())
 TENSORS = models.tensors(args.model)
@@ -71,12 +78,22 @@ else:
         else:
             place[name] = (key, 0)
             shards[key] = extent
-    arena = TorchWeightArena([(key, tuple(extent), torch.bfloat16) for key, extent in shards.items()], device)
+    float8 = {name for name, shape, _, _ in TENSORS if args.float8 and ".layers." in name and len(shape) == 2}
+    views = []
+    for key, extent in shards.items():
+        views.append((key, tuple(extent), torch.float8_e4m3fn if key in float8 else torch.bfloat16))
+        if key in float8:
+            views.append((key + ".scales", ((extent[0] + 127) // 128, (extent[1] + 127) // 128), torch.float32))
+    arena = TorchWeightArena(views, device)
     arena.memory.fill_(0xAB)
     layouts = []
     for name, shape, style, group in TENSORS:
         key, row = place[name]
         lo, hi = boxes[name]
+        if name in float8:
+            layouts.append(shardsync.tensor_layout(name, shape, "float8_e4m3", placements=[arena.placement(name, lo, hi)],
+                                                   block_scales=[arena.placement(name + ".scales", [0, 0], [0, 0])[2:4]]))
+            continue
         row_elements = math.prod(hi[k] - lo[k] for k in range(1, len(shape)))
         base = arena.offsets[key][0] // 2 + row * row_elements
         layouts.append(shardsync.tensor_layout(name, shape, "bfloat16", placements=[(lo, hi, "arena", base)]))
@@ -91,6 +108,11 @@ def check(seed):
         lo, hi = boxes[name]
         got = arena.views[key][row:row + hi[0] - lo[0]]
         want = values(seed, i, shape)[tuple(slice(l, h) for l, h in zip(lo, hi))]
+        if name in float8:  # against the PyTorch reference quantizer (tests/gpu/float8_reference.py)
+            want, scales = reference_float8(want)
+            mismatched += int((arena.views[name + ".scales"].view(torch.int32) != scales.view(torch.int32)).sum().item())
+            mismatched += int((got.view(torch.uint8) != want.view(torch.uint8)).sum().item())
+            continue
         mismatched += int((got.reshape(want.shape).view(torch.int16) != want.view(torch.int16)).sum().item())
     return mismatched
 

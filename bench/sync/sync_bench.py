@@ -85,10 +85,11 @@ def python_syncs(coordinator, syncs):
 
 
 def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_gbps, serving, calls, shared=False,
-                   direct="auto"):
+                   direct="auto", float8=False):
     model, zero, tp, fused, targets = CASES[world][name]
     targets = targets or list(range(world))
-    logs = os.path.join(out, ("shared-" if shared else "") + name.replace(" ", "_"), serving)
+    logs = os.path.join(out, ("shared-" if shared else "") + ("float8-" if float8 else "") + name.replace(" ", "_"),
+                        serving)
     os.makedirs(logs, exist_ok=True)
     cluster = LocalCluster(bin_dir, world, logs, cuda=True, serving=serving, staging_bytes=staging,
                            sync_timeout_ms=120000, agent_flags=["--max-staging-bytes", str(1 << 30)],
@@ -101,7 +102,7 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
                         "--rank", str(r), "--device", str(cluster.device(r)), "--world", str(world), "--role", role,
                         "--model", model, "--zero",
                         str(zero), "--tp", str(tp), "--tp-rank", str(targets.index(r) % tp if r in targets else 0),
-                        "--seed", "3"] + (["--fused"] if fused else [])
+                        "--seed", "3"] + (["--fused"] if fused else []) + (["--float8"] if float8 else [])
                 clients.append(cluster.spawn(argv, f"{role}{r}", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
                 if role == "rollout":
                     rollouts.append(clients[-1])
@@ -143,6 +144,8 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             "one_call": all(one_calls),
             "verify_sync_seconds": verified.seconds, "verify_seconds": [r.verify_seconds for r in verified.ranks],
             "verified_placements": verified.verified_placements, "clients_compared": clients_compared,
+            "quantized_bytes": [r.quantized_bytes for r in ranks], "scratch_bytes": [r.scratch_bytes for r in ranks],
+            "stages": first.stages,
         }
     finally:
         cluster.stop()
@@ -202,6 +205,50 @@ def shared_main(args, clients, serving):
                    "one_agent": one_agent, "rows": rows, "wall_seconds": time.time() - started}, f, indent=1)
 
 
+FLOAT8_CASES = {1: ["qwen3-8b tp1"], 4: ["qwen3-8b tp2x2", "qwen3-8b tp4"]}
+
+
+def float8_main(args, clients, serving):
+    """--float8: each case synced into bfloat16 targets and into float8 block-quantized
+    ones (the layers' linear weights), in one run; one agent, or every agent on GPU 0.
+    The memory floor counts every byte the agents read and write: the copies (bfloat16
+    on the wire and into scratch) and, for float8, the quantize pass (2 bytes read, 1
+    written per element)."""
+    world = args.world
+    cases = [c for c in args.cases.split(",") if c] or FLOAT8_CASES.get(world, [])
+    unknown = [c for c in cases if c not in CASES[world]]
+    if unknown or not cases:
+        raise SystemExit(f"no float8 case {unknown} for {world} agents; there are {FLOAT8_CASES}")
+    started = time.time()
+    models_used = sorted({CASES[world][name][0] for name in cases})
+    base = baselines.measure({f"{m} tp1": (m, 1, None) for m in models_used}, args.syncs, 1)
+    memory = base[0]["memory_gbps"]
+    print(f"measured: on-GPU copy {memory:.0f} GB/s (read + write); {world} agent(s) on GPU 0", flush=True)
+
+    def floor(result):
+        moved = sum(2 * l + s + r for l, s, r in zip(result["local_bytes"], result["sent_bytes"], result["received_bytes"]))
+        return (moved + 3 * sum(result["quantized_bytes"])) / (memory * 1e9)
+
+    rows = []
+    for name in cases:
+        row = {"case": name}
+        for kind in ("bfloat16", "float8"):
+            result = shardsync_case(world, name, args.bin, args.out, args.syncs, args.staging_bytes, memory, memory,
+                                    serving, clients, shared=world > 1, float8=kind == "float8")
+            row[kind] = {**result, "memory_floor_seconds": floor(result)}
+        rows.append(row)
+        b, f = row["bfloat16"], row["float8"]
+        print(f"{world} agent(s) on GPU 0, {name}: bfloat16 targets {b['seconds'] * 1e3:.2f} ms "
+              f"(x{b['seconds'] / b['memory_floor_seconds']:.2f} of its floor), float8 targets {f['seconds'] * 1e3:.2f} ms "
+              f"(x{f['seconds'] / f['memory_floor_seconds']:.2f}; {f['stages']} stages, scratch "
+              f"{max(f['scratch_bytes'])} bytes per agent); float8 / bfloat16 x{f['seconds'] / b['seconds']:.2f}; "
+              f"checks {b['checks']} {f['checks']}", flush=True)
+    with open(os.path.join(args.out, "sync_bench_float8.json"), "w") as f:
+        json.dump({"agents": world, "gpus": 1, "memory_gbps": memory, "syncs": args.syncs, "serving": serving,
+                   "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows,
+                   "wall_seconds": time.time() - started}, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", required=True)
@@ -214,6 +261,9 @@ def main():
                              "every link through NCCL")
     parser.add_argument("--shared-gpu", action="store_true",
                         help="every agent of --world on GPU 0 (the direct path), against the memory floor")
+    parser.add_argument("--float8", action="store_true",
+                        help="each case into bfloat16 and into float8 block-quantized targets, one agent (--world 1) "
+                             "or every agent on GPU 0")
     parser.add_argument("--staging-bytes", type=int, default=128 << 20)
     parser.add_argument("--serving", default="process",
                         help="where the coordinator runs (shardsync.local_cluster), comma-separated to measure "
@@ -231,6 +281,8 @@ def main():
     if any(s not in SERVINGS for s in servings):
         parser.error(f"--serving takes {', '.join(SERVINGS)}")
     os.makedirs(args.out, exist_ok=True)
+    if args.float8:
+        return float8_main(args, clients, servings[0])
     if args.shared_gpu:
         return shared_main(args, clients, servings[0])
     world = args.world

@@ -6,7 +6,8 @@ the agent of its device through CUDA IPC. Lines on stdin drive it:
                 25 ms kernel, then the ready event recorded if RECORD is 1; answers
                 without waiting
   finish        trainer: waits for its device work
-  check SEED    rollout: every arena element against the values of SEED -> "ok" / "mismatch N"
+  check SEED    rollout: every arena element against the values of SEED (float8 ones and
+                their scales against float8_reference) -> "ok" / "mismatch N"
   graph         rollout: capture a CUDA graph that sums every arena view into one tensor
   replay SEED   rollout: replay the graph; its sums against SEED's -> "ok" / "mismatch"
   address       rollout: the arena's data pointer
@@ -21,6 +22,7 @@ import torch
 
 import model
 import shardsync
+from float8_reference import reference_float8
 from shardsync.torch_support import TorchWeightArena, cuda_buffer, event_handle, ready_event
 
 parser = argparse.ArgumentParser()
@@ -37,6 +39,9 @@ parser.add_argument("--scale", type=int, default=1)
 parser.add_argument("--drop", default="")
 parser.add_argument("--ready-event", type=int, default=0)  # trainer: register an IPC event
 parser.add_argument("--name", default="")  # rollout: names its client id and arena, for a second one on a GPU
+# Both sides: model.values(varied=True); the rollout holds the 2-D tensors but the
+# embedding block-quantized in float8 (its float32 scales after each in the arena).
+parser.add_argument("--float8", type=int, default=0)
 args = parser.parse_args()
 SUFFIX = f"-{args.name}" if args.name else ""
 torch.cuda.set_device(args.device)
@@ -62,13 +67,13 @@ class Trainer:
     def refill(self, seed):
         for i, name, shape, begin, end, at in self.parts:
             if end > begin:
-                self.flat[at:at + end - begin].copy_(model.values(seed, i, shape).flatten()[begin:end])
+                self.flat[at:at + end - begin].copy_(model.values(seed, i, shape, args.float8).flatten()[begin:end])
         torch.cuda.synchronize()  # the writes are complete before any sync reads them
 
     def refill_late(self, seed):
         """The new values copied in on the device, each part behind a ~25 ms kernel; returns
         at once (the values are made on the GPU first: a copy from host memory would wait)."""
-        values = [(at, model.values(seed, i, shape).flatten()[begin:end].to(device))
+        values = [(at, model.values(seed, i, shape, args.float8).flatten()[begin:end].to(device))
                   for i, name, shape, begin, end, at in self.parts if end > begin]
         torch.cuda.synchronize()
         for at, part in values:
@@ -87,22 +92,36 @@ class Trainer:
 class Rollout:
     def __init__(self):
         self.boxes = {name: shardsync.tp_shard_box(shape, model.STYLE_AXIS.get(style), args.tp, args.tp_rank) for name, shape, style in TENSORS}
-        shards = [(name, [h - l for l, h in zip(*self.boxes[name])], torch.bfloat16) for name, _, _ in TENSORS]
+        self.float8 = {name for name, shape, _ in TENSORS if args.float8 and model.quantized(name, shape)}
+        shards = []
+        for name, _, _ in TENSORS:
+            shard = [h - l for l, h in zip(*self.boxes[name])]
+            shards.append((name, shard, torch.float8_e4m3fn if name in self.float8 else torch.bfloat16))
+            if name in self.float8:
+                shards.append((name + ".scales", [(shard[0] + 127) // 128, (shard[1] + 127) // 128], torch.float32))
         self.arena = TorchWeightArena(shards, device, buffer_name="arena" + SUFFIX)
         self.arena.memory.fill_(0xAB)  # poison
         torch.cuda.synchronize()
         self.graph = None
 
     def layouts(self):
-        return [shardsync.tensor_layout(name, shape, "bfloat16", placements=[self.arena.placement(name, *self.boxes[name])])
-                for name, shape, _ in TENSORS]
+        layouts = []
+        for name, shape, _ in TENSORS:
+            placement = self.arena.placement(name, *self.boxes[name])
+            if name in self.float8:
+                scales = self.arena.placement(name + ".scales", [0, 0], [0, 0])[2:4]
+                layouts.append(shardsync.tensor_layout(name, shape, "float8_e4m3", placements=[placement],
+                                                       block_scales=[scales]))
+            else:
+                layouts.append(shardsync.tensor_layout(name, shape, "bfloat16", placements=[placement]))
+        return layouts
 
     def buffers(self):
         return self.arena.buffers()
 
     def expected(self, seed, i, name, shape):
         lo, hi = self.boxes[name]
-        full = model.values(seed, i, shape)
+        full = model.values(seed, i, shape, args.float8)
         return full[tuple(slice(l, h) for l, h in zip(lo, hi))].to(device)
 
     def check(self, seed):
@@ -110,6 +129,12 @@ class Rollout:
         for i, (name, shape, _) in enumerate(TENSORS):
             got = self.arena.views[name]
             want = self.expected(seed, i, name, shape)
+            if name in self.float8:  # against the PyTorch reference quantizer: bits of both
+                want, scales = reference_float8(want)
+                got_scales = self.arena.views[name + ".scales"]
+                mismatched += int((got_scales.view(torch.int32) != scales.view(torch.int32)).sum().item())
+                mismatched += int((got.view(torch.uint8) != want.view(torch.uint8)).sum().item())
+                continue
             mismatched += int((got.view(torch.int16) != want.view(torch.int16)).sum().item())
         return mismatched
 

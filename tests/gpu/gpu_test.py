@@ -19,6 +19,10 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
           agents; a missing shard refuses everywhere with no target changed; an agent
           SIGKILLed after its copies, before it tells its peers, fails the sync naming it,
           and the next sync after its restart is exact; --direct never is refused.
+  Float8 rollouts (1 agent, and 4 sharing GPU 0): ZeRO-3 bfloat16 sources into float8
+          block-quantized targets (TP1, two TP2 replicas, TP4), quantized by the agents in
+          groups of a small scratch; every float8 element and block scale equal to a
+          PyTorch reference quantizer's, after two syncs.
 """
 
 import argparse
@@ -452,6 +456,44 @@ def shared_layout_case(world, zero, name, rollouts):
     return run
 
 
+def float8_case(world, name, rollouts):
+    """ZeRO-3 bfloat16 sources over `world` agents on GPU 0 into `rollouts` (rank, tp,
+    tp_rank) holding every 2-D tensor but the embedding block-quantized in float8: the
+    agents quantize on the GPU, in groups of an 8 MiB scratch; each rollout checks every
+    float8 element and scale against float8_reference.py (PyTorch)."""
+    where = "1 agent" if world == 1 else f"{world} agents on GPU 0 (direct path)"
+    @case(f"float8: {where}: ZeRO-3 bfloat16 over {world} ranks into {name} float8 block targets, two syncs, "
+          "every element and scale as PyTorch's quantizer makes them; --verify")
+    def run():
+        cluster = Cluster(f"float8-{world}-{name}", world, devices=[0] * world, scratch_bytes=8 << 20)
+        try:
+            trainers = [cluster.client("trainer", r, zero=3, dp=world, seed=31, float8=1) for r in range(world)]
+            clients = [cluster.client("rollout", r, tp=tp, tp_rank=k, seed=31, float8=1) for r, tp, k in rollouts]
+            for p in trainers + clients:
+                ready(p)
+            first = sync(cluster)
+            for r in clients:
+                assert ask(r, "check 31") == "ok"
+            for t in trainers:
+                assert ask(t, "refill 32") == "refilled"
+            second = sync(cluster)
+            for r in clients:
+                assert ask(r, "check 32") == "ok"
+            assert second.stages > 2, f"{second.stages} stages: the 8 MiB scratch made no groups"
+            quantized = sum(r.quantized_bytes for r in second.ranks)
+            scratch = max(r.scratch_bytes for r in second.ranks)
+            assert 0 < scratch <= 8 << 20, scratch
+            verified = sync(cluster, verify=True)
+            assert verified.verified_placements > 0 and verified.unverified_quantized_placements > 0, verified
+            return (f"second sync {second.seconds * 1e3:.2f} ms, {second.stages} stages, {quantized} float8 elements "
+                    f"quantized, scratch {scratch} bytes per agent at most; verify compared "
+                    f"{verified.verified_placements} bfloat16 placements, left {verified.unverified_quantized_placements} "
+                    f"float8 ones")
+        finally:
+            cluster.stop()
+    return run
+
+
 @case("4 agents on GPU 0: an agent SIGKILLed after its direct copies, before it tells its peers, fails the sync "
       "within the deadline naming it; targets invalid; restarted, the next sync is exact")
 def shared_agent_killed():
@@ -521,6 +563,8 @@ def main():
     cases += [shared_layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
     cases += [shared_layout_case(4, z, name, layout) for z in (1, 2, 3) for name, layout in FOUR_GPU_LAYOUTS.items()]
     cases += [missing_shard_case(4, shared=True), shared_agent_killed, shared_never_refused]
+    cases += [float8_case(1, "TP1", [(0, 1, 0)])]
+    cases += [float8_case(4, name, FOUR_GPU_LAYOUTS[name]) for name in ("two TP2 replicas", "TP4 (uneven shards)")]
     if GPUS >= 2:
         cases += [layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
         cases += [layout_case(2, 3, "TP2", TWO_GPU_LAYOUTS["TP2"], serving="agent0")]

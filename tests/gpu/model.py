@@ -24,10 +24,24 @@ def tensors(scale=1):
     return out
 
 
-def values(seed, index, shape):
-    """The deterministic bf16 values of tensor `index` for `seed`, on the CPU."""
+def values(seed, index, shape, varied=False):
+    """The deterministic bf16 values of tensor `index` for `seed`, on the CPU. `varied`
+    (2-D tensors): each 128 x 128 block scaled by its own power of two from 2^-130 (bf16
+    subnormals) to 2^20, about one block in six all zeros, one element in ten zero."""
     generator = torch.Generator().manual_seed(seed * 100003 + index)
-    return torch.randn(shape, generator=generator).to(torch.bfloat16)
+    out = torch.randn(shape, generator=generator)
+    if varied and len(shape) == 2:
+        blocks = ((shape[0] + 127) // 128, (shape[1] + 127) // 128)
+        exponents = torch.randint(-130, 21, blocks, generator=generator).float()
+        exponents[torch.rand(blocks, generator=generator) < 1 / 6] = float("-inf")  # 2^-inf: all zero
+        factor = torch.exp2(exponents).repeat_interleave(128, 0).repeat_interleave(128, 1)[:shape[0], :shape[1]]
+        out = out * factor * (torch.rand(shape, generator=generator) >= 0.1)
+    return out.to(torch.bfloat16)
+
+
+def quantized(name, shape):
+    """Whether the float8 rollout holds this tensor block-quantized (vLLM's linear layers)."""
+    return len(shape) == 2 and name != "embed"
 
 
 # The axis each TP style splits (vLLM: column-parallel splits rows, row-parallel columns).

@@ -1,0 +1,18 @@
+"""The test oracle for float8 block-quantized targets, in PyTorch and apart from the
+agents' CUDA kernel: used by the GPU suite and the sync benchmark's checks."""
+
+import torch
+
+
+def reference_float8(values):
+    """The block quantizer as the tests define it, in PyTorch: per 128 x 128 block,
+    scale = amax / 448 (1 for an all-zero block), values / scale rounded to nearest even
+    float8_e4m3fn, saturated. Returns (float8 tensor, float32 scales)."""
+    rows, cols = values.shape
+    blocks = ((rows + 127) // 128, (cols + 127) // 128)
+    padded = torch.zeros(blocks[0] * 128, blocks[1] * 128, dtype=torch.float32, device=values.device)
+    padded[:rows, :cols] = values.float()
+    amax = padded.view(blocks[0], 128, blocks[1], 128).abs().amax(dim=(1, 3))
+    scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    spread = scales.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
+    return (values.float() / spread).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scales
