@@ -66,6 +66,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
     for (v1::Placement& p : *t.mutable_placements()) p.set_rank(rank_);
     for (v1::FlatPlacement& p : *t.mutable_flat_placements()) p.set_rank(rank_);
     for (v1::Fill& f : *t.mutable_fills()) f.set_rank(rank_);
+    for (v1::BlockScales& s : *t.mutable_block_scales()) s.set_rank(rank_);
   }
   {
     absl::MutexLock lock(&mu_);  // before the work of opening buffers; again when adding
