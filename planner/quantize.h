@@ -29,8 +29,9 @@ inline constexpr int kMaxQuantizeGroups = 64;  // stages 0..127 (Segment::stage 
 // The name a rank's scratch buffer has in a plan's messages; clients cannot register
 // names starting "shardsync.".
 inline constexpr char kScratchBufferName[] = "shardsync.scratch";
-// The per-rank scratch budget when none is given: 256 MiB of bfloat16.
-inline constexpr int64_t kDefaultScratchBytes = int64_t{256} << 20;
+// The per-rank scratch budget when none is given: 1 GiB of bfloat16 (Qwen3-8B's linear
+// layers in about 15 groups on one rank).
+inline constexpr int64_t kDefaultScratchBytes = int64_t{1} << 30;
 
 // Blocks along an axis of `extent` elements (the last block may be partial).
 inline int64_t ScaleBlocks(int64_t extent) { return (extent + kScaleBlock - 1) / kScaleBlock; }
