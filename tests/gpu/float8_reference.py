@@ -13,6 +13,8 @@ def reference_float8(values):
     padded = torch.zeros(blocks[0] * 128, blocks[1] * 128, dtype=torch.float32, device=values.device)
     padded[:rows, :cols] = values.float()
     amax = padded.view(blocks[0], 128, blocks[1], 128).abs().amax(dim=(1, 3))
-    scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    # Divided by a tensor: PyTorch divides by a Python number as a multiplication by its
+    # reciprocal, which is not amax / 448 in float32 for every amax.
+    scales = torch.where(amax > 0, amax / torch.full_like(amax, 448.0), torch.ones_like(amax))
     spread = scales.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
     return (values.float() / spread).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scales

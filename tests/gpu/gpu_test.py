@@ -471,14 +471,16 @@ def float8_case(world, name, rollouts):
             clients = [cluster.client("rollout", r, tp=tp, tp_rank=k, seed=31, float8=1) for r, tp, k in rollouts]
             for p in trainers + clients:
                 ready(p)
-            first = sync(cluster)
+            sync(cluster)
             for r in clients:
-                assert ask(r, "check 31") == "ok"
+                answer = ask(r, "check 31")
+                assert answer == "ok", answer
             for t in trainers:
                 assert ask(t, "refill 32") == "refilled"
             second = sync(cluster)
             for r in clients:
-                assert ask(r, "check 32") == "ok"
+                answer = ask(r, "check 32")
+                assert answer == "ok", answer
             assert second.stages > 2, f"{second.stages} stages: the 8 MiB scratch made no groups"
             quantized = sum(r.quantized_bytes for r in second.ranks)
             scratch = max(r.scratch_bytes for r in second.ranks)
