@@ -15,6 +15,8 @@ import threading
 import time
 import unittest
 
+import numpy
+
 import shardsync
 from shardsync.local_cluster import LocalCluster
 
@@ -78,6 +80,37 @@ def box_bytes(values, shape, lo, hi, element):
             k -= 1
         if k < 0:
             return bytes(out)
+
+
+def float8_values():
+    """The value of every non-negative finite FLOAT8_E4M3 code 0..0x7e, from its bit
+    fields: 4 exponent bits (bias 7), 3 mantissa bits."""
+    codes = numpy.arange(0x7f)
+    exponent, mantissa = codes >> 3, codes & 7
+    return numpy.where(exponent == 0, mantissa * 2.0 ** -9, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+
+
+def reference_float8(values):
+    """The block rule, in numpy: per 128 x 128 block scale = amax / 448 in float32 (1 for
+    an all-zero block); each value / scale goes to the nearest code, a tie to the even
+    one, beyond 448 to 448. Returns (uint8 codes, float32 scales)."""
+    rows, cols = values.shape
+    scales = numpy.ones(((rows + 127) // 128, (cols + 127) // 128), dtype=numpy.float32)
+    codes = numpy.zeros(values.shape, dtype=numpy.uint8)
+    table = float8_values()
+    for i in range(scales.shape[0]):
+        for j in range(scales.shape[1]):
+            block = values[128 * i:128 * i + 128, 128 * j:128 * j + 128]
+            amax = numpy.abs(block).max()
+            if amax > 0:
+                scales[i, j] = amax / numpy.float32(448)
+            scaled = (block / scales[i, j]).astype(numpy.float32)
+            distance = numpy.abs(table[None, :] - numpy.abs(scaled).astype(numpy.float64).reshape(-1, 1))
+            nearest = distance == distance.min(axis=1, keepdims=True)
+            nearest &= (numpy.arange(0x7f) % 2 == 0) | (nearest.sum(axis=1, keepdims=True) == 1)
+            code = nearest.argmax(axis=1).astype(numpy.uint8).reshape(block.shape)
+            codes[128 * i:128 * i + 128, 128 * j:128 * j + 128] = code | numpy.where(numpy.signbit(scaled), 0x80, 0)
+    return codes, scales
 
 
 class PythonClientTest(unittest.TestCase):
@@ -179,6 +212,43 @@ class PythonClientTest(unittest.TestCase):
         status = coordinator.status()
         self.assertEqual(len(status.agents), WORLD)
         self.assertTrue(status.last_sync_ok)
+
+    def test_float8_block_targets_registered_on_every_rank_quantize_as_the_rule_says(self):
+        shape = (300, 260)  # ZeRO-3 and the TP2 row split cut 128 x 128 blocks
+        rng = numpy.random.default_rng(11)
+        full = (rng.standard_normal(shape) * numpy.exp2(rng.integers(-130, 20, shape))).astype(numpy.float32)
+        full[:128, 128:256] = 0  # an all-zero block
+        bits = (full.view(numpy.uint32) >> 16).astype(numpy.uint16)  # bfloat16, truncated: any will do
+        full = (bits.astype(numpy.uint32) << 16).view(numpy.float32)
+        values = bits.tobytes()
+        for rank in range(WORLD):
+            begin, end = shardsync.flat_partition(math.prod(shape), WORLD, rank)
+            flat = shardsync.SharedBuffer(2 * (end - begin))
+            self.buffers.append(flat)
+            flat.buf[:] = values[2 * begin:2 * end]
+            agent = shardsync.AgentClient(self.cluster.socket(rank))
+            layout = shardsync.zero3_partition("q", shape, "bfloat16", WORLD, rank, "flat", 0)
+            self.registrations.append(agent.register(f"trainer-{rank}", "source", {"flat": flat}, [layout]))
+        arenas = []
+        for rank in range(WORLD):
+            lo, hi = shardsync.tp_shard_box(shape, 0, WORLD, rank)
+            rows, cols = hi[0] - lo[0], hi[1] - lo[1]
+            arena = shardsync.WeightArena([("q", (rows, cols), "float8_e4m3"),
+                                           ("q.scales", ((rows + 127) // 128, (cols + 127) // 128), "float32")])
+            self.buffers.append(arena.memory)
+            arena.memory.buf[:] = b"\xab" * arena.memory.nbytes  # poison
+            scales = arena.placement("q.scales", [0, 0], [0, 0])[2:4]
+            layout = shardsync.tensor_layout("q", shape, "float8_e4m3", placements=[arena.placement("q", lo, hi)],
+                                             block_scales=[scales])
+            agent = shardsync.AgentClient(self.cluster.socket(rank))
+            self.registrations.append(agent.register(f"rollout-{rank}", "target", arena.buffers(), [layout]))
+            arenas.append((arena, lo, hi))
+        response = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True).sync(timeout=20)
+        self.assertEqual(sum(r.quantized_bytes for r in response.ranks), math.prod(shape))
+        for rank, (arena, lo, hi) in enumerate(arenas):
+            want, want_scales = reference_float8(full[lo[0]:hi[0], lo[1]:hi[1]])
+            self.assertEqual(bytes(arena.view("q")), want.tobytes(), f"rank {rank}")
+            self.assertEqual(bytes(arena.view("q.scales")), want_scales.tobytes(), f"rank {rank}")
 
     def test_agents_on_two_nodes_say_so_sync_exactly_and_explain_the_bytes_between_them(self):
         self.cluster.stop()
