@@ -39,11 +39,20 @@ void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title,
   if (nodes) {
     out << absl::StrFormat(
         "between nodes %s; %s (%s forwarded from targets)%s\n", Bytes(report.network_bytes()),
-        report.stages() > 1 ? "relayed" : "not relayed", Bytes(report.relayed_bytes()),
+        report.relayed_bytes() > 0 ? "relayed" : "not relayed", Bytes(report.relayed_bytes()),
         report.direct_floor_seconds() > 0
             ? absl::StrFormat("; the cost model's floor %.3f ms direct, %.3f ms relayed",
                               report.direct_floor_seconds() * 1e3, report.relayed_floor_seconds() * 1e3)
             : "");
+  }
+  int64_t quantized = 0, scratch = 0;
+  for (const v1::RankStats& r : report.ranks())
+    quantized += r.quantized_bytes(), scratch = std::max(scratch, r.scratch_bytes());
+  if (quantized > 0) {
+    out << absl::StrFormat(
+        "float8 targets: %d elements quantized from bfloat16 scratch (at most %s per rank), %d "
+        "stages; the floor counts the quantize pass (3 bytes per element)\n",
+        quantized, Bytes(scratch), report.stages());
   }
   out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory (read + write)%s\n",
                          report.floor_seconds() * 1e3, report.link_gbps(), report.memory_gbps(),

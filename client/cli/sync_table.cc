@@ -13,9 +13,18 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
   out << absl::StrFormat("sync %s: epoch %d, digest %s, %.3f s (planning %.3f s; %s)\n", response.sync_id(),
                          response.layout_epoch(), response.digest(), response.seconds(), response.plan_seconds(),
                          response.one_call() ? "one call per agent" : "Prepare, then Execute");
-  if (response.stages() > 1 || response.network_bytes() > 0) {
-    out << absl::StrFormat("%s between nodes%s\n", Bytes(response.network_bytes()),
-                           response.stages() > 1 ? ", relayed (a second stage copied targets within each node)" : "");
+  if (response.relayed_bytes() > 0 || response.network_bytes() > 0) {
+    out << absl::StrFormat(
+        "%s between nodes%s\n", Bytes(response.network_bytes()),
+        response.relayed_bytes() > 0 ? ", relayed (a second stage copied targets within each node)" : "");
+  }
+  int64_t scratch = 0;
+  for (const v1::RankStats& r : response.ranks()) scratch = std::max(scratch, r.scratch_bytes());
+  if (response.quantized_bytes() > 0) {
+    out << absl::StrFormat(
+        "float8 targets: %d elements quantized from bfloat16 scratch (at most %s per agent), %d "
+        "stages\n",
+        response.quantized_bytes(), Bytes(scratch), response.stages());
   }
   int64_t direct = 0, staged = 0;
   for (const v1::LinkBytes& l : response.links()) (l.path() == v1::DIRECT ? direct : staged) += l.bytes();
@@ -47,6 +56,10 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
     for (const v1::RankStats& r : response.ranks()) slowest = std::max(slowest, r.verify_seconds());
     out << absl::StrFormat("verified: %d placements (tensor, target rank) equal their sources; checksums took %.4f s\n",
                            response.verified_placements(), slowest);
+  }
+  if (response.unverified_quantized_placements() > 0) {
+    out << absl::StrFormat("not verified: %d float8 placements (their bytes are not their sources')\n",
+                           response.unverified_quantized_placements());
   }
 }
 

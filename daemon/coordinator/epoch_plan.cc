@@ -63,7 +63,10 @@ absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const st
   epoch.timings.encode_seconds = SecondsSince(start);
 
   for (const auto& stage : planner::StageBytes(epoch.plan)) {
-    for (const planner::RankStats& r : stage) epoch.network_bytes += r.network_sent_bytes;
+    for (const planner::RankStats& r : stage) {
+      epoch.network_bytes += r.network_sent_bytes;
+      epoch.relayed_bytes += r.relayed_bytes;
+    }
   }
   return epoch;
 }

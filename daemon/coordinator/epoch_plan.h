@@ -41,6 +41,7 @@ struct EpochPlan {
   std::string digest;                        // of the plan and the staging budget
   std::pair<double, double> floors{0, 0};    // without and with the relay, when kAuto planned both
   int64_t network_bytes = 0;                 // between nodes
+  int64_t relayed_bytes = 0;                 // forwarded from targets in relay stages
   // By rank, schedule only, owned by `arena` (one allocation pool for millions of
   // segment specs, freed at once with the plan).
   std::unique_ptr<google::protobuf::Arena> arena = std::make_unique<google::protobuf::Arena>();

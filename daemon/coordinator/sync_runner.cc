@@ -202,11 +202,15 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
   response.set_stages(plan_->compiled.plan.stages);
   response.set_network_bytes(plan_->compiled.network_bytes);
+  response.set_relayed_bytes(plan_->compiled.relayed_bytes);
   response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
   for (v1::LinkBytes& link : LinksOfPlan()) *response.add_links() = std::move(link);
   if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
   response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
-  for (v1::ExecuteResponse& r : *responses) *response.add_ranks() = r.stats();
+  for (v1::ExecuteResponse& r : *responses) {
+    response.set_quantized_bytes(response.quantized_bytes() + r.stats().quantized_bytes());
+    *response.add_ranks() = r.stats();
+  }
   response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   {
     absl::MutexLock lock(&state_mu_);

@@ -135,6 +135,8 @@ TEST_CASE(
       }
       const int replicas = layout.name == std::string("tp2x2") ? 2 : 1;
       CHECK(quantized == replicas * (2 * 256 * 200 + 200 * 256 + 300 * 130));
+      CHECK(first->quantized_bytes() == quantized);
+      CHECK(first->relayed_bytes() == 0);  // several stages, none of them a relay
       // Verify compares the bfloat16 tensors; float8 bytes are not their sources'.
       CHECK(first->verified_placements() > 0);
       CHECK(first->unverified_quantized_placements() == 4 * 4);  // 4 tensors on each of 4 ranks

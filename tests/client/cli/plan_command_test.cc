@@ -3,6 +3,8 @@
 #include "client/cli/plan_command.h"
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -99,6 +101,38 @@ TEST_CASE("plan prints the same report as tables, with the bytes between nodes w
   REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(nodes), &report).ok());
   CHECK(report.network_bytes() > 0);
   CHECK(report.direct_floor_seconds() > 0);
+}
+
+TEST_CASE("plan of float8 targets reports what is quantized, the scratch, and a floor with the quantize pass") {
+  const auto spec_of = [](const std::string& target_dtype) {
+    const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + target_dtype + ".json";
+    std::ofstream(path) << R"({"model": {"preset": "qwen3-0.6b", "zero_stage": 3, "dp_ranks": [0, 1, 2, 3],
+        "replicas": [{"ranks": [0, 1]}, {"ranks": [2, 3]}], "target_dtype": ")"
+                        << target_dtype << R"("}})";
+    PlanCommandConfig config;
+    config.spec_path = path;
+    config.memory_gbps = 1;  // the memory dominates the floor: the quantize pass shows
+    return config;
+  };
+  PlanCommandConfig float8 = spec_of("FLOAT8_E4M3");
+  CHECK_THAT(Plan(float8), Contains("float8 targets: ") && Contains("the floor counts the quantize pass"));
+  float8.json = true;
+  v1::ExplainResponse quantized, plain;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(float8), &quantized).ok());
+  PlanCommandConfig bfloat16 = spec_of("BFLOAT16");
+  CHECK_THAT(Plan(bfloat16), !Contains("float8"));
+  bfloat16.json = true;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(bfloat16), &plain).ok());
+  for (const v1::RankStats& r : quantized.ranks()) {
+    CHECK(r.quantized_bytes() > 0);
+    CHECK(r.scratch_bytes() > 0);
+    CHECK(r.scratch_bytes() <= int64_t{1} << 30);
+    // The wire carries bfloat16 either way.
+    CHECK(r.received_bytes() == plain.ranks(r.rank()).received_bytes());
+  }
+  CHECK(quantized.relayed_bytes() == 0);
+  // Every rank receives, copies and quantizes its shards; the floor grows by the pass.
+  CHECK(quantized.floor_seconds() > plain.floor_seconds() * 1.2);
 }
 
 TEST_CASE("plan refuses a spec it cannot read: exit 3, naming the file, nothing on stdout") {
