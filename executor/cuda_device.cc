@@ -377,7 +377,6 @@ absl::Status CudaDevice::QueueHashes(const uint8_t* data, absl::Span<const HashP
     }
     if (pieces.size() > hash_sums_capacity_) {
       cudaFree(hash_sums_);
-      cudaFree(quantize_device_);
       hash_sums_ = nullptr;
       hash_sums_capacity_ = std::max<size_t>(pieces.size(), 1 << 16);
       SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaMalloc(&hash_sums_, hash_sums_capacity_ * sizeof(uint64_t)));

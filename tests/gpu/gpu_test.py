@@ -463,7 +463,7 @@ def float8_case(world, name, rollouts):
     float8 element and scale against float8_reference.py (PyTorch)."""
     where = "1 agent" if world == 1 else f"{world} agents on GPU 0 (direct path)"
     @case(f"float8: {where}: ZeRO-3 bfloat16 over {world} ranks into {name} float8 block targets, two syncs, "
-          "every element and scale as PyTorch's quantizer makes them; --verify")
+          "every element and scale as PyTorch's quantizer makes them; --verify, then a third sync")
     def run():
         cluster = Cluster(f"float8-{world}-{name}", world, devices=[0] * world, scratch_bytes=8 << 20)
         try:
@@ -487,6 +487,12 @@ def float8_case(world, name, rollouts):
             assert 0 < scratch <= 8 << 20, scratch
             verified = sync(cluster, verify=True)
             assert verified.verified_placements > 0 and verified.unverified_quantized_placements > 0, verified
+            for t in trainers:  # a sync after --verify, whose buffers the agents grew, is exact too
+                assert ask(t, "refill 33") == "refilled"
+            sync(cluster)
+            for r in clients:
+                answer = ask(r, "check 33")
+                assert answer == "ok", answer
             return (f"second sync {second.seconds * 1e3:.2f} ms, {second.stages} stages, {quantized} float8 elements "
                     f"quantized, scratch {scratch} bytes per agent at most; verify compared "
                     f"{verified.verified_placements} bfloat16 placements, left {verified.unverified_quantized_placements} "
