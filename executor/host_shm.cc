@@ -89,6 +89,17 @@ class OwnedShmBuffer final : public MappedBuffer {
 }  // namespace
 
 absl::StatusOr<MemoryBackend::Owned> HostShmBackend::Allocate(int64_t bytes) {
+  // Another agent's orphan sweep may unlink a new object before its lock is taken:
+  // then a new name is tried.
+  absl::StatusOr<Owned> owned = absl::UnknownError("not tried");
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    owned = AllocateOnce(bytes);
+    if (!absl::IsAborted(owned.status())) return owned;
+  }
+  return owned;
+}
+
+absl::StatusOr<MemoryBackend::Owned> HostShmBackend::AllocateOnce(int64_t bytes) {
   static std::atomic<int64_t> made{0};
   const std::string name =
       absl::StrCat("/", kScratchPrefix, getpid(), "-", absl::ToUnixNanos(absl::Now()), "-", made++);
@@ -101,7 +112,8 @@ absl::StatusOr<MemoryBackend::Owned> HostShmBackend::Allocate(int64_t bytes) {
   }, linked{};
   if (error == 0 && (fstat(fd, &own) != 0 || stat(absl::StrCat("/dev/shm", name).c_str(), &linked) != 0 ||
                      own.st_ino != linked.st_ino)) {
-    error = ENOENT;
+    close(fd);
+    return absl::AbortedError(absl::StrCat("shm '", name, "' was removed as it was made"));
   }
   void* mapping = MAP_FAILED;
   if (error == 0) {

@@ -16,6 +16,10 @@ class HostShmBackend final : public MemoryBackend {
   // Unlinks the scratch objects whose owners are gone (nobody holds their lock);
   // returns how many.
   static int RemoveOrphanScratch();
+
+ private:
+  // One try; ABORTED when the object was unlinked before its lock was taken.
+  absl::StatusOr<Owned> AllocateOnce(int64_t bytes);
 };
 
 }  // namespace shardsync::executor

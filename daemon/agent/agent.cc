@@ -257,6 +257,8 @@ absl::Status Agent::PrepareLocked(const v1::PrepareRequest& request, bool map_di
     }
     Prepared& prepared = it->second;
     SHARDSYNC_RETURN_IF_ERROR(CheckStreams(prepared.local->schedule, request.world_size()));
+    // A peer's ask for another plan's scratch may have replaced this plan's.
+    SHARDSYNC_RETURN_IF_ERROR(registry_.ProvideScratch(prepared.local->scratch_bytes));
     prepared.sync_id = request.sync_id();
     prepared.deadline = absl::Milliseconds(request.deadline_ms());
     prepared.peers = PeersOf(request);
@@ -498,6 +500,12 @@ absl::Status Agent::HoldBuffers(const Prepared& prepared, std::vector<std::share
       return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "': ", intact.message()));
     }
     table[id] = held[id]->memory->data();
+    // The scratch changes size without a new registry version (a peer may ask for the
+    // next plan's first): this plan's must be the one held.
+    if (name == planner::kScratchBufferName && held[id]->memory->bytes() != prepared.local->scratch_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat("the scratch holds ", held[id]->memory->bytes(),
+                                                        " bytes; this plan's is ", prepared.local->scratch_bytes));
+    }
   }
   // The registry changed since the check: check the mappings held instead.
   if (registry_.version() != prepared.checked_version) SHARDSYNC_RETURN_IF_ERROR(Check(*prepared.local, held));
