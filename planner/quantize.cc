@@ -69,9 +69,10 @@ absl::StatusOr<ScratchLayout> PlaceScratch(const PlanInput& input, int64_t scrat
       used[rank] += AlignUp(NumElements(extent));
       most[rank] = std::max(most[rank], used[rank]);
       if (NumElements(extent) > 0) {
-        out.quantizes.push_back(QuantizeOp{static_cast<int32_t>(ti), stage, scratch, base, p.holder, p.base,
-                                           p.strides[0], scales.holder, scales.base, scales.row_stride, extent[0],
-                                           extent[1]});
+        // One row's stride is never stepped: any value the placement gave is no row apart.
+        const int64_t row_stride = extent[0] == 1 ? std::max(p.strides[0], extent[1]) : p.strides[0];
+        out.quantizes.push_back(QuantizeOp{static_cast<int32_t>(ti), stage, scratch, base, p.holder, p.base, row_stride,
+                                           scales.holder, scales.base, scales.row_stride, extent[0], extent[1]});
       }
       p = Placement{p.box, scratch, base, ContiguousStrides(extent)};
     }

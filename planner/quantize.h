@@ -30,7 +30,7 @@ inline constexpr int kMaxQuantizeGroups = 64;  // stages 0..127 (Segment::stage 
 // names starting "shardsync.".
 inline constexpr char kScratchBufferName[] = "shardsync.scratch";
 // The per-rank scratch budget when none is given: 1 GiB of bfloat16 (Qwen3-8B's linear
-// layers in about 15 groups on one rank).
+// layers in 14 groups on one rank).
 inline constexpr int64_t kDefaultScratchBytes = int64_t{1} << 30;
 
 // Blocks along an axis of `extent` elements (the last block may be partial).

@@ -212,6 +212,15 @@ TEST_CASE("block-quantized targets are planned in groups within the scratch budg
   CHECK(planner::CostFloorSeconds(stages, bw) > 0);
 }
 
+TEST_CASE("a one-row block-quantized placement with any row stride plans a row stride the agents accept") {
+  planner::PlanInput input = TwoRankQuantized(2, 200, 1);  // each rank's shard: 1 x 200
+  for (planner::Placement& p : input.tensors[0].target.placements) p.strides = Index{0, 1};
+  auto plan = planner::MakePlan(input, *planner::LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  REQUIRE(plan->quantizes.size() == 2);
+  for (const planner::QuantizeOp& q : plan->quantizes) CHECK(q.target_row_stride >= q.cols);  // the decoder's rule
+}
+
 TEST_CASE("block-quantized targets: bad input is refused before planning, naming the tensor") {
   const auto policy = planner::LocalFirstLeastLoaded();
   const auto refused = [&](const planner::PlanInput& input, const std::string& what, int64_t budget = 1 << 20) {
