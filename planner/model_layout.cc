@@ -120,7 +120,7 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
     if (!by_name.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
     if (t.tied_to.empty()) sourced.push_back(&t);
   }
-  // Float8 targets are vLLM's block-quantized linear layers: 2-D split tensors only.
+  // Float8 targets are the linear layers: 2-D split tensors only.
   const bool float8 = spec.target_dtype == DType::kFloat8E4M3;
   const auto quantized = [&](const ModelTensor& t) {
     return float8 && t.shape.size() == 2 && (t.style == TpStyle::kColumn || t.style == TpStyle::kRow);

@@ -57,9 +57,10 @@ struct ModelLayoutSpec {
   std::vector<int32_t> dp_ranks;               // trainer: global rank of each DP index
   std::vector<std::vector<int32_t>> replicas;  // rollout: each replica's ranks by TP rank
   // The rollout's dtype when it differs from the trainer's (a float32 master into a
-  // bfloat16 copy); unset: the same dtype. FLOAT8_E4M3: vLLM's block-quantized linear
-  // layers, every 2-D COLUMN or ROW tensor in float8 with its float32 scales per 128 x
-  // 128 block after it in the arena (planner/quantize.h); the rest keep their dtype.
+  // bfloat16 copy); unset: the same dtype. FLOAT8_E4M3: every 2-D COLUMN or ROW tensor
+  // in float8, its float32 scales per 128 x 128 block in a grid of its own after it in
+  // the arena (planner/quantize.h; a fused layer's parts each have their own grid); the
+  // rest keep their dtype.
   std::optional<DType> target_dtype;
   // Buffer ids: the trainer's flat on each DP rank, the rollout's arena on each TP rank.
   int32_t source_buffer = 0;
