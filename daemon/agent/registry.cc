@@ -30,8 +30,14 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
     input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes(),
                                             absl::StrCat(request.client_id(), "/", b.name())});
   }
+  const size_t registered = ids.names().size();
   for (const v1::TensorLayout& t : request.tensors()) {
     SHARDSYNC_ASSIGN_OR_RETURN(auto side, spec::ToTensorSide(t, ids));
+    if (ids.names().size() > registered) {  // a name no buffer has
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' names buffer '",
+                                                     ids.Name(static_cast<int32_t>(registered)),
+                                                     "', which this registration does not register"));
+    }
     planner::TensorLayouts layouts{side.name, side.shape, side.dtype, side.dtype, {}, {}};
     (request.role() == v1::SOURCE ? layouts.source : layouts.target) = side.layout;
     if (!side.scales.empty()) {  // a quantized target: any source dtype it takes will do here

@@ -71,6 +71,28 @@ TEST_CASE("a client registers only memory its own uid owns") {
   }
 }
 
+TEST_CASE("a tensor naming a buffer its registration lacks is refused by that buffer's name") {
+  FakeBackend backend;
+  Registry registry(0, {&backend});
+  v1::RegisterRequest request = Request("engine", "any");
+  v1::TensorLayout* t = request.add_tensors();
+  t->set_name("w");
+  t->add_shape(2);
+  t->add_shape(8);
+  t->set_dtype(v1::FLOAT8_E4M3);
+  v1::Placement* p = t->add_placements();
+  p->set_buffer("arena-engine");
+  for (int64_t v : {0, 0}) p->mutable_box()->add_lo(v);
+  for (int64_t v : {2, 8}) p->mutable_box()->add_hi(v);
+  for (int64_t v : {8, 1}) p->add_strides(v);
+  t->add_block_scales()->set_buffer("scales-engine");
+  const absl::Status refused = registry.Add(request, Peer{1, 1000});
+  CHECK(absl::IsInvalidArgument(refused));
+  CHECK_THAT(std::string(refused.message()),
+             Contains("tensor 'w' names buffer 'scales-engine'") && Contains("does not register"));
+  CHECK(registry.Clients().empty());
+}
+
 TEST_CASE("registrations past the agent's limits, in all or per uid, are refused naming the limit") {
   FakeBackend backend;
   Registry registry(0, {&backend}, RegistryLimits{3, 2});
