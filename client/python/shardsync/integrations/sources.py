@@ -132,7 +132,8 @@ def namespaced(buffers, layouts, prefix):
     names are unique among all clients of an agent."""
     renamed = {f"{prefix}/{name}": buffer for name, buffer in buffers.items()}
     for layout in layouts:
-        for placement in list(layout.placements) + list(layout.flat_placements) + list(layout.fills):
+        for placement in (list(layout.placements) + list(layout.flat_placements) + list(layout.fills) +
+                          list(layout.block_scales)):
             placement.buffer = f"{prefix}/{placement.buffer}"
     return renamed, layouts
 
