@@ -21,15 +21,32 @@ vLLM that decide where each checkpoint element lands on a tensor-parallel rank:
   ``param.weight_loader(param, loaded_weight, ...)``, so replacing a parameter's ``.data``
   beforehand redirects every write.
 
+Block-quantized float8 checkpoints (``Qwen3Config.weight_block_size``, vLLM's ``Fp8Config``
+with ``weight_block_size``: ``quantization/fp8.py``, ``quantization/utils/fp8_utils.py``)
+for the dense model's linear layers: a float8_e4m3fn ``weight`` and a float32
+``weight_scale_inv`` per layer, the scales' loaders in block units
+(``adjust_block_scale_shard``), and ``process_weights_after_loading`` as vLLM's CUTLASS and
+Triton block kernels leave the layer: plain Parameters over the same memory, keeping
+``weight_loader`` (``model_executor/utils.py`` ``replace_parameter``), so vLLM's loaders no
+longer run on them. As vLLM's ``initialize_model`` does, the constructor records every
+layer's parameters as created (``model_loader/reload``: ``record_metadata_for_reloading``,
+meta tensors of the same class and attributes, loaders unbound from their layer);
+``install_as_vllm()`` publishes that record, and DeepGEMM's switch, under vLLM's module
+names for code that imports them.
+
 Tensor-parallel rank and size are given to the constructor instead of being read from
-vLLM's process groups. Data parallelism, pipeline parallelism, quantization, LoRA-added
-vocabulary, EPLB/redundant experts and ``process_weights_after_loading`` are left out.
+vLLM's process groups. Data parallelism, pipeline parallelism, other quantizations,
+float8 experts, LoRA-added vocabulary and EPLB/redundant experts are left out.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
+import types
+import weakref
 from dataclasses import dataclass
+from types import MethodType
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
@@ -42,6 +59,8 @@ __all__ = [
     "checkpoint_shapes",
     "pad_vocab_size",
     "DEFAULT_VOCAB_PADDING_SIZE",
+    "install_as_vllm",
+    "process_weights_after_loading",
 ]
 
 
@@ -61,6 +80,10 @@ class Qwen3Config:
     tie_word_embeddings: bool = False
     num_experts: int = 0            # 0: dense (Qwen3); > 0: Qwen3-MoE (every layer sparse)
     moe_intermediate_size: int = 0
+    # A float8 checkpoint's quantization_config.weight_block_size ([128, 128]); None: bf16.
+    weight_block_size: Optional[Tuple[int, int]] = None
+    # vLLM's per-layer escape from its block shape check (linear.py sets it for some models).
+    allow_fp8_block_shape_mismatch: bool = False
 
 
 def checkpoint_shapes(config: Qwen3Config) -> Dict[str, Tuple[int, ...]]:
@@ -96,7 +119,20 @@ def checkpoint_shapes(config: Qwen3Config) -> Dict[str, Tuple[int, ...]]:
     shapes["model.norm.weight"] = (H,)
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, H)
-    return shapes
+    if c.weight_block_size is None:
+        return shapes
+    # A float8 checkpoint: each linear layer's weight_scale_inv, one float32 per block.
+    block_n, block_k = c.weight_block_size
+    quantized = {}
+    for name, shape in shapes.items():
+        quantized[name] = shape
+        if _is_linear_weight(name):
+            quantized[name[:-len("weight")] + "weight_scale_inv"] = (-(-shape[0] // block_n), -(-shape[1] // block_k))
+    return quantized
+
+
+def _is_linear_weight(name: str) -> bool:
+    return name.endswith("_proj.weight") and ".mlp.experts." not in name
 
 
 # ----------------------------------------------------------------------------------------
@@ -245,6 +281,169 @@ class ModelWeightParameter(_ColumnvLLMParameter, RowvLLMParameter):
     """The weight of an unquantized linear layer: column- and row-parallel loading."""
 
 
+class BlockQuantScaleParameter(_ColumnvLLMParameter, RowvLLMParameter):
+    """The float32 scales of a block-quantized weight, one per block_n x block_k block;
+    the layer's loaders give their offsets and sizes in blocks."""
+
+
+# ----------------------------------------------------------------------------------------
+# vllm/model_executor/utils.py replace_parameter; quantization/utils/fp8_utils.py;
+# quantization/fp8.py Fp8LinearMethod with weight_block_size (a float8 checkpoint)
+# ----------------------------------------------------------------------------------------
+
+def replace_parameter(layer: nn.Module, param_name: str, new_data: torch.Tensor) -> None:
+    """A plain Parameter over `new_data` in place of the layer's, keeping its loader."""
+    old = getattr(layer, param_name, None)
+    new_param = Parameter(new_data, requires_grad=False)
+    if old is not None and hasattr(old, "weight_loader"):
+        set_weight_attrs(new_param, {"weight_loader": old.weight_loader})
+    setattr(layer, param_name, new_param)
+
+
+def adjust_block_scale_shard(weight_block_size, shard_size: int, shard_offset: int) -> Tuple[int, int]:
+    """A weight shard's size and offset in rows, as the scales' in blocks (rounded up)."""
+    assert weight_block_size is not None
+    block_n = weight_block_size[0]
+    shard_offset = (shard_offset + block_n - 1) // block_n
+    shard_size = (shard_size + block_n - 1) // block_n
+    return shard_size, shard_offset
+
+
+def validate_fp8_block_shape(layer: nn.Module, input_size: int, output_size: int, input_size_per_partition: int,
+                             output_partition_sizes: List[int], block_size) -> None:
+    """vLLM's refusal of shards that would cut a quantization block."""
+    if getattr(layer, "allow_fp8_block_shape_mismatch", False):
+        return
+    tp_size = layer.tp_size
+    block_n, block_k = block_size[0], block_size[1]
+    if tp_size > 1 and input_size // input_size_per_partition == tp_size and input_size_per_partition % block_k != 0:
+        raise ValueError(f"Weight input_size_per_partition = {input_size_per_partition} "
+                         f"is not divisible by weight quantization block_k = {block_k}.")
+    is_tp_split = tp_size > 1 and output_size // sum(output_partition_sizes) == tp_size
+    is_merged_gemm = len(output_partition_sizes) > 1
+    if is_tp_split or is_merged_gemm:
+        sizes_to_check = output_partition_sizes if is_tp_split else output_partition_sizes[:-1]
+        for output_partition_size in sizes_to_check:
+            if output_partition_size % block_n != 0:
+                raise ValueError(f"Weight output_partition_size = {output_partition_size} "
+                                 f"is not divisible by weight quantization block_n = {block_n}.")
+
+
+class Fp8BlockLinearMethod:
+    """Fp8LinearMethod for a checkpoint serialized in float8 with weight_block_size
+    (dynamic activation scales): a float8_e4m3fn weight and its float32 weight_scale_inv."""
+
+    def __init__(self, weight_block_size):
+        if not hasattr(torch, "float8_e4m3fn"):
+            raise RuntimeError(f"torch {torch.__version__} has no float8_e4m3fn: float8 layers need torch >= 2.1")
+        self.weight_block_size = list(weight_block_size)
+
+    def create_weights(self, layer: nn.Module, input_size_per_partition: int, output_partition_sizes: List[int],
+                       input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        output_size_per_partition = sum(output_partition_sizes)
+        weight_loader = extra_weight_attrs.get("weight_loader")
+        layer.weight_block_size = self.weight_block_size
+        validate_fp8_block_shape(layer, input_size, output_size, input_size_per_partition, output_partition_sizes,
+                                 self.weight_block_size)
+        block_n, block_k = self.weight_block_size
+        weight = ModelWeightParameter(
+            data=torch.empty(output_size_per_partition, input_size_per_partition, dtype=torch.float8_e4m3fn,
+                             device=layer.device),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        layer.register_parameter("weight", weight)
+        scale = BlockQuantScaleParameter(
+            data=torch.empty((output_size_per_partition + block_n - 1) // block_n,
+                             (input_size_per_partition + block_k - 1) // block_k, dtype=torch.float32,
+                             device=layer.device),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        scale[:] = torch.finfo(torch.float32).min
+        set_weight_attrs(scale, {"scale_type": "weight_scale"})
+        # The weight_scale_inv name is DeepSeek-V3's.
+        layer.register_parameter("weight_scale_inv", scale)
+        layer.register_parameter("input_scale", None)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        # The CUTLASS and Triton block kernels on NVIDIA keep the loaded memory as it is.
+        replace_parameter(layer, "weight", layer.weight.data)
+        replace_parameter(layer, "weight_scale_inv", layer.weight_scale_inv.data)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """model_loader/utils.py: each layer's quantization method finishes its weights."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)
+
+
+# ----------------------------------------------------------------------------------------
+# vllm/model_executor/model_loader/reload (layerwise.py, meta.py, sanitize.py): the record
+# of every layer's parameters as created, kept for reloading
+# ----------------------------------------------------------------------------------------
+
+class LayerReloadingInfo:
+    def __init__(self):
+        self.restore_metadata = ({}, {})  # (parameters, buffers) as meta tensors
+
+
+LAYERWISE_INFO: "weakref.WeakKeyDictionary[nn.Module, LayerReloadingInfo]" = weakref.WeakKeyDictionary()
+_layer_ref_sentinel = object()
+
+
+def _sanitize_layer_refs(tensor: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """The tensor's bound methods of `layer` rebound to a sentinel (no cycle to the layer)."""
+    for key, value in tensor.__dict__.items():
+        if isinstance(value, MethodType) and value.__self__ is layer:
+            tensor.__dict__[key] = value.__func__.__get__(_layer_ref_sentinel)
+    return tensor
+
+
+def restore_layer_refs(tensor: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """The sentinel's bound methods rebound to `layer`."""
+    for key, value in tensor.__dict__.items():
+        if isinstance(value, MethodType) and value.__self__ is _layer_ref_sentinel:
+            tensor.__dict__[key] = value.__func__.__get__(layer)
+    return tensor
+
+
+def _to_meta_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    meta_tensor = tensor.data.to("meta")
+    meta_tensor.__class__ = tensor.__class__
+    meta_tensor.__dict__ = tensor.__dict__.copy()
+    return meta_tensor
+
+
+def record_metadata_for_reloading(model: nn.Module) -> None:
+    for layer in model.modules():
+        info = LAYERWISE_INFO.setdefault(layer, LayerReloadingInfo())
+        params = {name: _sanitize_layer_refs(_to_meta_tensor(p), layer)
+                  for name, p in layer._parameters.items() if p is not None}
+        buffers = {name: _sanitize_layer_refs(_to_meta_tensor(b), layer)
+                   for name, b in layer._buffers.items() if b is not None}
+        info.restore_metadata = (params, buffers)
+
+
+# vllm/utils/deep_gemm.py's switch: DeepGEMM's power-of-two scales (the stand-in never
+# uses DeepGEMM; a test may turn this on to see an adapter refuse it).
+DEEP_GEMM_E8M0 = {"used": False}
+
+
+def install_as_vllm() -> None:
+    """Publishes this stand-in's reload record and DeepGEMM switch under vLLM's module
+    names (sys.modules), for code that imports them from vLLM."""
+    names = {
+        "vllm.model_executor.model_loader.reload.layerwise": {"LAYERWISE_INFO": LAYERWISE_INFO},
+        "vllm.model_executor.model_loader.reload.sanitize": {"restore_layer_refs": restore_layer_refs},
+        "vllm.utils.deep_gemm": {"is_deep_gemm_e8m0_used": lambda: DEEP_GEMM_E8M0["used"]},
+    }
+    for full, attributes in names.items():
+        parts = full.split(".")
+        for i in range(1, len(parts) + 1):
+            sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+        for key, value in attributes.items():
+            setattr(sys.modules[full], key, value)
+
+
 # ----------------------------------------------------------------------------------------
 # vllm/model_executor/layers/linear.py
 # ----------------------------------------------------------------------------------------
@@ -269,7 +468,7 @@ class UnquantizedLinearMethod:
 
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, *, tp_rank: int, tp_size: int,
-                 params_dtype: torch.dtype, device, bias: bool = False):
+                 params_dtype: torch.dtype, device, bias: bool = False, quant_config=None):
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
@@ -279,6 +478,9 @@ class LinearBase(nn.Module):
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.quant_method = UnquantizedLinearMethod()
+        if quant_config is not None:  # a Qwen3Config with weight_block_size
+            self.allow_fp8_block_shape_mismatch = quant_config.allow_fp8_block_shape_mismatch
+            self.quant_method = Fp8BlockLinearMethod(quant_config.weight_block_size)
 
     def update_param_tp_status(self) -> None:
         for param in self.parameters():
@@ -291,10 +493,10 @@ class ReplicatedLinear(LinearBase):
     """The whole weight on every rank (Qwen3-MoE's router, `mlp.gate`)."""
 
     def __init__(self, input_size: int, output_size: int, *, tp_rank: int, tp_size: int,
-                 params_dtype: torch.dtype, device, bias: bool = False):
+                 params_dtype: torch.dtype, device, bias: bool = False, quant_config=None):
         self.output_partition_sizes = [output_size]
         super().__init__(input_size, output_size, tp_rank=tp_rank, tp_size=tp_size,
-                         params_dtype=params_dtype, device=device, bias=bias)
+                         params_dtype=params_dtype, device=device, bias=bias, quant_config=quant_config)
         assert not bias, "the stand-in builds Qwen3 layers without bias"
         self.quant_method.create_weights(self, self.input_size, self.output_partition_sizes,
                                          self.input_size, self.output_size, self.params_dtype,
@@ -314,7 +516,7 @@ class ColumnParallelLinear(LinearBase):
     """Weight split by output rows over the tensor-parallel ranks."""
 
     def __init__(self, input_size: int, output_size: int, *, tp_rank: int, tp_size: int,
-                 params_dtype: torch.dtype, device, bias: bool = False):
+                 params_dtype: torch.dtype, device, bias: bool = False, quant_config=None):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.input_size_per_partition = input_size
         self.output_size_per_partition = divide(output_size, tp_size)
@@ -322,7 +524,7 @@ class ColumnParallelLinear(LinearBase):
         if hasattr(self, "output_sizes"):  # QKV / merged: one partition per logical matrix
             self.output_partition_sizes = [divide(size, tp_size) for size in self.output_sizes]
         super().__init__(input_size, output_size, tp_rank=tp_rank, tp_size=tp_size,
-                         params_dtype=params_dtype, device=device, bias=bias)
+                         params_dtype=params_dtype, device=device, bias=bias, quant_config=quant_config)
         assert not bias, "the stand-in builds Qwen3 layers without bias"
         self.quant_method.create_weights(
             layer=self,
@@ -348,11 +550,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     split over the ranks separately: rank r holds [gate block r; up block r]."""
 
     def __init__(self, input_size: int, output_sizes: List[int], *, tp_rank: int, tp_size: int,
-                 params_dtype: torch.dtype, device, bias: bool = False):
+                 params_dtype: torch.dtype, device, bias: bool = False, quant_config=None):
         self.output_sizes = list(output_sizes)
         assert all(size % tp_size == 0 for size in self.output_sizes)
         super().__init__(input_size, sum(self.output_sizes), tp_rank=tp_rank, tp_size=tp_size,
-                         params_dtype=params_dtype, device=device, bias=bias)
+                         params_dtype=params_dtype, device=device, bias=bias, quant_config=quant_config)
 
     def validate_shard_id(self, shard_id) -> None:
         if isinstance(shard_id, int):
@@ -387,6 +589,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if loaded_shard_id is None or isinstance(loaded_shard_id, tuple):
             output_sizes = ([self.output_sizes[i] for i in loaded_shard_id]
                             if loaded_shard_id else None)
+            if isinstance(param, BlockQuantScaleParameter):
+                output_sizes = [adjust_block_scale_shard(self.weight_block_size, size, 0)[0]
+                                for size in (output_sizes or self.output_sizes)]
             self._load_fused_module_from_checkpoint(param, loaded_weight, output_sizes=output_sizes)
             return
         assert loaded_shard_id < len(self.output_sizes)
@@ -394,6 +599,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         shard_size = self.output_sizes[loaded_shard_id]
         shard_offset //= self.tp_size
         shard_size //= self.tp_size
+        if isinstance(param, BlockQuantScaleParameter):
+            shard_size, shard_offset = adjust_block_scale_shard(self.weight_block_size, shard_size, shard_offset)
         param.load_merged_column_weight(loaded_weight=loaded_weight, shard_id=loaded_shard_id,
                                         shard_offset=shard_offset, shard_size=shard_size)
 
@@ -405,7 +612,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
                  total_num_kv_heads: Optional[int], *, tp_rank: int, tp_size: int,
-                 params_dtype: torch.dtype, device, bias: bool = False):
+                 params_dtype: torch.dtype, device, bias: bool = False, quant_config=None):
         self.hidden_size = hidden_size
         self.head_size = head_size
         self.v_head_size = head_size
@@ -427,7 +634,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads * self.v_head_size * tp_size,
         ]
         super().__init__(hidden_size, sum(self.output_sizes), tp_rank=tp_rank, tp_size=tp_size,
-                         params_dtype=params_dtype, device=device, bias=bias)
+                         params_dtype=params_dtype, device=device, bias=bias, quant_config=quant_config)
 
     def validate_shard_id(self, shard_id) -> None:
         if shard_id in ("q", "k", "v") or shard_id is None:
@@ -459,6 +666,8 @@ class QKVParallelLinear(ColumnParallelLinear):
              self.total_num_kv_heads * self.v_head_size),
         ]
         for shard_id, offset, size in pieces:
+            if isinstance(param, BlockQuantScaleParameter):
+                size, offset = adjust_block_scale_shard(self.weight_block_size, size, offset)
             self.weight_loader_v2(param, loaded_weight.narrow(param.output_dim, offset, size), shard_id)
 
     def weight_loader_v2(self, param: BasevLLMParameter, loaded_weight: torch.Tensor,
@@ -471,6 +680,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         shard_offset = self._get_shard_offset_mapping(loaded_shard_id)
         shard_size = self._get_shard_size_mapping(loaded_shard_id)
         assert shard_offset is not None and shard_size is not None
+        if isinstance(param, BlockQuantScaleParameter):
+            shard_size, shard_offset = adjust_block_scale_shard(self.weight_block_size, shard_size, shard_offset)
         param.load_qkv_weight(loaded_weight=loaded_weight, num_heads=self.num_kv_head_replicas,
                               shard_id=loaded_shard_id, shard_offset=shard_offset, shard_size=shard_size)
 
@@ -479,13 +690,13 @@ class RowParallelLinear(LinearBase):
     """Weight split by input columns over the tensor-parallel ranks."""
 
     def __init__(self, input_size: int, output_size: int, *, tp_rank: int, tp_size: int,
-                 params_dtype: torch.dtype, device, bias: bool = False):
+                 params_dtype: torch.dtype, device, bias: bool = False, quant_config=None):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.input_size_per_partition = divide(input_size, tp_size)
         self.output_size_per_partition = output_size
         self.output_partition_sizes = [output_size]
         super().__init__(input_size, output_size, tp_rank=tp_rank, tp_size=tp_size,
-                         params_dtype=params_dtype, device=device, bias=bias)
+                         params_dtype=params_dtype, device=device, bias=bias, quant_config=quant_config)
         assert not bias, "the stand-in builds Qwen3 layers without bias"
         self.quant_method.create_weights(
             layer=self,
@@ -928,7 +1139,8 @@ class Qwen3Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        kw = dict(tp_rank=tp_rank, tp_size=tp_size, params_dtype=params_dtype, device=device)
+        kw = dict(tp_rank=tp_rank, tp_size=tp_size, params_dtype=params_dtype, device=device,
+                  quant_config=config if config.weight_block_size else None)
         self.qkv_proj = QKVParallelLinear(self.hidden_size, self.head_dim, self.total_num_heads,
                                           self.total_num_kv_heads, bias=False, **kw)
         self.o_proj = RowParallelLinear(self.total_num_heads * self.head_dim, self.hidden_size,
@@ -939,9 +1151,10 @@ class Qwen3Attention(nn.Module):
 
 class Qwen3MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, *, tp_rank: int, tp_size: int,
-                 params_dtype, device):
+                 params_dtype, device, quant_config=None):
         super().__init__()
-        kw = dict(tp_rank=tp_rank, tp_size=tp_size, params_dtype=params_dtype, device=device)
+        kw = dict(tp_rank=tp_rank, tp_size=tp_size, params_dtype=params_dtype, device=device,
+                  quant_config=quant_config)
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=False, **kw)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, **kw)
 
@@ -975,7 +1188,8 @@ class Qwen3DecoderLayer(nn.Module):
                                               params_dtype=params_dtype, device=device)
         else:
             self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size, tp_rank=tp_rank,
-                                tp_size=tp_size, params_dtype=params_dtype, device=device)
+                                tp_size=tp_size, params_dtype=params_dtype, device=device,
+                                quant_config=config if config.weight_block_size else None)
         self.input_layernorm = RMSNorm(config.hidden_size, params_dtype=params_dtype, device=device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, params_dtype=params_dtype, device=device)
 
@@ -1100,6 +1314,8 @@ class Qwen3ForCausalLM(nn.Module):
             raise ValueError(f"tp_rank {tp_rank} / tp_size {tp_size}")
         if config.num_experts > 0 and config.moe_intermediate_size <= 0:
             raise ValueError("a MoE config needs moe_intermediate_size")
+        if config.num_experts > 0 and config.weight_block_size is not None:
+            raise ValueError("the stand-in models float8 layers for the dense model only")
         self.config = config
         self.tp_rank = tp_rank
         self.tp_size = tp_size
@@ -1113,6 +1329,7 @@ class Qwen3ForCausalLM(nn.Module):
         else:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp_rank=tp_rank,
                                           tp_size=tp_size, params_dtype=dtype, device=device)
+        record_metadata_for_reloading(self)
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
         """Loads full Hugging Face checkpoint tensors the way AutoWeightsLoader does, streaming
