@@ -11,7 +11,14 @@ Oracles, each independent of shardsync's layout code: the trainer's full weights
 with save_pretrained and loaded back by transformers' own from_pretrained (the HF engine
 must equal it byte for byte, and give the FSDP2 trainer's logits); the same checkpoint
 loaded by the stand-in's own loader (each stand-in rank must equal it). Two syncs, new values
-before the second. Prints "ok ..." / "FAIL ..." and "N passed, N failed".
+before the second.
+
+Float8: the stand-in with a block-quantized float8 checkpoint (weight_block_size 128 x 128),
+processed after loading as vLLM's CUTLASS kernels leave it, registered through
+shardsync.integrations.vllm.WorkerExtension; the oracle is the stand-in's own loader given a
+float8 checkpoint made from the trainer's full weights by the tests' PyTorch reference
+quantizer (tests/gpu/float8_reference.py). Prints "ok ..." / "FAIL ..." and "N passed,
+N failed".
 """
 
 import argparse
@@ -19,6 +26,7 @@ import os
 import sys
 import tempfile
 import traceback
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -55,7 +63,141 @@ def standin_config(config):
 
 
 def same_bytes(a, b):
-    return a.shape == b.shape and torch.equal(a.detach().cpu().view(torch.int16), b.detach().cpu().view(torch.int16))
+    return (a.shape == b.shape and a.dtype == b.dtype and
+            torch.equal(a.detach().cpu().view(torch.uint8), b.detach().cpu().view(torch.uint8)))
+
+
+# Float8: hidden 320 leaves partial 64-column and 64-row blocks; every TP shard of 1, 2 or 4
+# ranks is whole 128-row blocks, as vLLM requires.
+FLOAT8 = dict(vocab_size=250, hidden_size=320, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=128)
+
+
+def float8_checkpoint(full, shapes):
+    """The oracle's float8 checkpoint: each linear weight quantized by the reference, with
+    its weight_scale_inv; the rest as the trainer holds it."""
+    from float8_reference import reference_float8
+    out = {}
+    for name, tensor in full.items():
+        scale_name = name[:-len("weight")] + "weight_scale_inv"
+        if scale_name in shapes:
+            out[name], out[scale_name] = reference_float8(tensor)
+        else:
+            out[name] = tensor
+    return out
+
+
+def check_float8(report, rank, world, device, socket, coordinator, mesh):
+    """FSDP2 bfloat16 shards into float8 stand-in ranks at TP = world, registered through
+    the vLLM worker extension; two syncs against the oracle; refusals."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from torch.distributed.fsdp import fully_shard
+    from shardsync.client import AgentClient, CoordinatorClient
+    from shardsync.integrations import ProbeError, TrainerSource, fsdp2_sources, loader_targets
+    from shardsync.integrations.vllm import WorkerExtension
+    from standins import vllm_qwen3
+
+    class StandinWorker(WorkerExtension):
+        """vLLM's worker as its worker extension sees it: model_runner.model, device, rank."""
+
+        def __init__(self, model):
+            self.model_runner, self.rank, self.device = SimpleNamespace(model=model), rank, device
+
+    vllm_qwen3.install_as_vllm()
+    config = Qwen3Config(max_position_embeddings=64, **FLOAT8)
+    torch.manual_seed(1)
+    trainer = Qwen3ForCausalLM(config).to(torch.bfloat16).to(device)
+    for layer in trainer.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(trainer, mesh=mesh)
+    source = TrainerSource(AgentClient(socket), f"trainer8-{rank}", lambda: fsdp2_sources(trainer))
+    scfg = vllm_qwen3.Qwen3Config(weight_block_size=(128, 128), **FLOAT8)
+    shapes = vllm_qwen3.checkpoint_shapes(scfg)
+
+    def engine(cfg=scfg):
+        model = vllm_qwen3.Qwen3ForCausalLM(cfg, tp_rank=rank, tp_size=world, device=device)
+        return model
+
+    live = engine()
+    for p in live.parameters():
+        p.data.view(torch.uint8).fill_(0xff)  # NaN in every dtype: each byte must come from the sync
+    vllm_qwen3.process_weights_after_loading(live)
+    report.check(all(type(p) is torch.nn.Parameter for p in live.parameters()),
+                 "float8: the live stand-in holds plain Parameters after processing, as vLLM's does")
+    worker = StandinWorker(live)
+    worker.shardsync_register(socket, "vllm8", shapes)
+    for step in (1, 2):
+        if step == 2:
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.to_local().mul_(-0.5).add_(0.25)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        if rank == 0:
+            response = CoordinatorClient(coordinator, insecure=True).sync(timeout=120, verify=True)
+            report.check(response.quantized_bytes > 0 and response.unverified_quantized_placements > 0,
+                         f"float8 sync {step}: {response.quantized_bytes} bytes quantized, "
+                         f"{response.unverified_quantized_placements} placements left to this oracle")
+        dist.barrier()
+        full = {name: p.full_tensor() for name, p in trainer.named_parameters()}
+        loaded = engine()
+        loaded.load_weights((n, t.to(device)) for n, t in float8_checkpoint(full, shapes).items())
+        vllm_qwen3.process_weights_after_loading(loaded)
+        theirs = dict(loaded.named_parameters())
+        wrong = [n for n, p in live.named_parameters() if not same_bytes(p, theirs[n])]
+        report.check(not wrong and any(p.dtype == torch.float8_e4m3fn for p in theirs.values()),
+                     f"float8 sync {step}: stand-in TP rank {rank} of {world} equals its own load of the "
+                     f"reference-quantized checkpoint {wrong}")
+    worker.shardsync_close()
+    source.close()
+    dist.barrier()
+    if rank != 0:
+        return
+    # Refusals, before anything is registered.
+    vllm_qwen3.DEEP_GEMM_E8M0["used"] = True
+    try:
+        StandinWorker(engine()).shardsync_register(socket, "e8m0", shapes)
+        report.check(False, "float8: DeepGEMM's power-of-two scales are refused")
+    except ProbeError as error:
+        report.check("VLLM_USE_DEEP_GEMM_E8M0=0" in str(error), f"float8: refused: {error}")
+    finally:
+        vllm_qwen3.DEEP_GEMM_E8M0["used"] = False
+    # A vLLM that keeps no record of its layers as created.
+    layerwise = sys.modules.pop("vllm.model_executor.model_loader.reload.layerwise")
+    try:
+        StandinWorker(engine()).shardsync_register(socket, "unrecorded", shapes)
+        report.check(False, "float8: a vLLM without its record for reloading is refused")
+    except ProbeError as error:
+        report.check("no record of its layers" in str(error), f"float8: refused: {error}")
+    finally:
+        sys.modules["vllm.model_executor.model_loader.reload.layerwise"] = layerwise
+    # Loaders that put a block or a scale where the engine's blocks do not line up.
+    for shift, transpose, expected in ((64, False, "cut a 128 x 128 block"), (0, True, "where the scale of block")):
+        layer = Misplaced(shift, transpose)
+        try:
+            loader_targets(layer, layer.load_weights, {"a.weight": (256 - shift, 256), "a.weight_scale_inv": (2, 2)})
+            report.check(False, f"float8: a loader that misplaces {'scales' if transpose else 'rows'} is refused")
+        except ProbeError as error:
+            report.check("'a.weight'" in str(error) and expected in str(error), f"float8: refused: {error}")
+
+
+class Misplaced(torch.nn.Module):
+    """One float8 layer whose loader puts checkpoint 'a.weight' from row `shift` on, or
+    its scales transposed: neither is where the layer's 128 x 128 blocks are."""
+
+    def __init__(self, shift, transpose):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(256, 256, dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.weight_scale_inv = torch.nn.Parameter(torch.empty(2, 2), requires_grad=False)
+        self.shift, self.transpose = shift, transpose
+
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            if name == "a.weight":
+                self.weight.data[self.shift:].copy_(tensor)
+            else:
+                self.weight_scale_inv.data.copy_(tensor.t() if self.transpose else tensor)
 
 
 class Report:
@@ -163,6 +305,7 @@ def run(rank, world, device_kind, hsdp, sockets, coordinator, port, folder, resu
             for handle in handles:
                 handle.close()
             dist.barrier()
+        check_float8(report, rank, world, device, sockets[rank], coordinator, mesh)
     except Exception:
         traceback.print_exc()
         report.check(False, "no exception")

@@ -23,6 +23,7 @@ from shardsync.client import AgentClient, CoordinatorClient
 from shardsync.integrations import (EngineTarget, ProbeError, TrainerSource, loader_targets, module_sources,
                                     module_targets, zero3_sources, zero12_master_sources)
 from shardsync.integrations.modules import checkpoint_name, safetensors_shapes, segments
+from shardsync.integrations.vllm import created_parameters
 from shardsync.local_cluster import LocalCluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -236,6 +237,44 @@ class IntegrationsTest(unittest.TestCase):
         wrong = [name for rank, engine in enumerate(engines)
                  for name in differences(engine, loaded_engine(DENSE, rank, tp, checkpoint))]
         self.assertTrue(any("qkv_proj" in name for name in wrong), wrong)
+
+    def test_layers_replaced_after_loading_are_probed_through_vllms_record(self):
+        """Parameters replaced after loading by plain ones that keep only their loader (as
+        vLLM's quantized layers leave them): vLLM's loaders no longer run on them, so the
+        probe runs on vLLM's record of them as created (the stand-in keeps it as vLLM's
+        initialize_model does), and the sync fills the live memory."""
+        vllm_qwen3.install_as_vllm()
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        checkpoint = random_checkpoint(shapes, 5)
+        trainers = self.zero3_trainer(shapes, checkpoint, WORLD)
+        tp = 2
+        engines = []
+        for rank in range(tp):
+            engine = vllm_qwen3.Qwen3ForCausalLM(DENSE, tp_rank=rank, tp_size=tp)
+            for name, module in engine.named_modules():
+                if name.endswith("_proj"):
+                    vllm_qwen3.replace_parameter(module, "weight", module.weight.data.fill_(float("nan")))
+            with self.assertRaises(AttributeError):  # e.g. a plain Parameter has no load_qkv_weight
+                loader_targets(engine, engine.load_weights, vllm_qwen3.checkpoint_shapes(DENSE))
+            self.handles.append(EngineTarget(
+                self.agent(rank), f"rollout-{rank}",
+                lambda e=engine: loader_targets(e, e.load_weights, shapes, created_parameters(e))))
+            engines.append(engine)
+        for module in trainers:
+            deepspeed_zero.refill_zero3(module, checkpoint)
+        self.sync()
+        for rank, engine in enumerate(engines):
+            self.assertEqual(differences(engine, loaded_engine(DENSE, rank, tp, checkpoint)), [])
+
+    def test_a_live_parameter_unlike_its_record_is_refused_by_name(self):
+        vllm_qwen3.install_as_vllm()
+        engine = vllm_qwen3.Qwen3ForCausalLM(DENSE)
+        mlp = engine.model.layers[1].mlp.gate_up_proj
+        vllm_qwen3.replace_parameter(mlp, "weight", mlp.weight.data.t().contiguous())  # a processed layout
+        with self.assertRaises(ProbeError) as refused:
+            loader_targets(engine, engine.load_weights, vllm_qwen3.checkpoint_shapes(DENSE), created_parameters(engine))
+        self.assertIn("'model.layers.1.mlp.gate_up_proj.weight' is [32, 96] in the engine but was created [96, 32]",
+                      str(refused.exception))
 
     def test_a_plain_module_trainer_into_a_module_engine(self):
         """A whole module on rank 0 (a plain trainer) into a whole module on rank 1 (a

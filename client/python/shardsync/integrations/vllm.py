@@ -8,15 +8,27 @@ Start vLLM with ``worker_extension_cls="shardsync.integrations.vllm.WorkerExtens
     ...   # each step: llm.collective_rpc("shardsync_pause"); trainer syncs;
     llm.collective_rpc("shardsync_resume", args=(version,))
 
-Only unquantized weights are registered: their ``process_weights_after_loading`` leaves
-CUDA weights as loaded, so what the loader wrote is what the engine reads. After
-``llm.wake_up()`` from sleep level 1 the weights keep their addresses (vLLM's CuMem
-allocator keeps the virtual range); after level 2 their contents are gone until the next
-sync. ``shardsync_reregister`` registers again if the memory moved.
+Unquantized weights, and block-quantized float8 weights (a float8 checkpoint with
+``weight_block_size`` [128, 128], vLLM's ``Fp8LinearMethod``), are registered: the agent
+quantizes what the trainer sends (bfloat16 or float32) into each float8 ``weight`` and its
+``weight_scale_inv``. For those layers vLLM's loaders no longer run on the live parameters
+after ``process_weights_after_loading``, so the probe runs on the parameters as vLLM
+created them, from vLLM's own record of them for reloading
+(``vllm.model_executor.model_loader.reload``); a vLLM without that record is refused for
+float8 layers, and so is DeepGEMM's power-of-two scale format (``VLLM_USE_DEEP_GEMM_E8M0``),
+which changes the weights after loading. Where vLLM leaves the memory it loaded in place
+(its CUDA weights, unquantized or float8 on the CUTLASS and Triton kernels), what the
+loader wrote is what the engine reads. After ``llm.wake_up()`` from sleep level 1 the
+weights keep their addresses (vLLM's CuMem allocator keeps the virtual range); after
+level 2 their contents are gone until the next sync. ``shardsync_reregister`` registers
+again if the memory moved.
 """
+
+import torch
 
 from shardsync.client import AgentClient
 from shardsync.integrations.modules import safetensors_shapes
+from shardsync.integrations.probe import ProbeError
 from shardsync.integrations.targets import EngineTarget, loader_targets
 
 
@@ -33,7 +45,8 @@ class WorkerExtension:
         shapes = checkpoint_shapes or safetensors_shapes(self.model_config.model)
         agent = AgentClient(socket.format(device=self.device.index, rank=self.rank))
         self._shardsync = EngineTarget(agent, f"{client_id}-{self.rank}",
-                                       lambda: loader_targets(model, model.load_weights, shapes))
+                                       lambda: loader_targets(model, model.load_weights, shapes,
+                                                              _probed_parameters(model)))
         return self._shardsync.registration.rank
 
     def shardsync_reregister(self):
@@ -50,3 +63,43 @@ class WorkerExtension:
 
     def shardsync_close(self):
         self._shardsync.close()
+
+
+def created_parameters(model):
+    """{name: CPU tensor of the class and attributes} of every parameter of `model` as vLLM
+    created it, from vLLM's record for reloading (meta tensors whose loaders were unbound
+    from their layer, rebound here to copies); ProbeError for a vLLM without that record."""
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:
+        raise ProbeError("this vLLM keeps no record of its layers as created "
+                         "(vllm.model_executor.model_loader.reload): shardsync cannot learn where its float8 "
+                         "layers load") from None
+    try:
+        from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
+    except ImportError:  # a record that keeps its loaders bound
+        def restore_layer_refs(tensor, layer):
+            return tensor
+    created = {}
+    for prefix, layer in model.named_modules():
+        info = LAYERWISE_INFO.get(layer)
+        params = info.restore_metadata[0] if info is not None and info.restore_metadata else {}
+        for leaf, meta in params.items():
+            tensor = torch.empty(meta.shape, dtype=torch.float64)
+            tensor.__class__ = type(meta)
+            tensor.__dict__ = dict(meta.__dict__)
+            created[f"{prefix}.{leaf}" if prefix else leaf] = restore_layer_refs(tensor, layer)
+    return created
+
+
+def _probed_parameters(model):
+    """None (the live parameters) for a model without float8 parameters; otherwise vLLM's
+    record of them as created, after refusing DeepGEMM's power-of-two scales."""
+    if not any(p.dtype == getattr(torch, "float8_e4m3fn", None) for p in model.parameters()):
+        return None
+    created = created_parameters(model)
+    from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used
+    if is_deep_gemm_e8m0_used():
+        raise ProbeError("vLLM requantizes float8 weights to power-of-two scales for DeepGEMM after loading; "
+                         "start it with VLLM_USE_DEEP_GEMM_E8M0=0 so that the weights stay as loaded")
+    return created
