@@ -114,9 +114,8 @@ def check_float8(report, rank, world, device, socket, coordinator, mesh):
     scfg = vllm_qwen3.Qwen3Config(weight_block_size=(128, 128), **FLOAT8)
     shapes = vllm_qwen3.checkpoint_shapes(scfg)
 
-    def engine(cfg=scfg):
-        model = vllm_qwen3.Qwen3ForCausalLM(cfg, tp_rank=rank, tp_size=world, device=device)
-        return model
+    def engine():
+        return vllm_qwen3.Qwen3ForCausalLM(scfg, tp_rank=rank, tp_size=world, device=device)
 
     live = engine()
     for p in live.parameters():

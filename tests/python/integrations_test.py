@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import torch
 
@@ -23,7 +24,11 @@ from shardsync.client import AgentClient, CoordinatorClient
 from shardsync.integrations import (EngineTarget, ProbeError, TrainerSource, loader_targets, module_sources,
                                     module_targets, zero3_sources, zero12_master_sources)
 from shardsync.integrations.modules import checkpoint_name, safetensors_shapes, segments
+from shardsync.integrations.probe import Piece
+from shardsync.integrations.sources import namespaced
+from shardsync.integrations.targets import piece_scales
 from shardsync.integrations.vllm import created_parameters
+from shardsync.layouts import tensor_layout
 from shardsync.local_cluster import LocalCluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -243,6 +248,7 @@ class IntegrationsTest(unittest.TestCase):
         vLLM's quantized layers leave them): vLLM's loaders no longer run on them, so the
         probe runs on vLLM's record of them as created (the stand-in keeps it as vLLM's
         initialize_model does), and the sync fills the live memory."""
+        self.enterContext(mock.patch.dict(sys.modules))  # the stand-in's vLLM modules, for this test only
         vllm_qwen3.install_as_vllm()
         shapes = vllm_qwen3.checkpoint_shapes(DENSE)
         checkpoint = random_checkpoint(shapes, 5)
@@ -267,14 +273,88 @@ class IntegrationsTest(unittest.TestCase):
             self.assertEqual(differences(engine, loaded_engine(DENSE, rank, tp, checkpoint)), [])
 
     def test_a_live_parameter_unlike_its_record_is_refused_by_name(self):
+        self.enterContext(mock.patch.dict(sys.modules))
         vllm_qwen3.install_as_vllm()
         engine = vllm_qwen3.Qwen3ForCausalLM(DENSE)
         mlp = engine.model.layers[1].mlp.gate_up_proj
         vllm_qwen3.replace_parameter(mlp, "weight", mlp.weight.data.t().contiguous())  # a processed layout
         with self.assertRaises(ProbeError) as refused:
             loader_targets(engine, engine.load_weights, vllm_qwen3.checkpoint_shapes(DENSE), created_parameters(engine))
-        self.assertIn("'model.layers.1.mlp.gate_up_proj.weight' is [32, 96] in the engine but was created [96, 32]",
+        self.assertIn("'model.layers.1.mlp.gate_up_proj.weight' is [32, 96] torch.bfloat16 with strides [96, 1] in "
+                      "the engine but was created [96, 32] torch.bfloat16 with strides [32, 1]", str(refused.exception))
+
+    def test_the_live_parameters_are_back_after_a_probe_through_the_record_fails(self):
+        self.enterContext(mock.patch.dict(sys.modules))
+        vllm_qwen3.install_as_vllm()
+        engine = vllm_qwen3.Qwen3ForCausalLM(DENSE)
+        for name, module in engine.named_modules():
+            if name.endswith("_proj"):
+                vllm_qwen3.replace_parameter(module, "weight", module.weight.data)
+        live = dict(engine.named_parameters())
+        created = created_parameters(engine)
+        created["model.norm.extra"] = torch.nn.Parameter(torch.empty(3), requires_grad=False)  # dropped later
+
+        def failing(weights):
+            engine.load_weights(weights)
+            raise RuntimeError("the loader fails after loading")
+
+        with self.assertRaisesRegex(RuntimeError, "fails after loading"):
+            loader_targets(engine, failing, vllm_qwen3.checkpoint_shapes(DENSE), created)
+        after = dict(engine.named_parameters())
+        self.assertEqual(after.keys(), live.keys())
+        self.assertTrue(all(after[name] is param and param.dtype == torch.bfloat16 for name, param in live.items()))
+
+    def test_block_scales_of_float8_pieces_where_the_loader_put_the_checkpoints(self):
+        """piece_scales on pieces as the probe reports them (no float8 dtype needed): the
+        scale position of each block, checked against where the loader put the
+        checkpoint's scales; pieces that cut a block refused."""
+        def scales_at(tensor, base, row_stride, block_rows, block_cols, first=(0, 0)):
+            return {base + i * row_stride + j: (tensor + "_scale_inv", first[0] + i, first[1] + j)
+                    for i in range(block_rows) for j in range(block_cols)}
+
+        # k of a fused qkv: rows [128, 256) of k_proj at parameter row 512, 320 columns.
+        k = Piece("k_proj.weight", (128, 0), (256, 320), "qkv_proj.weight", 512 * 320, (320, 1))
+        self.assertEqual(piece_scales(k, (768, 320), (256, 320), scales_at("k_proj.weight", 12, 3, 1, 3, (1, 0))),
+                         (12, 3))
+        # A partial last row block where the tensor and the parameter both end.
+        down = Piece("down_proj.weight", (0, 0), (320, 128), "down_proj.weight", 0, (128, 1))
+        self.assertEqual(piece_scales(down, (320, 128), (320, 256), scales_at("down_proj.weight", 0, 1, 3, 1)), (0, 1))
+        # One row at a parameter's last block, 256 of its 384 columns (the probe gives a
+        # one-row piece its own length as row stride).
+        row = Piece("a.weight", (128, 0), (129, 256), "p", 128 * 384, (256, 1))
+        self.assertEqual(piece_scales(row, (129, 384), (129, 256), scales_at("a.weight", 3, 3, 1, 2, (1, 0))), (3, 3))
+
+        refusals = [
+            # rows end inside a block the next tensor's rows share
+            (Piece("gate.weight", (0, 0), (320, 128), "gate_up.weight", 0, (128, 1)), (640, 128), (320, 128),
+             "cut a 128 x 128 block"),
+            # a partial block of the checkpoint, where the checkpoint goes on
+            (Piece("w.weight", (0, 0), (320, 128), "w.weight", 0, (128, 1)), (320, 128), (640, 128),
+             "cut a 128 x 128 block"),
+            (Piece("w.weight", (0, 0), (128, 128), "w.weight", 64 * 128, (128, 1)), (256, 128), (128, 128),
+             "at parameter row 64"),
+            (Piece("w.weight", (0, 0), (128, 128), "w.weight", 0, (256, 1)), (256, 128), (128, 128),
+             "rows 256 elements apart"),
+        ]
+        for piece, param_shape, tensor_shape, expected in refusals:
+            with self.subTest(expected=expected), self.assertRaises(ProbeError) as refused:
+                piece_scales(piece, param_shape, tensor_shape, {})
+            self.assertIn(expected, str(refused.exception))
+            self.assertIn(f"'{piece.tensor}'", str(refused.exception))
+        swapped = scales_at("k_proj.weight", 12, 3, 1, 3, (1, 0))
+        swapped[12], swapped[13] = swapped[13], swapped[12]
+        with self.assertRaises(ProbeError) as refused:
+            piece_scales(k, (768, 320), (256, 320), swapped)
+        self.assertIn("puts 'k_proj.weight_scale_inv' element [1, 1] where the scale of block [1, 0] belongs",
                       str(refused.exception))
+
+    def test_client_namespaces_rename_block_scale_buffers_too(self):
+        layout = tensor_layout("w", (2, 8), "float8_e4m3", placements=[((0, 0), (2, 8), "weights", 0)],
+                               block_scales=[("scales", 0)])
+        buffers, (renamed,) = namespaced({"weights": None, "scales": None}, [layout], "rollout-0")
+        self.assertEqual(set(buffers), {"rollout-0/weights", "rollout-0/scales"})
+        self.assertEqual(renamed.placements[0].buffer, "rollout-0/weights")
+        self.assertEqual(renamed.block_scales[0].buffer, "rollout-0/scales")
 
     def test_a_plain_module_trainer_into_a_module_engine(self):
         """A whole module on rank 0 (a plain trainer) into a whole module on rank 1 (a

@@ -54,7 +54,7 @@ TORCH_DTYPES = {
     torch.int64: "int64", torch.int32: "int32", torch.int8: "int8", torch.uint8: "uint8",
 }
 if hasattr(torch, "float8_e4m3fn"):  # torch >= 2.1
-    TORCH_DTYPES.update({torch.float8_e4m3fn: "float8_e4m3", torch.float8_e5m2: "float8_e5m2"})
+    TORCH_DTYPES[torch.float8_e4m3fn] = "float8_e4m3"
 
 
 def cuda_buffer(tensor):

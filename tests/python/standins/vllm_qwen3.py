@@ -82,8 +82,6 @@ class Qwen3Config:
     moe_intermediate_size: int = 0
     # A float8 checkpoint's quantization_config.weight_block_size ([128, 128]); None: bf16.
     weight_block_size: Optional[Tuple[int, int]] = None
-    # vLLM's per-layer escape from its block shape check (linear.py sets it for some models).
-    allow_fp8_block_shape_mismatch: bool = False
 
 
 def checkpoint_shapes(config: Qwen3Config) -> Dict[str, Tuple[int, ...]]:
@@ -311,9 +309,8 @@ def adjust_block_scale_shard(weight_block_size, shard_size: int, shard_offset: i
 
 def validate_fp8_block_shape(layer: nn.Module, input_size: int, output_size: int, input_size_per_partition: int,
                              output_partition_sizes: List[int], block_size) -> None:
-    """vLLM's refusal of shards that would cut a quantization block."""
-    if getattr(layer, "allow_fp8_block_shape_mismatch", False):
-        return
+    """vLLM's refusal of shards that would cut a quantization block (vLLM lets a layer
+    with allow_fp8_block_shape_mismatch skip it; no stand-in layer sets that)."""
     tp_size = layer.tp_size
     block_n, block_k = block_size[0], block_size[1]
     if tp_size > 1 and input_size // input_size_per_partition == tp_size and input_size_per_partition % block_k != 0:
@@ -479,7 +476,6 @@ class LinearBase(nn.Module):
         self.tp_size = tp_size
         self.quant_method = UnquantizedLinearMethod()
         if quant_config is not None:  # a Qwen3Config with weight_block_size
-            self.allow_fp8_block_shape_mismatch = quant_config.allow_fp8_block_shape_mismatch
             self.quant_method = Fp8BlockLinearMethod(quant_config.weight_block_size)
 
     def update_param_tp_status(self) -> None:

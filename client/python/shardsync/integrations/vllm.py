@@ -46,7 +46,7 @@ class WorkerExtension:
         agent = AgentClient(socket.format(device=self.device.index, rank=self.rank))
         self._shardsync = EngineTarget(agent, f"{client_id}-{self.rank}",
                                        lambda: loader_targets(model, model.load_weights, shapes,
-                                                              _probed_parameters(model)))
+                                                              _created_if_float8(model)))
         return self._shardsync.registration.rank
 
     def shardsync_reregister(self):
@@ -66,9 +66,10 @@ class WorkerExtension:
 
 
 def created_parameters(model):
-    """{name: CPU tensor of the class and attributes} of every parameter of `model` as vLLM
-    created it, from vLLM's record for reloading (meta tensors whose loaders were unbound
-    from their layer, rebound here to copies); ProbeError for a vLLM without that record."""
+    """{name: CPU tensor of the class, attributes, shape, strides and dtype} of every
+    parameter of `model` as vLLM created it, from vLLM's record for reloading (meta
+    tensors whose loaders were unbound from their layer, rebound here to copies);
+    ProbeError for a vLLM without that record."""
     try:
         from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     except ImportError:
@@ -85,20 +86,29 @@ def created_parameters(model):
         info = LAYERWISE_INFO.get(layer)
         params = info.restore_metadata[0] if info is not None and info.restore_metadata else {}
         for leaf, meta in params.items():
-            tensor = torch.empty(meta.shape, dtype=torch.float64)
+            tensor = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
             tensor.__class__ = type(meta)
             tensor.__dict__ = dict(meta.__dict__)
             created[f"{prefix}.{leaf}" if prefix else leaf] = restore_layer_refs(tensor, layer)
     return created
 
 
-def _probed_parameters(model):
-    """None (the live parameters) for a model without float8 parameters; otherwise vLLM's
-    record of them as created, after refusing DeepGEMM's power-of-two scales."""
-    if not any(p.dtype == getattr(torch, "float8_e4m3fn", None) for p in model.parameters()):
+def _created_if_float8(model):
+    """None for a model without float8 parameters (the probe runs on the live ones);
+    otherwise created_parameters(model), after refusing DeepGEMM's power-of-two scales and
+    float8 layers the record lacks."""
+    float8 = [n for n, p in model.named_parameters() if p.dtype == getattr(torch, "float8_e4m3fn", None)]
+    if not float8:
         return None
     created = created_parameters(model)
-    from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used
+    for name in float8 + [n + "_scale_inv" for n in float8]:
+        if name not in created:
+            raise ProbeError(f"vLLM's record of its layers as created has no parameter '{name}'")
+    try:
+        from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used
+    except ImportError:
+        raise ProbeError("this vLLM has no vllm.utils.deep_gemm.is_deep_gemm_e8m0_used: shardsync cannot tell "
+                         "whether DeepGEMM's power-of-two scales change the float8 weights after loading") from None
     if is_deep_gemm_e8m0_used():
         raise ProbeError("vLLM requantizes float8 weights to power-of-two scales for DeepGEMM after loading; "
                          "start it with VLLM_USE_DEEP_GEMM_E8M0=0 so that the weights stay as loaded")
