@@ -27,6 +27,7 @@ import sys
 import tempfile
 import traceback
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -93,7 +94,7 @@ def check_float8(report, rank, world, device, socket, coordinator, mesh):
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from torch.distributed.fsdp import fully_shard
     from shardsync.client import AgentClient, CoordinatorClient
-    from shardsync.integrations import ProbeError, TrainerSource, fsdp2_sources, loader_targets
+    from shardsync.integrations import TrainerSource, fsdp2_sources, loader_targets
     from shardsync.integrations.vllm import WorkerExtension
     from standins import vllm_qwen3
 
@@ -154,31 +155,30 @@ def check_float8(report, rank, world, device, socket, coordinator, mesh):
     if rank != 0:
         return
     # Refusals, before anything is registered.
-    vllm_qwen3.DEEP_GEMM_E8M0["used"] = True
-    try:
-        StandinWorker(engine()).shardsync_register(socket, "e8m0", shapes)
-        report.check(False, "float8: DeepGEMM's power-of-two scales are refused")
-    except ProbeError as error:
-        report.check("VLLM_USE_DEEP_GEMM_E8M0=0" in str(error), f"float8: refused: {error}")
-    finally:
-        vllm_qwen3.DEEP_GEMM_E8M0["used"] = False
-    # A vLLM that keeps no record of its layers as created.
-    layerwise = sys.modules.pop("vllm.model_executor.model_loader.reload.layerwise")
-    try:
-        StandinWorker(engine()).shardsync_register(socket, "unrecorded", shapes)
-        report.check(False, "float8: a vLLM without its record for reloading is refused")
-    except ProbeError as error:
-        report.check("no record of its layers" in str(error), f"float8: refused: {error}")
-    finally:
-        sys.modules["vllm.model_executor.model_loader.reload.layerwise"] = layerwise
+    with mock.patch.dict(vllm_qwen3.DEEP_GEMM_E8M0, {"used": True}):
+        check_refused(report, "DeepGEMM's power-of-two scales", ("VLLM_USE_DEEP_GEMM_E8M0=0",),
+                      lambda: StandinWorker(engine()).shardsync_register(socket, "e8m0", shapes))
+    with mock.patch.dict(sys.modules):
+        del sys.modules["vllm.model_executor.model_loader.reload.layerwise"]
+        check_refused(report, "a vLLM without its record for reloading", ("no record of its layers",),
+                      lambda: StandinWorker(engine()).shardsync_register(socket, "unrecorded", shapes))
     # Loaders that put a block or a scale where the engine's blocks do not line up.
     for shift, transpose, expected in ((64, False, "cut a 128 x 128 block"), (0, True, "where the scale of block")):
         layer = Misplaced(shift, transpose)
-        try:
-            loader_targets(layer, layer.load_weights, {"a.weight": (256 - shift, 256), "a.weight_scale_inv": (2, 2)})
-            report.check(False, f"float8: a loader that misplaces {'scales' if transpose else 'rows'} is refused")
-        except ProbeError as error:
-            report.check("'a.weight'" in str(error) and expected in str(error), f"float8: refused: {error}")
+        check_refused(report, f"a loader that misplaces {'scales' if transpose else 'rows'}",
+                      ("checkpoint tensor 'a.weight' in float8 parameter 'weight'", expected),
+                      lambda: loader_targets(layer, layer.load_weights,
+                                             {"a.weight": (256 - shift, 256), "a.weight_scale_inv": (2, 2)}))
+
+
+def check_refused(report, what, expected, register):
+    """`register()` raises ProbeError saying each of `expected`."""
+    from shardsync.integrations import ProbeError
+    try:
+        register()
+        report.check(False, f"float8: {what} is refused")
+    except ProbeError as error:
+        report.check(all(e in str(error) for e in expected), f"float8: {what} is refused: {error}")
 
 
 class Misplaced(torch.nn.Module):
