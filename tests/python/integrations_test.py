@@ -26,7 +26,7 @@ from shardsync.integrations import (EngineTarget, ProbeError, TrainerSource, loa
 from shardsync.integrations.modules import checkpoint_name, safetensors_shapes, segments
 from shardsync.integrations.probe import Piece
 from shardsync.integrations.sources import namespaced
-from shardsync.integrations.targets import piece_scales
+from shardsync.integrations.targets import _elements, piece_scales
 from shardsync.integrations.vllm import created_parameters
 from shardsync.layouts import tensor_layout
 from shardsync.local_cluster import LocalCluster
@@ -341,6 +341,9 @@ class IntegrationsTest(unittest.TestCase):
                 piece_scales(piece, param_shape, tensor_shape, {})
             self.assertIn(expected, str(refused.exception))
             self.assertIn(f"'{piece.tensor}'", str(refused.exception))
+        with self.assertRaises(ProbeError) as refused:  # a 1-D tensor loaded into a scale parameter
+            _elements(Piece("s", (0,), (4,), "w_scale_inv", 0, (1,)))
+        self.assertIn("1-D checkpoint tensor 's' into scale parameter 'w_scale_inv'", str(refused.exception))
         swapped = scales_at("k_proj.weight", 12, 3, 1, 3, (1, 0))
         swapped[12], swapped[13] = swapped[13], swapped[12]
         with self.assertRaises(ProbeError) as refused:

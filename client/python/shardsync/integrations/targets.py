@@ -154,6 +154,9 @@ def _block_scales(pieces, fills, live, checkpoint_shapes):
 
 def _elements(piece):
     """{flat index in the parameter: (checkpoint tensor, row, col)} of a 2-D piece."""
+    if len(piece.lo) != 2:
+        raise ProbeError(f"the loader puts {len(piece.lo)}-D checkpoint tensor '{piece.tensor}' into scale "
+                         f"parameter '{piece.param}'; block scales are 2-D")
     (r0, c0), (r1, c1) = piece.lo, piece.hi
     return {piece.base + (r - r0) * piece.strides[0] + (c - c0) * piece.strides[1]: (piece.tensor, r, c)
             for r in range(r0, r1) for c in range(c0, c1)}
