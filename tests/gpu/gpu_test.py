@@ -48,6 +48,7 @@ args = parser.parse_args()
 HERE = os.path.dirname(os.path.abspath(__file__))
 GPUS = torch.cuda.device_count()
 OUT = args.out or tempfile.mkdtemp(prefix="ss-gpu-")
+os.makedirs(OUT, exist_ok=True)  # results.json goes here even when no case runs
 RESULTS = []
 
 
