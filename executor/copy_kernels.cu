@@ -169,7 +169,6 @@ __global__ void HashKernel(const uint8_t* data, const HashPiece* pieces, uint64_
 
 constexpr int kQuantizeThreads = 256;
 constexpr int kQuantizeBlock = 128;  // planner::kScaleBlock
-constexpr int kQuantizeElementsPerThread = kQuantizeBlock * kQuantizeBlock / kQuantizeThreads;
 // The vector path: a thread holds 8 consecutive columns (16 bytes of bfloat16 in, 8
 // bytes of float8 out) of 8 rows, 16 rows apart.
 constexpr int kVectorColumns = 8;
@@ -203,7 +202,8 @@ __device__ float BlockScaleOf(float amax, float* scale_out) {
 
 // One 128 x 128 block of one placement: its amax, its scale, its float8 elements (the
 // rule of executor/block_quantize.h, with IEEE float32 division).
-__global__ void QuantizeKernel(const QuantizeDescriptor* descriptors, int32_t count) {
+__global__ void __launch_bounds__(kQuantizeThreads, 3)
+    QuantizeKernel(const QuantizeDescriptor* descriptors, int32_t count) {
   int32_t lo = 0, hi = count - 1;  // the descriptor whose blocks hold blockIdx.x
   while (lo < hi) {
     const int32_t mid = (lo + hi + 1) / 2;
@@ -219,14 +219,15 @@ __global__ void QuantizeKernel(const QuantizeDescriptor* descriptors, int32_t co
   const int64_t row0 = block / blocks_per_row * kQuantizeBlock;
   const int64_t col0 = block % blocks_per_row * kQuantizeBlock;
   float* scale = reinterpret_cast<float*>(d.scale) + row0 / kQuantizeBlock * d.scale_row_stride + col0 / kQuantizeBlock;
-  float values[kQuantizeElementsPerThread];
   float amax = 0;
-  // Rows of whole 16-byte groups, aligned on both sides: vector loads and stores.
+  // Rows of whole 16-byte groups, aligned on both sides: vector loads and stores, the
+  // block held in registers as loaded (bfloat16), so memory is read once.
   const bool vector = d.cols % kVectorColumns == 0 && reinterpret_cast<uintptr_t>(d.scratch) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(d.target) % 8 == 0 && d.target_row_stride % 8 == 0;
   if (vector) {
     const int64_t col = col0 + threadIdx.x % kVectorThreadsPerRow * kVectorColumns;
     const int first_row = threadIdx.x / kVectorThreadsPerRow;
+    uint32_t words[kVectorPasses][4];
 #pragma unroll
     for (int pass = 0; pass < kVectorPasses; ++pass) {
       const int64_t row = row0 + pass * kVectorRowsPerPass + first_row;
@@ -234,14 +235,18 @@ __global__ void QuantizeKernel(const QuantizeDescriptor* descriptors, int32_t co
       if (row < d.rows && col < d.cols) {
         packed = *reinterpret_cast<const uint4*>(d.scratch + 2 * (row * d.cols + col));
       }
-      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+      words[pass][0] = packed.x;
+      words[pass][1] = packed.y;
+      words[pass][2] = packed.z;
+      words[pass][3] = packed.w;
+    }
+#pragma unroll
+    for (int pass = 0; pass < kVectorPasses; ++pass) {
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        values[pass * 8 + 2 * w] = BFloat16ToFloat(words[w] & 0xffffu);
-        values[pass * 8 + 2 * w + 1] = BFloat16ToFloat(words[w] >> 16);
+        amax = fmaxf(amax, fabsf(BFloat16ToFloat(words[pass][w] & 0xffffu)));
+        amax = fmaxf(amax, fabsf(BFloat16ToFloat(words[pass][w] >> 16)));
       }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(values[pass * 8 + k]));
     }
     const float block_scale = BlockScaleOf(amax, scale);
 #pragma unroll
@@ -250,28 +255,26 @@ __global__ void QuantizeKernel(const QuantizeDescriptor* descriptors, int32_t co
       if (row >= d.rows || col >= d.cols) continue;
       uint32_t out[2] = {0, 0};
 #pragma unroll
-      for (int k = 0; k < 8; ++k) out[k / 4] |= uint32_t{ToFloat8(values[pass * 8 + k], block_scale)} << (8 * (k % 4));
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t bits = (k % 2 == 0 ? words[pass][k / 2] & 0xffffu : words[pass][k / 2] >> 16);
+        out[k / 4] |= uint32_t{ToFloat8(BFloat16ToFloat(bits), block_scale)} << (8 * (k % 4));
+      }
       *reinterpret_cast<uint2*>(d.target + row * d.target_row_stride + col) = make_uint2(out[0], out[1]);
     }
     return;
   }
+  // Any other block, an element at a time: read for the amax, then again (from cache)
+  // for the quantize.
   const uint16_t* scratch = reinterpret_cast<const uint16_t*>(d.scratch);
-#pragma unroll
-  for (int k = 0; k < kQuantizeElementsPerThread; ++k) {
-    const int i = threadIdx.x + k * kQuantizeThreads;
-    const int64_t row = row0 + i / kQuantizeBlock, col = col0 + i % kQuantizeBlock;
-    values[k] = 0;
-    if (row < d.rows && col < d.cols) {
-      values[k] = BFloat16ToFloat(scratch[row * d.cols + col]);
-      amax = fmaxf(amax, fabsf(values[k]));
-    }
+  const int rows = static_cast<int>(d.rows - row0 < kQuantizeBlock ? d.rows - row0 : kQuantizeBlock);
+  const int cols = static_cast<int>(d.cols - col0 < kQuantizeBlock ? d.cols - col0 : kQuantizeBlock);
+  for (int i = threadIdx.x; i < rows * cols; i += kQuantizeThreads) {
+    amax = fmaxf(amax, fabsf(BFloat16ToFloat(scratch[(row0 + i / cols) * d.cols + col0 + i % cols])));
   }
   const float block_scale = BlockScaleOf(amax, scale);
-#pragma unroll
-  for (int k = 0; k < kQuantizeElementsPerThread; ++k) {
-    const int i = threadIdx.x + k * kQuantizeThreads;
-    const int64_t row = row0 + i / kQuantizeBlock, col = col0 + i % kQuantizeBlock;
-    if (row < d.rows && col < d.cols) d.target[row * d.target_row_stride + col] = ToFloat8(values[k], block_scale);
+  for (int i = threadIdx.x; i < rows * cols; i += kQuantizeThreads) {
+    const int64_t row = row0 + i / cols, col = col0 + i % cols;
+    d.target[row * d.target_row_stride + col] = ToFloat8(BFloat16ToFloat(scratch[row * d.cols + col]), block_scale);
   }
 }
 
