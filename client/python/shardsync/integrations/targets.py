@@ -104,6 +104,13 @@ def _installed(model, params, live):
 
 
 BLOCK = 128  # rows and columns of a float8 quantization block
+SCALES = "_scale_inv"  # a float8 tensor's name plus this names its block scales (vLLM's weight_scale_inv)
+
+
+def float8_names(tensors):
+    """The names of the float8_e4m3fn tensors of `tensors` ({name: tensor}), sorted."""
+    float8 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
+    return sorted(name for name, tensor in tensors.items() if tensor.dtype == float8)
 
 
 def _blocks(n):
@@ -122,9 +129,9 @@ def _block_scales(pieces, fills, live, checkpoint_shapes):
     refuses, by name, a piece whose blocks are not whole blocks of both the checkpoint
     tensor and the parameter (the engine scales each parameter block by one number)."""
     out = _BlockScales()
-    float8 = sorted(name for name, p in live.items() if p.dtype == getattr(torch, "float8_e4m3fn", None))
+    float8 = float8_names(live)
     for name in float8:
-        weight, scale_name = live[name], name + "_scale_inv"
+        weight, scale_name = live[name], name + SCALES
         scale = live.get(scale_name)
         if weight.dim() != 2:
             raise ProbeError(f"float8 parameter '{name}' {list(weight.shape)}: only float8 linear weights (two axes) "
@@ -141,7 +148,7 @@ def _block_scales(pieces, fills, live, checkpoint_shapes):
             scale_elements.setdefault(piece.param, {}).update(_elements(piece))
     for index, piece in enumerate(pieces):
         if piece.param in float8:
-            scale_name = piece.param + "_scale_inv"
+            scale_name = piece.param + SCALES
             base, row_stride = piece_scales(piece, tuple(live[piece.param].shape), checkpoint_shapes[piece.tensor],
                                             scale_elements.get(scale_name, {}))
             out.of_piece[index] = (scale_name, base, row_stride)
@@ -189,7 +196,7 @@ def piece_scales(piece, param_shape, tensor_shape, scale_elements):
     for i in range(_blocks(r1 - r0)):
         for j in range(_blocks(c1 - c0)):
             found = scale_elements.get(base + i * row_stride + j)
-            expected = (piece.tensor + "_scale_inv", r0 // BLOCK + i, c0 // BLOCK + j)
+            expected = (piece.tensor + SCALES, r0 // BLOCK + i, c0 // BLOCK + j)
             if found != expected:
                 raise ProbeError(f"{what}: the loader puts {_element(found)} where the scale of block "
                                  f"{list(expected[1:])} belongs, not {_element(expected)}")

@@ -29,7 +29,7 @@ import torch
 from shardsync.client import AgentClient
 from shardsync.integrations.modules import safetensors_shapes
 from shardsync.integrations.probe import ProbeError
-from shardsync.integrations.targets import EngineTarget, loader_targets
+from shardsync.integrations.targets import SCALES, EngineTarget, float8_names, loader_targets
 
 
 class WorkerExtension:
@@ -97,11 +97,11 @@ def _created_if_float8(model):
     """None for a model without float8 parameters (the probe runs on the live ones);
     otherwise created_parameters(model), after refusing DeepGEMM's power-of-two scales and
     float8 layers the record lacks."""
-    float8 = [n for n, p in model.named_parameters() if p.dtype == getattr(torch, "float8_e4m3fn", None)]
+    float8 = float8_names(dict(model.named_parameters()))
     if not float8:
         return None
     created = created_parameters(model)
-    for name in float8 + [n + "_scale_inv" for n in float8]:
+    for name in float8 + [n + SCALES for n in float8]:
         if name not in created:
             raise ProbeError(f"vLLM's record of its layers as created has no parameter '{name}'")
     try:
