@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/polling.h"
 #include "common/status_macros.h"
 
 namespace shardsync::executor {
@@ -43,9 +45,17 @@ struct alignas(64) Header {
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "the board's counters are shared between processes");
 
+// When a wait may sleep: after polling as common/polling.h says.
+absl::Time PollUntil() { return absl::Now() + absl::FromChrono(kPollBeforeSleep); }
+
 // Waits while `*word == expected`, at most until `until` and never longer than
-// kCheckEvery; a futex between processes (no FUTEX_PRIVATE_FLAG).
-void WaitWhile(std::atomic<uint32_t>& word, uint32_t expected, absl::Time until) {
+// kCheckEvery: before `poll_until` by yielding the core once (the caller looks again),
+// after it on a futex between processes (no FUTEX_PRIVATE_FLAG).
+void WaitWhile(std::atomic<uint32_t>& word, uint32_t expected, absl::Time until, absl::Time poll_until) {
+  if (absl::Now() < poll_until) {
+    sched_yield();
+    return;
+  }
   const absl::Duration left = std::min(kCheckEvery, until - absl::Now());
   if (left <= absl::ZeroDuration()) return;
   const timespec timeout = absl::ToTimespec(left);
@@ -176,6 +186,7 @@ absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl:
     uint64_t sync = old.sync.load(std::memory_order_relaxed);
     if (sync != key.sync) old.sync.compare_exchange_strong(sync, 0, std::memory_order_relaxed);
   }
+  const absl::Time poll_until = PollUntil();
   for (uint32_t taken = ring.taken.load(std::memory_order_acquire); written - taken >= kRingDepth;
        taken = ring.taken.load(std::memory_order_acquire)) {
     if (aborted()) return absl::AbortedError("aborted while the receiver's ring was full");
@@ -183,7 +194,7 @@ absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl:
       return absl::UnavailableError(absl::StrCat("its ring on board ", name_, " stayed full until the deadline"));
     }
     meanwhile();
-    WaitWhile(ring.taken, taken, deadline);
+    WaitWhile(ring.taken, taken, deadline, poll_until);
   }
   Message& message = ring.messages[written % kRingDepth];
   message.round.store(key.round, std::memory_order_relaxed);
@@ -212,6 +223,7 @@ absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Tim
                                           const std::function<bool()>& aborted) {
   SHARDSYNC_RETURN_IF_ERROR(CheckSender(from));
   Ring& ring = RingOf(from);
+  const absl::Time poll_until = PollUntil();
   while (true) {
     DropVoid(from);
     const uint32_t taken = ring.taken.load(std::memory_order_relaxed);  // only this owner writes it
@@ -238,7 +250,7 @@ absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Tim
       return absl::UnavailableError(
           absl::StrCat("no message of round ", key.round, " from rank ", from, " before the deadline"));
     }
-    WaitWhile(ring.written, written, deadline);
+    WaitWhile(ring.written, written, deadline, poll_until);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_polling.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 
@@ -31,12 +32,19 @@ Credentials UnixSocketCredentials() {
   return *LoadCredentials(plaintext);  // never fails for plaintext
 }
 
-template <typename Request, typename Response, typename Call>
-absl::StatusOr<Response> Unary(Call call, const Request& request, absl::Duration timeout) {
+// `prepare_async(context, request, queue)`: the stub's PrepareAsync call. The calling
+// thread waits for the answer on a queue of its own, polling it first.
+template <typename Request, typename Response, typename PrepareAsync>
+absl::StatusOr<Response> Unary(PrepareAsync prepare_async, const Request& request, absl::Duration timeout) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::CompletionQueue queue;
   Response response;
-  const grpc::Status status = call(&context, request, &response);
+  grpc::Status status;
+  auto call = prepare_async(&context, request, &queue);
+  call->StartCall();
+  call->Finish(&response, &status, &status);
+  AwaitUnaryFinish(queue);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
@@ -82,7 +90,8 @@ absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::Re
 
 absl::StatusOr<v1::AgentStatus> AgentClient::Status(absl::Duration timeout) {
   return Unary<v1::AgentStatusRequest, v1::AgentStatus>(
-      [&](auto* c, const auto& q, auto* a) { return stub_->Status(c, q, a); }, v1::AgentStatusRequest(), timeout);
+      [&](auto* c, const auto& q, auto* cq) { return stub_->PrepareAsyncStatus(c, q, cq); }, v1::AgentStatusRequest(),
+      timeout);
 }
 
 CoordinatorClient::CoordinatorClient(const std::string& address, const Credentials& credentials)
@@ -95,19 +104,21 @@ absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout,
   request.set_verify(verify);
   request.mutable_target_ranks()->Add(target_ranks.begin(), target_ranks.end());
   // The coordinator needs a little longer than the sync's own deadline to report it.
-  return Unary<v1::SyncRequest, v1::SyncResponse>([&](auto* c, const auto& q, auto* a) { return stub_->Sync(c, q, a); },
-                                                  request, timeout + absl::Seconds(10));
+  return Unary<v1::SyncRequest, v1::SyncResponse>(
+      [&](auto* c, const auto& q, auto* cq) { return stub_->PrepareAsyncSync(c, q, cq); }, request,
+      timeout + absl::Seconds(10));
 }
 
 absl::StatusOr<v1::ExplainResponse> CoordinatorClient::Explain(const v1::ExplainRequest& request,
                                                                absl::Duration timeout) {
   return Unary<v1::ExplainRequest, v1::ExplainResponse>(
-      [&](auto* c, const auto& q, auto* a) { return stub_->Explain(c, q, a); }, request, timeout);
+      [&](auto* c, const auto& q, auto* cq) { return stub_->PrepareAsyncExplain(c, q, cq); }, request, timeout);
 }
 
 absl::StatusOr<v1::CoordinatorStatus> CoordinatorClient::Status(absl::Duration timeout) {
   return Unary<v1::CoordinatorStatusRequest, v1::CoordinatorStatus>(
-      [&](auto* c, const auto& q, auto* a) { return stub_->Status(c, q, a); }, v1::CoordinatorStatusRequest(), timeout);
+      [&](auto* c, const auto& q, auto* cq) { return stub_->PrepareAsyncStatus(c, q, cq); },
+      v1::CoordinatorStatusRequest(), timeout);
 }
 
 absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& name, int64_t bytes) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grpc_polling.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 
@@ -67,17 +68,13 @@ extern "C" int shardsync_unary_call(shardsync_channel* channel, const char* meth
   grpc::ByteBuffer request_buffer(&slice, 1);
   grpc::ByteBuffer response_buffer;
   grpc::Status status;
-  // The calling thread waits on its own queue: no other thread is woken for the answer.
+  // The calling thread waits on its own queue, polling it first: no other thread is
+  // woken for the answer, and this one is awake when it comes.
   grpc::CompletionQueue queue;
   auto call = channel->stub->PrepareUnaryCall(&context, method, request_buffer, &queue);
   call->StartCall();
   call->Finish(&response_buffer, &status, &status);
-  void* tag = nullptr;
-  bool ok = false;
-  queue.Next(&tag, &ok);
-  queue.Shutdown();
-  while (queue.Next(&tag, &ok)) {
-  }
+  shardsync::AwaitUnaryFinish(queue);
   if (!status.ok()) {
     CopyMessage(status.error_message(), message, message_size);
     return status.error_code();

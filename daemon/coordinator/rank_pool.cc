@@ -1,5 +1,7 @@
 #include "daemon/coordinator/rank_pool.h"
 
+#include "common/polling.h"
+
 namespace shardsync::coordinator {
 
 RankPool::RankPool(int32_t ranks) {
@@ -22,9 +24,10 @@ void RankPool::Run(const std::function<void(int32_t)>& fn) {
     ++generation_;
   }
   fn(0);
+  PollFor([this] { return running_.load(std::memory_order_acquire) == 0; });
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](int32_t* running) { return *running == 0; }, &running_));
+      +[](std::atomic<int32_t>* running) { return running->load(std::memory_order_acquire) == 0; }, &running_));
   job_ = nullptr;
 }
 
@@ -42,7 +45,7 @@ void RankPool::Worker(int32_t rank) {
     }
     (*job)(rank);
     absl::MutexLock lock(&mu_);
-    --running_;
+    running_.fetch_sub(1, std::memory_order_release);
   }
 }
 

@@ -4,6 +4,7 @@
 // call made from inside a Run must not use the same pool.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -20,7 +21,8 @@ class RankPool {
   RankPool(const RankPool&) = delete;
   RankPool& operator=(const RankPool&) = delete;
 
-  // Calls fn(rank) for every rank at once; returns when all returned.
+  // Calls fn(rank) for every rank at once; returns when all returned (polling for the
+  // last of them before it sleeps: common/polling.h).
   void Run(const std::function<void(int32_t)>& fn);
 
  private:
@@ -29,7 +31,7 @@ class RankPool {
   absl::Mutex mu_;
   const std::function<void(int32_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // one more for every Run
-  int32_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int32_t> running_{0};              // changed under mu_, polled without it
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

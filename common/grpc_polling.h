@@ -1,0 +1,26 @@
+// A unary gRPC call's wait for its answer, polled as common/polling.h says. Header
+// only, with no library behind it: the Python client's shared library, which links the
+// system's gRPC, uses it as the daemons and the C++ client do.
+#pragma once
+
+#include "common/polling.h"
+#include "grpc/support/time.h"
+#include "grpcpp/completion_queue.h"
+
+namespace shardsync {
+
+// Waits for the one event of `queue`, the Finish of the unary call it was made for,
+// polling the queue before it sleeps on it; then shuts the queue down and drains it.
+// The calling thread must be the queue's only reader.
+inline void AwaitUnaryFinish(grpc::CompletionQueue& queue) {
+  void* tag = nullptr;
+  bool ok = false;
+  const bool polled =
+      PollFor([&] { return queue.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) != grpc::CompletionQueue::TIMEOUT; });
+  if (!polled) queue.Next(&tag, &ok);
+  queue.Shutdown();
+  while (queue.Next(&tag, &ok)) {
+  }
+}
+
+}  // namespace shardsync

@@ -1,0 +1,27 @@
+// Waits inside a sync poll before they sleep. A thread that sleeps pays a wake-up when
+// its answer comes (the kernel's, and on a virtual machine the host's as well), and the
+// longer it slept the dearer; one that polls does not. Each wait polls for at most
+// kPollBeforeSleep, yielding its core to any other thread that wants it, then sleeps.
+#pragma once
+
+#include <sched.h>
+
+#include <chrono>
+
+namespace shardsync {
+
+inline constexpr std::chrono::milliseconds kPollBeforeSleep{50};
+
+// Calls `ready` until it returns true or `limit` has passed, yielding between calls;
+// whether it returned true.
+template <typename Ready>
+bool PollFor(Ready&& ready, std::chrono::steady_clock::duration limit = kPollBeforeSleep) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    sched_yield();
+  }
+  return true;
+}
+
+}  // namespace shardsync
