@@ -1,7 +1,9 @@
 // Waits inside a sync poll before they sleep. A thread that sleeps pays a wake-up when
 // its answer comes (the kernel's, and on a virtual machine the host's as well), and the
 // longer it slept the dearer; one that polls does not. Each wait polls for at most
-// kPollBeforeSleep, yielding its core to any other thread that wants it, then sleeps.
+// kPollBeforeSleep, calling sched_yield between looks, then sleeps. A polling thread
+// still takes its share of a core: waits beside copies that run on the host's cores
+// do not poll.
 #pragma once
 
 #include <sched.h>

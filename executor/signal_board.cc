@@ -20,7 +20,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/polling.h"
 #include "common/status_macros.h"
 
 namespace shardsync::executor {
@@ -45,14 +44,11 @@ struct alignas(64) Header {
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "the board's counters are shared between processes");
 
-// When a wait may sleep: after polling as common/polling.h says.
-absl::Time PollUntil() { return absl::Now() + absl::FromChrono(kPollBeforeSleep); }
-
 // Waits while `*word == expected`, at most until `until` and never longer than
-// kCheckEvery: before `poll_until` by yielding the core once (the caller looks again),
+// kCheckEvery: before `sleep_from` by yielding the core once (the caller looks again),
 // after it on a futex between processes (no FUTEX_PRIVATE_FLAG).
-void WaitWhile(std::atomic<uint32_t>& word, uint32_t expected, absl::Time until, absl::Time poll_until) {
-  if (absl::Now() < poll_until) {
+void WaitWhile(std::atomic<uint32_t>& word, uint32_t expected, absl::Time until, absl::Time sleep_from) {
+  if (absl::Now() < sleep_from) {
     sched_yield();
     return;
   }
@@ -174,7 +170,7 @@ SignalBoard::Ring& SignalBoard::RingOf(int32_t from) const {
   return reinterpret_cast<Ring*>(static_cast<uint8_t*>(base_) + sizeof(Header))[from];
 }
 
-absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline,
+absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline, absl::Duration poll_for,
                                const std::function<bool()>& aborted, const std::function<void()>& meanwhile) {
   SHARDSYNC_RETURN_IF_ERROR(CheckSender(from));
   Ring& ring = RingOf(from);
@@ -186,7 +182,7 @@ absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl:
     uint64_t sync = old.sync.load(std::memory_order_relaxed);
     if (sync != key.sync) old.sync.compare_exchange_strong(sync, 0, std::memory_order_relaxed);
   }
-  const absl::Time poll_until = PollUntil();
+  const absl::Time sleep_from = absl::Now() + poll_for;
   for (uint32_t taken = ring.taken.load(std::memory_order_acquire); written - taken >= kRingDepth;
        taken = ring.taken.load(std::memory_order_acquire)) {
     if (aborted()) return absl::AbortedError("aborted while the receiver's ring was full");
@@ -194,7 +190,7 @@ absl::Status SignalBoard::Post(int32_t from, SignalKey key, uint8_t value, absl:
       return absl::UnavailableError(absl::StrCat("its ring on board ", name_, " stayed full until the deadline"));
     }
     meanwhile();
-    WaitWhile(ring.taken, taken, deadline, poll_until);
+    WaitWhile(ring.taken, taken, deadline, sleep_from);
   }
   Message& message = ring.messages[written % kRingDepth];
   message.round.store(key.round, std::memory_order_relaxed);
@@ -219,11 +215,11 @@ int SignalBoard::DropVoid(int32_t from) {
   return dropped;
 }
 
-absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Time deadline,
+absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Time deadline, absl::Duration poll_for,
                                           const std::function<bool()>& aborted) {
   SHARDSYNC_RETURN_IF_ERROR(CheckSender(from));
   Ring& ring = RingOf(from);
-  const absl::Time poll_until = PollUntil();
+  const absl::Time sleep_from = absl::Now() + poll_for;
   while (true) {
     DropVoid(from);
     const uint32_t taken = ring.taken.load(std::memory_order_relaxed);  // only this owner writes it
@@ -250,7 +246,7 @@ absl::StatusOr<uint8_t> SignalBoard::Take(int32_t from, SignalKey key, absl::Tim
       return absl::UnavailableError(
           absl::StrCat("no message of round ", key.round, " from rank ", from, " before the deadline"));
     }
-    WaitWhile(ring.written, written, deadline, poll_until);
+    WaitWhile(ring.written, written, deadline, sleep_from);
   }
 }
 
@@ -334,14 +330,14 @@ absl::Status BoardTransport::RunRound(absl::string_view sync_id, int32_t round, 
   };
   drop_void();
   for (const auto& [board, send] : board_sends) {
-    const absl::Status posted = board->Post(rank_, key, *send->data, deadline, aborted, drop_void);
+    const absl::Status posted = board->Post(rank_, key, *send->data, deadline, poll_for_, aborted, drop_void);
     if (!posted.ok()) return failed(posted, absl::StrCat("signalling rank ", send->peer, ": "));
   }
   if (!other_sends.empty() || !other_receives.empty()) {
     SHARDSYNC_RETURN_IF_ERROR(others_.RunRound(sync_id, round, other_sends, other_receives, deadline));
   }
   for (const RecvOp* receive : board_receives) {
-    const absl::StatusOr<uint8_t> value = own_.Take(receive->peer, key, deadline, aborted);
+    const absl::StatusOr<uint8_t> value = own_.Take(receive->peer, key, deadline, poll_for_, aborted);
     if (!value.ok()) return failed(value.status(), "");
     *receive->data = *value;
   }

@@ -59,8 +59,9 @@ class SignalBoard {
   // Appends a message to the ring of sender `from`, first voiding the ring's untaken
   // messages of other syncs. Waits while the ring is full, running `meanwhile` between
   // waits; fails with UNAVAILABLE at `deadline` and ABORTED once `aborted` returns true
-  // (checked every millisecond).
-  absl::Status Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline,
+  // (checked every millisecond). A wait polls the ring for its first `poll_for`
+  // (common/polling.h), then sleeps on a futex.
+  absl::Status Post(int32_t from, SignalKey key, uint8_t value, absl::Time deadline, absl::Duration poll_for,
                     const std::function<bool()>& aborted, const std::function<void()>& meanwhile);
   // On this agent's own board: drops the void messages at the head of `from`'s ring,
   // making room for its sender. Returns how many.
@@ -69,7 +70,8 @@ class SignalBoard {
   // messages before it. A message of another sync stays (the sender has moved on; its
   // sync is next here), and this waits for the deadline or the abort as above. A
   // message of this sync for another round is a protocol error (INTERNAL).
-  absl::StatusOr<uint8_t> Take(int32_t from, SignalKey key, absl::Time deadline, const std::function<bool()>& aborted);
+  absl::StatusOr<uint8_t> Take(int32_t from, SignalKey key, absl::Time deadline, absl::Duration poll_for,
+                               const std::function<bool()>& aborted);
 
   struct Ring;  // in the .cc: the shared layout
 
@@ -86,9 +88,12 @@ class SignalBoard {
 // A host transport of one-byte messages: over the signal boards of the peers that have
 // one (the agents of this host; PeerSetup::boards), over `others` for the rest. Rounds
 // carry one byte per peer, as the agreement and the direct path's completion messages do.
+// Its waits on the boards poll for `poll_for` before they sleep: an agent whose copies
+// run on a GPU has its cores to spare, one that copies on the host has not.
 class BoardTransport final : public Transport {
  public:
-  BoardTransport(int32_t rank, SignalBoard& own, Transport& others) : rank_(rank), own_(own), others_(others) {}
+  BoardTransport(int32_t rank, SignalBoard& own, Transport& others, absl::Duration poll_for)
+      : rank_(rank), own_(own), others_(others), poll_for_(poll_for) {}
 
   absl::string_view name() const override { return "signal-board"; }
   bool device_memory() const override { return false; }
@@ -105,6 +110,7 @@ class BoardTransport final : public Transport {
   const int32_t rank_;
   SignalBoard& own_;
   Transport& others_;
+  const absl::Duration poll_for_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<SignalBoard>> opened_ ABSL_GUARDED_BY(mu_);  // by name
   std::map<int32_t, SignalBoard*> peers_ ABSL_GUARDED_BY(mu_);                       // by rank

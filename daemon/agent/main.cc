@@ -11,6 +11,7 @@
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "common/metrics_http.h"
+#include "common/polling.h"
 #include "common/tls.h"
 #include "daemon/agent/agent.h"
 #include "daemon/agent/agent_flags.h"
@@ -98,8 +99,9 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(board.status().message()));
     return 1;
   }
-  std::unique_ptr<shardsync::executor::Transport> signals =
-      std::make_unique<shardsync::executor::BoardTransport>(c.agent.rank, **board, channels ? *channels : *transport);
+  const absl::Duration board_poll = ordinal < 0 ? absl::ZeroDuration() : absl::FromChrono(shardsync::kPollBeforeSleep);
+  std::unique_ptr<shardsync::executor::Transport> signals = std::make_unique<shardsync::executor::BoardTransport>(
+      c.agent.rank, **board, channels ? *channels : *transport, board_poll);
   // Tests only (--fault-stall-at-round): the transport stalls one sync at a known round
   // (the agreement and the direct path's completion messages are rounds of `signals`).
   if (c.fault_stall) {

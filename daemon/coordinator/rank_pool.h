@@ -31,7 +31,7 @@ class RankPool {
   absl::Mutex mu_;
   const std::function<void(int32_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // one more for every Run
-  std::atomic<int32_t> running_{0};              // changed under mu_, polled without it
+  std::atomic<int32_t> running_{0};              // changed under mu_ (so that Await sees it), polled without it
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

@@ -34,6 +34,8 @@ const std::function<void()> kNothing = [] {};
 absl::Time Soon() { return absl::Now() + absl::Milliseconds(50); }
 
 TEST_CASE("a sender's messages arrive in order, through a full ring") {
+  // Both ends sleeping on the futex at once, or polling their rings first.
+  const absl::Duration poll_for = GENERATE(absl::ZeroDuration(), absl::Seconds(10));
   auto board = SignalBoard::Create(TestBoardName("order"));
   REQUIRE(board.ok());
   auto writer = SignalBoard::Open((*board)->name());
@@ -43,13 +45,13 @@ TEST_CASE("a sender's messages arrive in order, through a full ring") {
     for (int i = 0; i < kMessages; ++i) {
       REQUIRE((*writer)
                   ->Post(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, static_cast<uint8_t>(i), absl::InfiniteFuture(),
-                         kNever, kNothing)
+                         poll_for, kNever, kNothing)
                   .ok());
     }
   });
   for (int i = 0; i < kMessages; ++i) {
     const absl::StatusOr<uint8_t> value =
-        (*board)->Take(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, absl::Now() + absl::Seconds(10), kNever);
+        (*board)->Take(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, absl::Now() + absl::Seconds(10), poll_for, kNever);
     REQUIRE(value.ok());
     REQUIRE(*value == static_cast<uint8_t>(i));
   }
@@ -62,21 +64,24 @@ TEST_CASE("a message of a sync the sender left is void; one of a sync to come wa
   auto writer = SignalBoard::Open((*board)->name());
   REQUIRE(writer.ok());
   const SignalKey aborted{SyncKey("sync-1"), -2}, next{SyncKey("sync-2"), -1};
-  REQUIRE((*writer)->Post(1, aborted, 1, Soon(), kNever, kNothing).ok());  // never taken: that sync was aborted here
+  REQUIRE((*writer)
+              ->Post(1, aborted, 1, Soon(), absl::ZeroDuration(), kNever, kNothing)
+              .ok());  // never taken: that sync was aborted here
   // The reader waiting for sync-2 sees sync-1's message, not yet void: it waits.
-  const absl::StatusOr<uint8_t> early = (*board)->Take(1, next, Soon(), kNever);
+  const absl::StatusOr<uint8_t> early = (*board)->Take(1, next, Soon(), absl::ZeroDuration(), kNever);
   CHECK(absl::IsUnavailable(early.status()));
   CHECK_THAT(std::string(early.status().message()), Contains("from rank 1"));
   // Posting for sync-2 voids it.
-  REQUIRE((*writer)->Post(1, next, 7, Soon(), kNever, kNothing).ok());
-  const absl::StatusOr<uint8_t> value = (*board)->Take(1, next, Soon(), kNever);
+  REQUIRE((*writer)->Post(1, next, 7, Soon(), absl::ZeroDuration(), kNever, kNothing).ok());
+  const absl::StatusOr<uint8_t> value = (*board)->Take(1, next, Soon(), absl::ZeroDuration(), kNever);
   REQUIRE(value.ok());
   CHECK(*value == 7);
   // A reader still in sync-2 while the sender is in sync-3: the message stays for sync-3.
   const SignalKey later{SyncKey("sync-3"), -1};
-  REQUIRE((*writer)->Post(1, later, 5, Soon(), kNever, kNothing).ok());
-  CHECK(absl::IsUnavailable((*board)->Take(1, SignalKey{SyncKey("sync-2"), -2}, Soon(), kNever).status()));
-  const absl::StatusOr<uint8_t> kept = (*board)->Take(1, later, Soon(), kNever);
+  REQUIRE((*writer)->Post(1, later, 5, Soon(), absl::ZeroDuration(), kNever, kNothing).ok());
+  CHECK(absl::IsUnavailable(
+      (*board)->Take(1, SignalKey{SyncKey("sync-2"), -2}, Soon(), absl::ZeroDuration(), kNever).status()));
+  const absl::StatusOr<uint8_t> kept = (*board)->Take(1, later, Soon(), absl::ZeroDuration(), kNever);
   REQUIRE(kept.ok());
   CHECK(*kept == 5);
 }
@@ -86,8 +91,9 @@ TEST_CASE("a message of the same sync for another round is a protocol error") {
   REQUIRE(board.ok());
   auto writer = SignalBoard::Open((*board)->name());
   REQUIRE(writer.ok());
-  REQUIRE((*writer)->Post(2, SignalKey{SyncKey("s"), -3}, 1, Soon(), kNever, kNothing).ok());
-  const absl::StatusOr<uint8_t> value = (*board)->Take(2, SignalKey{SyncKey("s"), -2}, Soon(), kNever);
+  REQUIRE((*writer)->Post(2, SignalKey{SyncKey("s"), -3}, 1, Soon(), absl::ZeroDuration(), kNever, kNothing).ok());
+  const absl::StatusOr<uint8_t> value =
+      (*board)->Take(2, SignalKey{SyncKey("s"), -2}, Soon(), absl::ZeroDuration(), kNever);
   CHECK(absl::IsInternal(value.status()));
   CHECK_THAT(std::string(value.status().message()), Contains("rank 2 sent round -3"));
 }
@@ -98,12 +104,34 @@ TEST_CASE("a full ring waits for its reader until the deadline") {
   auto writer = SignalBoard::Open((*board)->name());
   REQUIRE(writer.ok());
   const SignalKey key{SyncKey("s"), -2};
-  for (uint32_t i = 0; i < kRingDepth; ++i) REQUIRE((*writer)->Post(0, key, 1, Soon(), kNever, kNothing).ok());
-  const absl::Status full = (*writer)->Post(0, key, 1, Soon(), kNever, kNothing);
+  for (uint32_t i = 0; i < kRingDepth; ++i)
+    REQUIRE((*writer)->Post(0, key, 1, Soon(), absl::ZeroDuration(), kNever, kNothing).ok());
+  const absl::Status full = (*writer)->Post(0, key, 1, Soon(), absl::ZeroDuration(), kNever, kNothing);
   CHECK(absl::IsUnavailable(full));
   CHECK_THAT(std::string(full.message()), Contains("stayed full"));
-  REQUIRE((*board)->Take(0, key, Soon(), kNever).ok());
-  CHECK((*writer)->Post(0, key, 1, Soon(), kNever, kNothing).ok());
+  REQUIRE((*board)->Take(0, key, Soon(), absl::ZeroDuration(), kNever).ok());
+  CHECK((*writer)->Post(0, key, 1, Soon(), absl::ZeroDuration(), kNever, kNothing).ok());
+}
+
+TEST_CASE("a polling wait ends at its deadline and at an abort, as a sleeping one does") {
+  auto board = SignalBoard::Create(TestBoardName("poll"));
+  REQUIRE(board.ok());
+  auto writer = SignalBoard::Open((*board)->name());
+  REQUIRE(writer.ok());
+  const SignalKey key{SyncKey("s"), -2};
+  const absl::Duration poll_for = absl::Seconds(30);  // far beyond every wait here
+  absl::Time start = absl::Now();
+  CHECK(absl::IsUnavailable((*board)->Take(0, key, start + absl::Milliseconds(50), poll_for, kNever).status()));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  start = absl::Now();
+  const auto aborted_soon = [&] { return absl::Now() - start > absl::Milliseconds(50); };
+  CHECK(absl::IsAborted((*board)->Take(0, key, absl::InfiniteFuture(), poll_for, aborted_soon).status()));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  for (uint32_t i = 0; i < kRingDepth; ++i)
+    REQUIRE((*writer)->Post(0, key, 1, Soon(), poll_for, kNever, kNothing).ok());
+  start = absl::Now();
+  CHECK(absl::IsUnavailable((*writer)->Post(0, key, 1, start + absl::Milliseconds(50), poll_for, kNever, kNothing)));
+  CHECK(absl::Now() - start < absl::Seconds(5));
 }
 
 TEST_CASE("boards are this version's, unlinked by their owner, and orphans are removed") {
@@ -147,7 +175,8 @@ TEST_CASE("boards are this version's, unlinked by their owner, and orphans are r
   CHECK(SignalBoard::Open((*alive)->name()).ok());  // held by this process: it stays
 }
 
-// Ranks 0-2 share a host (boards), rank 3 is elsewhere (the mailbox loopback).
+// Ranks 0-2 share a host (boards), rank 3 is elsewhere (the mailbox loopback). Rank 0
+// polls its boards before it sleeps; the others sleep at once.
 struct World {
   static constexpr int kRanks = 4;
   std::vector<std::unique_ptr<SignalBoard>> boards;
@@ -161,7 +190,8 @@ struct World {
     for (int r = 0; r < kRanks; ++r) {
       boards.push_back(*SignalBoard::Create(TestBoardName(absl::StrCat("world-", r))));
       loopbacks.push_back(std::make_unique<LoopbackTransport>(r, by_rank));
-      transports.push_back(std::make_unique<BoardTransport>(r, *boards[r], *loopbacks[r]));
+      transports.push_back(std::make_unique<BoardTransport>(r, *boards[r], *loopbacks[r],
+                                                            r == 0 ? absl::Seconds(10) : absl::ZeroDuration()));
     }
   }
   PeerSetup SetupOf(int32_t rank) const {
