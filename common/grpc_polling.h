@@ -1,9 +1,12 @@
-// A unary gRPC call's wait for its answer, polled as common/polling.h says: for the
-// clients, where no other thread polls gRPC, so polling the queue reads the answer off
-// the socket itself (in a daemon, a server thread would, and would be woken for it).
+// A unary gRPC call's wait for its answer, polled as common/polling.h says. In a
+// client, where no other thread polls gRPC, polling the queue reads the answer off the
+// socket itself. In a daemon a server thread does that and is woken for it; the caller,
+// polling, is spared the second wake-up, the hand-off from that thread.
 // Header only, with no library behind it: the Python client's shared library links the
-// system's gRPC, the C++ client the build's.
+// system's gRPC, the daemons and the C++ client the build's.
 #pragma once
+
+#include <chrono>
 
 #include "common/polling.h"
 #include "grpc/support/time.h"
@@ -12,13 +15,15 @@
 namespace shardsync {
 
 // Waits for the one event of `queue`, the Finish of the unary call it was made for,
-// polling the queue before it sleeps on it; then shuts the queue down and drains it.
-// The calling thread must be the queue's only reader.
-inline void AwaitUnaryFinish(grpc::CompletionQueue& queue) {
+// polling the queue for `poll_for` before it sleeps on it; then shuts the queue down and
+// drains it. The calling thread must be the queue's only reader.
+inline void AwaitUnaryFinish(grpc::CompletionQueue& queue,
+                             std::chrono::steady_clock::duration poll_for = kPollBeforeSleep) {
   void* tag = nullptr;
   bool ok = false;
   const bool polled = PollFor(
-      [&] { return queue.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) != grpc::CompletionQueue::TIMEOUT; });
+      [&] { return queue.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) != grpc::CompletionQueue::TIMEOUT; },
+      poll_for);
   if (!polled) queue.Next(&tag, &ok);
   queue.Shutdown();
   while (queue.Next(&tag, &ok)) {

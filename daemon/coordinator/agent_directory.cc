@@ -1,5 +1,6 @@
 #include "daemon/coordinator/agent_directory.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
@@ -100,7 +101,8 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
     if (entry.link) spdlog::info("rank {} rejoined at {}", request.rank(), request.address());
     ++membership_version_;  // a returning agent needs a new communicator
     const bool local = local_link_ && request.incarnation() == local_incarnation_;
-    entry.link = local ? local_link_ : GrpcAgentLink(request.address(), credentials_);
+    entry.link = local ? local_link_
+                       : GrpcAgentLink(request.address(), credentials_, absl::StartsWith(request.device(), "cuda"));
     spdlog::info("rank {} joined from {} ({}{})", request.rank(), request.address(), request.device(),
                  local ? ", in this process" : "");
   }

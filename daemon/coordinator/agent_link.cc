@@ -1,5 +1,6 @@
 #include "daemon/coordinator/agent_link.h"
 
+#include "common/grpc_polling.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -9,48 +10,57 @@ namespace {
 
 class GrpcLink : public AgentLink {
  public:
-  explicit GrpcLink(std::shared_ptr<grpc::Channel> channel) : stub_(v1::AgentControl::NewStub(std::move(channel))) {}
+  GrpcLink(std::shared_ptr<grpc::Channel> channel, bool poll)
+      : stub_(v1::AgentControl::NewStub(std::move(channel))), poll_(poll) {}
 
   absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) override {
-    return Call<v1::PrepareResponse>(&v1::AgentControl::Stub::Prepare, request, deadline);
+    return Call<v1::PrepareResponse>(&v1::AgentControl::Stub::PrepareAsyncPrepare, request, deadline);
   }
   absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request, absl::Time deadline) override {
-    return Call<v1::ExecuteResponse>(&v1::AgentControl::Stub::Execute, request, deadline);
+    return Call<v1::ExecuteResponse>(&v1::AgentControl::Stub::PrepareAsyncExecute, request, deadline);
   }
   absl::Status Abort(const v1::AbortRequest& request, absl::Time deadline) override {
-    return Call<v1::AbortResponse>(&v1::AgentControl::Stub::Abort, request, deadline).status();
+    return Call<v1::AbortResponse>(&v1::AgentControl::Stub::PrepareAsyncAbort, request, deadline).status();
   }
   absl::StatusOr<std::string> NewCommunicatorId(absl::Time deadline) override {
-    SHARDSYNC_ASSIGN_OR_RETURN(auto response,
-                               Call<v1::NewCommunicatorIdResponse>(&v1::AgentControl::Stub::NewCommunicatorId,
-                                                                   v1::NewCommunicatorIdRequest(), deadline));
+    SHARDSYNC_ASSIGN_OR_RETURN(
+        auto response, Call<v1::NewCommunicatorIdResponse>(&v1::AgentControl::Stub::PrepareAsyncNewCommunicatorId,
+                                                           v1::NewCommunicatorIdRequest(), deadline));
     return response.communicator_id();
   }
   absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) override {
-    return Call<v1::RankProgress>(&v1::AgentControl::Stub::Progress, v1::ProgressRequest(), deadline);
+    return Call<v1::RankProgress>(&v1::AgentControl::Stub::PrepareAsyncProgress, v1::ProgressRequest(), deadline);
   }
 
  private:
+  // The calling thread waits for the answer on a queue of its own.
   template <typename Response, typename Request, typename Method>
-  absl::StatusOr<Response> Call(Method method, const Request& request, absl::Time deadline) {
+  absl::StatusOr<Response> Call(Method prepare_async, const Request& request, absl::Time deadline) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    grpc::CompletionQueue queue;
     Response response;
-    const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+    grpc::Status status;
+    auto call = (stub_.get()->*prepare_async)(&context, request, &queue);
+    call->StartCall();
+    call->Finish(&response, &status, &status);
+    AwaitUnaryFinish(queue, poll_ ? std::chrono::steady_clock::duration(kPollBeforeSleep)
+                                  : std::chrono::steady_clock::duration::zero());
     if (!status.ok()) return FromGrpcStatus(status);
     return response;
   }
 
   std::unique_ptr<v1::AgentControl::Stub> stub_;
+  const bool poll_;
 };
 
 }  // namespace
 
-std::unique_ptr<AgentLink> GrpcAgentLink(const std::string& address, const Credentials& credentials) {
+std::unique_ptr<AgentLink> GrpcAgentLink(const std::string& address, const Credentials& credentials, bool poll) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(-1);
   args.SetMaxReceiveMessageSize(-1);
-  return std::make_unique<GrpcLink>(MakeChannel(address, credentials, args));
+  return std::make_unique<GrpcLink>(MakeChannel(address, credentials, args), poll);
 }
 
 }  // namespace shardsync::coordinator

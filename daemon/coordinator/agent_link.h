@@ -26,7 +26,9 @@ class AgentLink {
   virtual absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) = 0;
 };
 
-// An agent at `address` (its AgentControl service).
-std::unique_ptr<AgentLink> GrpcAgentLink(const std::string& address, const Credentials& credentials);
+// An agent at `address` (its AgentControl service). With `poll`, a call polls for its
+// answer before it sleeps (common/polling.h): for agents that copy on a GPU, whose
+// syncs leave the coordinator's cores idle; not for agents that copy on the host.
+std::unique_ptr<AgentLink> GrpcAgentLink(const std::string& address, const Credentials& credentials, bool poll);
 
 }  // namespace shardsync::coordinator
