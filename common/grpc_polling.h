@@ -11,6 +11,7 @@
 #include "common/polling.h"
 #include "grpc/support/time.h"
 #include "grpcpp/completion_queue.h"
+#include "grpcpp/support/status.h"
 
 namespace shardsync {
 
@@ -28,6 +29,21 @@ inline void AwaitUnaryFinish(grpc::CompletionQueue& queue,
   queue.Shutdown();
   while (queue.Next(&tag, &ok)) {
   }
+}
+
+// Makes one unary call and waits for its answer into `response`, as AwaitUnaryFinish
+// does; the call's status. `prepare_async(queue)` is the stub's PrepareAsync call, its
+// context and request bound by the caller, who keeps them until this returns.
+template <typename Response, typename PrepareAsync>
+grpc::Status UnaryCall(PrepareAsync prepare_async, Response* response,
+                       std::chrono::steady_clock::duration poll_for = kPollBeforeSleep) {
+  grpc::CompletionQueue queue;
+  grpc::Status status;
+  auto call = prepare_async(&queue);
+  call->StartCall();
+  call->Finish(response, &status, &status);
+  AwaitUnaryFinish(queue, poll_for);
+  return status;
 }
 
 }  // namespace shardsync

@@ -38,13 +38,9 @@ template <typename Request, typename Response, typename PrepareAsync>
 absl::StatusOr<Response> Unary(PrepareAsync prepare_async, const Request& request, absl::Duration timeout) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  grpc::CompletionQueue queue;
   Response response;
-  grpc::Status status;
-  auto call = prepare_async(&context, request, &queue);
-  call->StartCall();
-  call->Finish(&response, &status, &status);
-  AwaitUnaryFinish(queue);
+  const grpc::Status status =
+      UnaryCall([&](grpc::CompletionQueue* queue) { return prepare_async(&context, request, queue); }, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

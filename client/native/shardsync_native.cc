@@ -67,14 +67,13 @@ extern "C" int shardsync_unary_call(shardsync_channel* channel, const char* meth
   grpc::Slice slice(request, request_size);
   grpc::ByteBuffer request_buffer(&slice, 1);
   grpc::ByteBuffer response_buffer;
-  grpc::Status status;
   // The calling thread waits on its own queue, polling it first: no other thread is
   // woken for the answer, and this one is awake when it comes.
-  grpc::CompletionQueue queue;
-  auto call = channel->stub->PrepareUnaryCall(&context, method, request_buffer, &queue);
-  call->StartCall();
-  call->Finish(&response_buffer, &status, &status);
-  shardsync::AwaitUnaryFinish(queue);
+  const grpc::Status status = shardsync::UnaryCall(
+      [&](grpc::CompletionQueue* queue) {
+        return channel->stub->PrepareUnaryCall(&context, method, request_buffer, queue);
+      },
+      &response_buffer);
   if (!status.ok()) {
     CopyMessage(status.error_message(), message, message_size);
     return status.error_code();

@@ -1,5 +1,7 @@
 #include "daemon/coordinator/agent_link.h"
 
+#include <chrono>
+
 #include "common/grpc_polling.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -11,7 +13,9 @@ namespace {
 class GrpcLink : public AgentLink {
  public:
   GrpcLink(std::shared_ptr<grpc::Channel> channel, bool poll)
-      : stub_(v1::AgentControl::NewStub(std::move(channel))), poll_(poll) {}
+      : stub_(v1::AgentControl::NewStub(std::move(channel))),
+        poll_for_(poll ? std::chrono::steady_clock::duration(kPollBeforeSleep)
+                       : std::chrono::steady_clock::duration::zero()) {}
 
   absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) override {
     return Call<v1::PrepareResponse>(&v1::AgentControl::Stub::PrepareAsyncPrepare, request, deadline);
@@ -33,25 +37,20 @@ class GrpcLink : public AgentLink {
   }
 
  private:
-  // The calling thread waits for the answer on a queue of its own.
   template <typename Response, typename Request, typename Method>
   absl::StatusOr<Response> Call(Method prepare_async, const Request& request, absl::Time deadline) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
-    grpc::CompletionQueue queue;
     Response response;
-    grpc::Status status;
-    auto call = (stub_.get()->*prepare_async)(&context, request, &queue);
-    call->StartCall();
-    call->Finish(&response, &status, &status);
-    AwaitUnaryFinish(queue, poll_ ? std::chrono::steady_clock::duration(kPollBeforeSleep)
-                                  : std::chrono::steady_clock::duration::zero());
+    const grpc::Status status =
+        UnaryCall([&](grpc::CompletionQueue* queue) { return (stub_.get()->*prepare_async)(&context, request, queue); },
+                  &response, poll_for_);
     if (!status.ok()) return FromGrpcStatus(status);
     return response;
   }
 
   std::unique_ptr<v1::AgentControl::Stub> stub_;
-  const bool poll_;
+  const std::chrono::steady_clock::duration poll_for_;
 };
 
 }  // namespace
