@@ -1,7 +1,8 @@
-// A unary gRPC call's wait for its answer, polled as common/polling.h says. In a
-// client, where no other thread polls gRPC, polling the queue reads the answer off the
-// socket itself. In a daemon a server thread does that and is woken for it; the caller,
-// polling, is spared the second wake-up, the hand-off from that thread.
+// A unary gRPC call's wait for its answer, polled as common/polling.h says. Where no
+// other thread of the process waits in gRPC (the Python client's native call), polling
+// the queue reads the answer off the socket itself. Where one does (a daemon's server
+// threads, the C++ client's thread holding a registration open), that thread reads it
+// and is woken for it; the caller, polling, is spared the second wake-up, the hand-off.
 // Header only, with no library behind it: the Python client's shared library links the
 // system's gRPC, the daemons and the C++ client the build's.
 #pragma once
