@@ -8,10 +8,14 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
+#include <utility>
 
 #include "common/polling.h"
 #include "grpc/support/time.h"
+#include "grpcpp/client_context.h"
 #include "grpcpp/completion_queue.h"
+#include "grpcpp/support/async_unary_call.h"
 #include "grpcpp/support/status.h"
 
 namespace shardsync {
@@ -32,19 +36,51 @@ inline void AwaitUnaryFinish(grpc::CompletionQueue& queue,
   }
 }
 
-// Makes one unary call and waits for its answer into `response`, as AwaitUnaryFinish
-// does; the call's status. `prepare_async(queue)` is the stub's PrepareAsync call, its
-// context and request bound by the caller, who keeps them until this returns.
+// One unary call, sent when it is made and awaited later, so that one thread can start
+// several calls before it waits for any. `prepare_async(context, queue)` is the stub's
+// PrepareAsync call with its request bound (serialized here, so the caller need not
+// keep it). Await once; a call destroyed unawaited is cancelled and drained.
+template <typename Response>
+class StartedUnaryCall {
+ public:
+  template <typename PrepareAsync>
+  StartedUnaryCall(std::chrono::system_clock::time_point deadline, PrepareAsync prepare_async) {
+    context_.set_deadline(deadline);
+    reader_ = prepare_async(&context_, &queue_);
+    reader_->StartCall();
+    reader_->Finish(&response_, &status_, &status_);
+  }
+  ~StartedUnaryCall() {
+    if (awaited_) return;
+    context_.TryCancel();
+    AwaitUnaryFinish(queue_, std::chrono::steady_clock::duration::zero());
+  }
+  StartedUnaryCall(const StartedUnaryCall&) = delete;
+  StartedUnaryCall& operator=(const StartedUnaryCall&) = delete;
+
+  // Waits for the answer as AwaitUnaryFinish does; the call's status, and the answer in
+  // `response`.
+  grpc::Status Await(Response* response, std::chrono::steady_clock::duration poll_for = kPollBeforeSleep) {
+    AwaitUnaryFinish(queue_, poll_for);
+    awaited_ = true;
+    *response = std::move(response_);
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  grpc::CompletionQueue queue_;
+  grpc::Status status_;
+  Response response_;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader_;
+  bool awaited_ = false;
+};
+
+// Makes one unary call and waits for its answer, as StartedUnaryCall's Await does.
 template <typename Response, typename PrepareAsync>
-grpc::Status UnaryCall(PrepareAsync prepare_async, Response* response,
+grpc::Status UnaryCall(std::chrono::system_clock::time_point deadline, PrepareAsync prepare_async, Response* response,
                        std::chrono::steady_clock::duration poll_for = kPollBeforeSleep) {
-  grpc::CompletionQueue queue;
-  grpc::Status status;
-  auto call = prepare_async(&queue);
-  call->StartCall();
-  call->Finish(response, &status, &status);
-  AwaitUnaryFinish(queue, poll_for);
-  return status;
+  return StartedUnaryCall<Response>(deadline, prepare_async).Await(response, poll_for);
 }
 
 }  // namespace shardsync

@@ -36,11 +36,13 @@ Credentials UnixSocketCredentials() {
 // thread waits for the answer on a queue of its own, polling it first.
 template <typename Request, typename Response, typename PrepareAsync>
 absl::StatusOr<Response> Unary(PrepareAsync prepare_async, const Request& request, absl::Duration timeout) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   Response response;
-  const grpc::Status status =
-      UnaryCall([&](grpc::CompletionQueue* queue) { return prepare_async(&context, request, queue); }, &response);
+  const grpc::Status status = UnaryCall(
+      absl::ToChronoTime(absl::Now() + timeout),
+      [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
+        return prepare_async(context, request, queue);
+      },
+      &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

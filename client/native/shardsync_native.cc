@@ -60,18 +60,18 @@ extern "C" shardsync_channel* shardsync_channel_open(const char* address, const 
 extern "C" int shardsync_unary_call(shardsync_channel* channel, const char* method, const void* request,
                                     size_t request_size, double timeout_seconds, void** response, size_t* response_size,
                                     char* message, size_t message_size) {
-  grpc::ClientContext context;
-  context.set_deadline(
+  const auto deadline =
       std::chrono::system_clock::now() +
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(timeout_seconds)));
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(timeout_seconds));
   grpc::Slice slice(request, request_size);
   grpc::ByteBuffer request_buffer(&slice, 1);
   grpc::ByteBuffer response_buffer;
   // The calling thread waits on its own queue, polling it first: no other thread is
   // woken for the answer, and this one is awake when it comes.
   const grpc::Status status = shardsync::UnaryCall(
-      [&](grpc::CompletionQueue* queue) {
-        return channel->stub->PrepareUnaryCall(&context, method, request_buffer, queue);
+      deadline,
+      [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
+        return channel->stub->PrepareUnaryCall(context, method, request_buffer, queue);
       },
       &response_buffer);
   if (!status.ok()) {

@@ -3,6 +3,9 @@
 // network and the thread hand-offs.
 #pragma once
 
+#include <memory>
+#include <utility>
+
 #include "daemon/agent/agent.h"
 #include "daemon/coordinator/agent_link.h"
 
@@ -14,8 +17,8 @@ class LocalAgentLink : public coordinator::AgentLink {
   absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time) override {
     return agent_.Prepare(request);
   }
-  absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request, absl::Time) override {
-    return agent_.Execute(request);
+  std::unique_ptr<coordinator::StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time) override {
+    return std::make_unique<Deferred>(agent_, std::move(request));
   }
   absl::Status Abort(const v1::AbortRequest& request, absl::Time) override {
     agent_.Abort(request);
@@ -25,6 +28,16 @@ class LocalAgentLink : public coordinator::AgentLink {
   absl::StatusOr<v1::RankProgress> Progress(absl::Time) override { return agent_.Progress(); }
 
  private:
+  class Deferred : public coordinator::StartedExecute {
+   public:
+    Deferred(Agent& agent, v1::ExecuteRequest request) : agent_(agent), request_(std::move(request)) {}
+    absl::StatusOr<v1::ExecuteResponse> Await() override { return agent_.Execute(request_); }
+
+   private:
+    Agent& agent_;
+    const v1::ExecuteRequest request_;
+  };
+
   Agent& agent_;
 };
 

@@ -10,6 +10,24 @@
 namespace shardsync::coordinator {
 namespace {
 
+class GrpcStartedExecute : public StartedExecute {
+ public:
+  template <typename PrepareAsync>
+  GrpcStartedExecute(absl::Time deadline, PrepareAsync prepare_async, std::chrono::steady_clock::duration poll_for)
+      : call_(absl::ToChronoTime(deadline), prepare_async), poll_for_(poll_for) {}
+
+  absl::StatusOr<v1::ExecuteResponse> Await() override {
+    v1::ExecuteResponse response;
+    const grpc::Status status = call_.Await(&response, poll_for_);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response;
+  }
+
+ private:
+  StartedUnaryCall<v1::ExecuteResponse> call_;
+  const std::chrono::steady_clock::duration poll_for_;
+};
+
 class GrpcLink : public AgentLink {
  public:
   GrpcLink(std::shared_ptr<grpc::Channel> channel, bool poll)
@@ -20,8 +38,13 @@ class GrpcLink : public AgentLink {
   absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) override {
     return Call<v1::PrepareResponse>(&v1::AgentControl::Stub::PrepareAsyncPrepare, request, deadline);
   }
-  absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request, absl::Time deadline) override {
-    return Call<v1::ExecuteResponse>(&v1::AgentControl::Stub::PrepareAsyncExecute, request, deadline);
+  std::unique_ptr<StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time deadline) override {
+    return std::make_unique<GrpcStartedExecute>(
+        deadline,
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
+          return stub_->PrepareAsyncExecute(context, request, queue);
+        },
+        poll_for_);
   }
   absl::Status Abort(const v1::AbortRequest& request, absl::Time deadline) override {
     return Call<v1::AbortResponse>(&v1::AgentControl::Stub::PrepareAsyncAbort, request, deadline).status();
@@ -39,12 +62,13 @@ class GrpcLink : public AgentLink {
  private:
   template <typename Response, typename Request, typename Method>
   absl::StatusOr<Response> Call(Method prepare_async, const Request& request, absl::Time deadline) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
     Response response;
-    const grpc::Status status =
-        UnaryCall([&](grpc::CompletionQueue* queue) { return (stub_.get()->*prepare_async)(&context, request, queue); },
-                  &response, poll_for_);
+    const grpc::Status status = UnaryCall(
+        absl::ToChronoTime(deadline),
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
+          return (stub_.get()->*prepare_async)(context, request, queue);
+        },
+        &response, poll_for_);
     if (!status.ok()) return FromGrpcStatus(status);
     return response;
   }

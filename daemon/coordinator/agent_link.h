@@ -14,13 +14,23 @@
 
 namespace shardsync::coordinator {
 
+// An Execute call that has started; Await it once, from any one thread.
+class StartedExecute {
+ public:
+  virtual ~StartedExecute() = default;
+  virtual absl::StatusOr<v1::ExecuteResponse> Await() = 0;
+};
+
 class AgentLink {
  public:
   virtual ~AgentLink() = default;
   // `deadline` bounds the call; a direct call has no transport to bound (the agent
   // keeps its own deadlines).
   virtual absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) = 0;
-  virtual absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& request, absl::Time deadline) = 0;
+  // Over gRPC the request is on its way when this returns, so that one thread can send
+  // every rank its Execute before any thread waits (a thread woken to send a call
+  // delays it); a direct call runs in Await.
+  virtual std::unique_ptr<StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time deadline) = 0;
   virtual absl::Status Abort(const v1::AbortRequest& request, absl::Time deadline) = 0;
   virtual absl::StatusOr<std::string> NewCommunicatorId(absl::Time deadline) = 0;
   virtual absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) = 0;

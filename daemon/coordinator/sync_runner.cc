@@ -432,19 +432,25 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
       });
     });
   };
-  phase_pool_.Run([&](int32_t rank) {
+  // Every rank's call starts on this thread before any waits: no agent hears of the
+  // sync only after a thread of the pool has woken.
+  std::vector<std::unique_ptr<StartedExecute>> calls(world);
+  std::vector<absl::Time> called(world);
+  for (int32_t rank = 0; rank < world; ++rank) {
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
     execute.set_digest(plan_->compiled.digest);
     execute.set_verify(verify);
     if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
+    called[rank] = absl::Now();
     // The agent's own waits end at the timeout; this leaves it room to say so.
-    const absl::Time called = absl::Now();
-    absl::StatusOr<v1::ExecuteResponse> answer =
-        links.at(rank)->Execute(execute, called + timeout + options_.rpc_deadline);
+    calls[rank] = links.at(rank)->StartExecute(std::move(execute), called[rank] + timeout + options_.rpc_deadline);
+  }
+  phase_pool_.Run([&](int32_t rank) {
+    absl::StatusOr<v1::ExecuteResponse> answer = calls[rank]->Await();
     results[rank] = answer.status();
     if (answer.ok()) {
-      answer->mutable_stats()->set_call_seconds(absl::ToDoubleSeconds(absl::Now() - called));
+      answer->mutable_stats()->set_call_seconds(absl::ToDoubleSeconds(absl::Now() - called[rank]));
       responses[rank] = *std::move(answer);
     }
     if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));

@@ -1,0 +1,98 @@
+// The coordinator's gRPC link to an agent, against a real gRPC server: a started Execute
+// is at the agent before anybody awaits it, its answer comes back through Await, its
+// deadline holds, and a call dropped unawaited is cancelled at the agent.
+#include "daemon/coordinator/agent_link.h"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+
+namespace shardsync::coordinator {
+namespace {
+
+// An agent's Execute that says when a call arrived, answers with the call's sync id as
+// its local bytes once released, and records whether the caller cancelled it.
+class HeldExecute final : public v1::AgentControl::Service {
+ public:
+  grpc::Status Execute(grpc::ServerContext* context, const v1::ExecuteRequest* request,
+                       v1::ExecuteResponse* response) override {
+    arrived.Notify();
+    while (!released.HasBeenNotified()) {
+      if (context->IsCancelled()) {
+        cancelled.Notify();
+        return grpc::Status::CANCELLED;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    response->mutable_stats()->set_local_bytes(std::stoll(request->sync_id()));
+    return grpc::Status::OK;
+  }
+
+  absl::Notification arrived, released, cancelled;
+};
+
+struct Agent {
+  Agent() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    REQUIRE(port > 0);
+    Credentials plaintext;
+    plaintext.channel = grpc::InsecureChannelCredentials();
+    plaintext.insecure = true;
+    link = GrpcAgentLink("127.0.0.1:" + std::to_string(port), plaintext, /*poll=*/true);
+  }
+  ~Agent() {
+    if (!service.released.HasBeenNotified()) service.released.Notify();
+    server->Shutdown();
+  }
+
+  HeldExecute service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<AgentLink> link;
+};
+
+v1::ExecuteRequest Request(const std::string& sync_id) {
+  v1::ExecuteRequest request;
+  request.set_sync_id(sync_id);
+  return request;
+}
+
+TEST_CASE("a started Execute reaches the agent before Await, and Await takes its answer") {
+  Agent agent;
+  std::unique_ptr<StartedExecute> call = agent.link->StartExecute(Request("4242"), absl::Now() + absl::Seconds(30));
+  // Nobody waits on the call: the request went out when it started.
+  REQUIRE(agent.service.arrived.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  agent.service.released.Notify();
+  const absl::StatusOr<v1::ExecuteResponse> answer = call->Await();
+  REQUIRE(answer.ok());
+  CHECK(answer->stats().local_bytes() == 4242);
+}
+
+TEST_CASE("a started Execute ends at its deadline") {
+  Agent agent;
+  const absl::Time start = absl::Now();
+  std::unique_ptr<StartedExecute> call =
+      agent.link->StartExecute(Request("1"), absl::Now() + absl::Milliseconds(200));
+  const absl::StatusOr<v1::ExecuteResponse> answer = call->Await();
+  CHECK(absl::IsDeadlineExceeded(answer.status()));
+  CHECK(absl::Now() - start >= absl::Milliseconds(200));
+  CHECK(absl::Now() - start < absl::Seconds(10));
+}
+
+TEST_CASE("a started Execute dropped unawaited is cancelled at the agent") {
+  Agent agent;
+  std::unique_ptr<StartedExecute> call = agent.link->StartExecute(Request("1"), absl::Now() + absl::Seconds(30));
+  REQUIRE(agent.service.arrived.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  call.reset();
+  CHECK(agent.service.cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+}  // namespace
+}  // namespace shardsync::coordinator
