@@ -36,10 +36,10 @@ inline void AwaitUnaryFinish(grpc::CompletionQueue& queue,
   }
 }
 
-// One unary call, sent when it is made and awaited later, so that one thread can start
-// several calls before it waits for any. `prepare_async(context, queue)` is the stub's
-// PrepareAsync call with its request bound (serialized here, so the caller need not
-// keep it). Await once; a call destroyed unawaited is cancelled and drained.
+// One unary call, sent when it is made and awaited later, by this thread or another.
+// `prepare_async(context, queue)` is the stub's PrepareAsync call with its request bound
+// (serialized here, so the caller need not keep it). Await once; a call destroyed
+// unawaited is cancelled and drained.
 template <typename Response>
 class StartedUnaryCall {
  public:

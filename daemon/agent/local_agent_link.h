@@ -18,7 +18,7 @@ class LocalAgentLink : public coordinator::AgentLink {
     return agent_.Prepare(request);
   }
   std::unique_ptr<coordinator::StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time) override {
-    return std::make_unique<Deferred>(agent_, std::move(request));
+    return std::make_unique<DeferredExecute>(agent_, std::move(request));
   }
   absl::Status Abort(const v1::AbortRequest& request, absl::Time) override {
     agent_.Abort(request);
@@ -26,11 +26,12 @@ class LocalAgentLink : public coordinator::AgentLink {
   }
   absl::StatusOr<std::string> NewCommunicatorId(absl::Time) override { return agent_.NewCommunicatorId(); }
   absl::StatusOr<v1::RankProgress> Progress(absl::Time) override { return agent_.Progress(); }
+  bool InProcess() const override { return true; }
 
  private:
-  class Deferred : public coordinator::StartedExecute {
+  class DeferredExecute : public coordinator::StartedExecute {
    public:
-    Deferred(Agent& agent, v1::ExecuteRequest request) : agent_(agent), request_(std::move(request)) {}
+    DeferredExecute(Agent& agent, v1::ExecuteRequest request) : agent_(agent), request_(std::move(request)) {}
     absl::StatusOr<v1::ExecuteResponse> Await() override { return agent_.Execute(request_); }
 
    private:

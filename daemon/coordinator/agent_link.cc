@@ -41,7 +41,7 @@ class GrpcLink : public AgentLink {
   std::unique_ptr<StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time deadline) override {
     return std::make_unique<GrpcStartedExecute>(
         deadline,
-        [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
+        [this, &request](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
           return stub_->PrepareAsyncExecute(context, request, queue);
         },
         poll_for_);
@@ -58,6 +58,7 @@ class GrpcLink : public AgentLink {
   absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) override {
     return Call<v1::RankProgress>(&v1::AgentControl::Stub::PrepareAsyncProgress, v1::ProgressRequest(), deadline);
   }
+  bool InProcess() const override { return false; }
 
  private:
   template <typename Response, typename Request, typename Method>

@@ -14,7 +14,9 @@
 
 namespace shardsync::coordinator {
 
-// An Execute call that has started; Await it once, from any one thread.
+// An Execute call: over gRPC, sent; in process, to run in Await. Await it once, from
+// any one thread; dropped unawaited, a sent call is cancelled and one in process never
+// runs.
 class StartedExecute {
  public:
   virtual ~StartedExecute() = default;
@@ -27,13 +29,15 @@ class AgentLink {
   // `deadline` bounds the call; a direct call has no transport to bound (the agent
   // keeps its own deadlines).
   virtual absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) = 0;
-  // Over gRPC the request is on its way when this returns, so that one thread can send
-  // every rank its Execute before any thread waits (a thread woken to send a call
-  // delays it); a direct call runs in Await.
+  // Over gRPC the request is on its way when this returns; in process the call runs in
+  // Await.
   virtual std::unique_ptr<StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time deadline) = 0;
   virtual absl::Status Abort(const v1::AbortRequest& request, absl::Time deadline) = 0;
   virtual absl::StatusOr<std::string> NewCommunicatorId(absl::Time deadline) = 0;
   virtual absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) = 0;
+  // The agent serves the coordinator in its own process: its calls run on the caller's
+  // thread.
+  virtual bool InProcess() const = 0;
 };
 
 // An agent at `address` (its AgentControl service). With `poll`, a call polls for its

@@ -16,14 +16,15 @@ RankPool::~RankPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-void RankPool::Run(const std::function<void(int32_t)>& fn) {
+void RankPool::Run(const std::function<void(int32_t)>& fn, int32_t caller_rank) {
   {
     absl::MutexLock lock(&mu_);
     job_ = &fn;
+    caller_rank_ = caller_rank;
     running_ = static_cast<int32_t>(threads_.size());
     ++generation_;
   }
-  fn(0);
+  fn(caller_rank);
   PollFor([this] { return running_.load(std::memory_order_acquire) == 0; });
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
@@ -31,10 +32,11 @@ void RankPool::Run(const std::function<void(int32_t)>& fn) {
   job_ = nullptr;
 }
 
-void RankPool::Worker(int32_t rank) {
+void RankPool::Worker(int32_t slot) {
   int64_t seen = 0;
   while (true) {
     const std::function<void(int32_t)>* job;
+    int32_t rank;
     {
       absl::MutexLock lock(&mu_);
       const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; };
@@ -42,6 +44,7 @@ void RankPool::Worker(int32_t rank) {
       if (stop_) return;
       seen = generation_;
       job = job_;
+      rank = slot == caller_rank_ ? 0 : slot;
     }
     (*job)(rank);
     absl::MutexLock lock(&mu_);

@@ -1,7 +1,7 @@
 // The fan-out of a sync's phases (Prepare, Execute) without starting 2 x world threads
-// on every sync: rank 0 runs on the calling thread, every other rank on a thread of its
-// own started once (each hand-off between threads costs latency). One Run at a time; a
-// call made from inside a Run must not use the same pool.
+// on every sync: one rank runs on the calling thread, every other rank on a thread of
+// its own started once. One Run at a time; a call made from inside a Run must not use
+// the same pool.
 #pragma once
 
 #include <atomic>
@@ -21,15 +21,19 @@ class RankPool {
   RankPool(const RankPool&) = delete;
   RankPool& operator=(const RankPool&) = delete;
 
-  // Calls fn(rank) for every rank at once; returns when all returned (polling for the
-  // last of them before it sleeps: common/polling.h).
-  void Run(const std::function<void(int32_t)>& fn);
+  // Calls fn(rank) for every rank at once, fn(caller_rank) on the calling thread;
+  // returns when all returned (polling for the last of them before it sleeps:
+  // common/polling.h).
+  void Run(const std::function<void(int32_t)>& fn, int32_t caller_rank = 0);
 
  private:
-  void Worker(int32_t rank);
+  // Thread `slot` (1..ranks-1) runs rank `slot`, except the caller's rank, whose thread
+  // runs rank 0.
+  void Worker(int32_t slot);
 
   absl::Mutex mu_;
   const std::function<void(int32_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int32_t caller_rank_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // one more for every Run
   std::atomic<int32_t> running_{0};              // changed under mu_ (so that Await sees it), polled without it
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

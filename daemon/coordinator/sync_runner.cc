@@ -17,6 +17,21 @@
 namespace shardsync::coordinator {
 namespace {
 
+// Up to this many ranks, the thread that took the sync sends every Execute itself (one
+// node's GPUs: a request with the agreement's peers costs microseconds to build); beyond
+// it, each pool thread builds and sends its own rank's, since a request grows with the
+// world.
+constexpr int32_t kExecutesSentByCaller = 8;
+
+// The rank of the agent serving the coordinator in this process, whose calls then run
+// on the thread that took the sync; else 0.
+int32_t CallerRank(const std::map<int32_t, std::shared_ptr<AgentLink>>& links) {
+  for (const auto& [rank, link] : links) {
+    if (link->InProcess()) return rank;
+  }
+  return 0;
+}
+
 // sync --verify: the checksums of every rank added up per (tensor, target rank); the
 // number of pairs compared, or which differ. The pairs in `quantized` (block-quantized
 // targets: float8, not their sources' bytes) are left out and counted in `skipped`.
@@ -373,21 +388,24 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
   const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
   const int32_t world = options_.epoch.world_size;
   std::vector<std::string> refusals(world);
-  phase_pool_.Run([&](int32_t rank) {
-    const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->compiled.digest;
-    for (bool send_schedule : {!cached, true}) {
-      const v1::PrepareRequest request = PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
-      const absl::StatusOr<v1::PrepareResponse> response =
-          links.at(rank)->Prepare(request, absl::Now() + options_.rpc_deadline);
-      if (!response.ok()) {
-        refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", response.status().message());
-        return;
-      }
-      if (response->schedule_missing()) continue;  // resend with the schedule
-      if (!response->ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response->refusal());
-      return;
-    }
-  });
+  phase_pool_.Run(
+      [&](int32_t rank) {
+        const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->compiled.digest;
+        for (bool send_schedule : {!cached, true}) {
+          const v1::PrepareRequest request =
+              PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
+          const absl::StatusOr<v1::PrepareResponse> response =
+              links.at(rank)->Prepare(request, absl::Now() + options_.rpc_deadline);
+          if (!response.ok()) {
+            refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", response.status().message());
+            return;
+          }
+          if (response->schedule_missing()) continue;  // resend with the schedule
+          if (!response->ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response->refusal());
+          return;
+        }
+      },
+      CallerRank(links));
   std::vector<std::string> refused;
   for (int32_t rank = 0; rank < world; ++rank) {
     if (!refusals[rank].empty()) {
@@ -432,11 +450,9 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
       });
     });
   };
-  // Every rank's call starts on this thread before any waits: no agent hears of the
-  // sync only after a thread of the pool has woken.
   std::vector<std::unique_ptr<StartedExecute>> calls(world);
   std::vector<absl::Time> called(world);
-  for (int32_t rank = 0; rank < world; ++rank) {
+  const auto start = [&](int32_t rank) {
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
     execute.set_digest(plan_->compiled.digest);
@@ -445,16 +461,24 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
     called[rank] = absl::Now();
     // The agent's own waits end at the timeout; this leaves it room to say so.
     calls[rank] = links.at(rank)->StartExecute(std::move(execute), called[rank] + timeout + options_.rpc_deadline);
+  };
+  // Sent from here, no agent hears of the sync only after a pool thread has woken.
+  const bool sent_by_caller = world <= kExecutesSentByCaller;
+  if (sent_by_caller) {
+    for (int32_t rank = 0; rank < world; ++rank) start(rank);
   }
-  phase_pool_.Run([&](int32_t rank) {
-    absl::StatusOr<v1::ExecuteResponse> answer = calls[rank]->Await();
-    results[rank] = answer.status();
-    if (answer.ok()) {
-      answer->mutable_stats()->set_call_seconds(absl::ToDoubleSeconds(absl::Now() - called[rank]));
-      responses[rank] = *std::move(answer);
-    }
-    if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));
-  });
+  phase_pool_.Run(
+      [&](int32_t rank) {
+        if (!sent_by_caller) start(rank);
+        absl::StatusOr<v1::ExecuteResponse> answer = calls[rank]->Await();
+        results[rank] = answer.status();
+        if (answer.ok()) {
+          answer->mutable_stats()->set_call_seconds(absl::ToDoubleSeconds(absl::Now() - called[rank]));
+          responses[rank] = *std::move(answer);
+        }
+        if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));
+      },
+      CallerRank(links));
   std::vector<std::string> failures;
   bool written = false;  // some rank finished, or failed after it may have written
   for (int32_t rank = 0; rank < world; ++rank) {

@@ -96,7 +96,7 @@ class SyncRunner {
   TargetValidity& validity_;
 
   absl::Mutex sync_mu_;                            // one sync (or explain) at a time; held before state_mu_
-  RankPool phase_pool_ ABSL_GUARDED_BY(sync_mu_);  // Prepare and Execute fan out on it
+  RankPool phase_pool_ ABSL_GUARDED_BY(sync_mu_);  // Prepare's and Execute's fan-outs
   // The current epoch's plans by target selection (empty: every target): the full
   // plan and the last partial one.
   std::map<std::vector<int32_t>, CachedPlan> plans_ ABSL_GUARDED_BY(sync_mu_);

@@ -1,11 +1,14 @@
-// The coordinator's rank pool: every Run calls each rank once, all at once (rank 0 on the
-// caller's thread), and returns only when all have returned; Runs follow one another.
+// The coordinator's rank pool: every Run calls each rank once, all at once (the caller's
+// rank, 0 unless given, on the caller's thread), and returns only when all have
+// returned; Runs follow one another.
 #include "daemon/coordinator/rank_pool.h"
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <map>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -46,6 +49,30 @@ TEST_CASE("the ranks of one Run overlap: a call can wait for the others") {
   CHECK(arrived == kRanks);
   CHECK(threads.size() == kRanks);
   CHECK(threads.count(std::this_thread::get_id()) == 1);  // rank 0 ran here
+}
+
+TEST_CASE("the caller's rank runs on the calling thread, every other rank on the pool's") {
+  constexpr int kRanks = 4;
+  RankPool pool(kRanks);
+  for (int32_t caller = 0; caller < kRanks; ++caller) {
+    absl::Mutex mu;
+    std::vector<int> calls(kRanks);
+    std::map<int32_t, std::thread::id> threads;
+    pool.Run(
+        [&](int32_t rank) {
+          absl::MutexLock lock(&mu);
+          ++calls[rank];
+          threads[rank] = std::this_thread::get_id();
+        },
+        caller);
+    for (int r = 0; r < kRanks; ++r) CHECK(calls[r] == 1);
+    std::set<std::thread::id> distinct;
+    for (const auto& [rank, id] : threads) {
+      distinct.insert(id);
+      CHECK((id == std::this_thread::get_id()) == (rank == caller));
+    }
+    CHECK(distinct.size() == kRanks);
+  }
 }
 
 }  // namespace

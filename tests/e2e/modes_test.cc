@@ -1,6 +1,7 @@
-// Two ways to run syncs beyond a coordinator process writing every target: agent 0
-// serving as the coordinator (--serve-coordinator), and partial targets (a sync that
-// writes the targets of the ranks named). Real daemons and client processes (CPU).
+// Ways to run syncs beyond a coordinator process writing every target of 4 agents:
+// agent 0 serving as the coordinator (--serve-coordinator), 9 agents, and partial
+// targets (a sync that writes the targets of the ranks named). Real daemons and client
+// processes (CPU).
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -61,6 +62,31 @@ TEST_CASE("agent 0 serving the coordinator in its own process: every sync exact,
       const size_t joined = agent0.find(absl::StrCat("rank ", rank, " joined from"));
       REQUIRE(joined != std::string::npos);
       CHECK_THAT(agent0.substr(joined, agent0.find('\n', joined) - joined), !Contains("in this process"));
+    }
+  }
+}
+
+// Beyond 8 ranks each thread of the coordinator's fan-out builds and sends its own
+// rank's Execute (up to 8, the thread that took the sync sends them all).
+TEST_CASE(
+    "nine agents, each Execute sent by its own fan-out thread: every sync exact, with and without agent 0 "
+    "serving the coordinator") {
+  for (bool served : {false, true}) {
+    INFO((served ? "agent 0 serving" : "a coordinator process"));
+    ClusterOptions options;
+    options.agents = 9;
+    options.agent0_serves_coordinator = served;
+    Cluster cluster(options);
+    Deployment deployment(
+        cluster, "nine",
+        ModelJson(3, R"([{"ranks": [0]}, {"ranks": [4]}, {"ranks": [8]}])", "[0, 1, 2, 3, 4, 5, 6, 7, 8]"), 71);
+    RequireReady(deployment);
+    for (uint64_t seed = 71; seed < 74; ++seed) {
+      if (seed > 71) deployment.Refill(seed);
+      auto sync = SyncOnce(cluster, absl::Seconds(20));
+      if (!sync.ok()) cluster.DumpLogs();
+      REQUIRE(sync.ok());
+      CHECK(deployment.CheckTargets(seed).empty());
     }
   }
 }
