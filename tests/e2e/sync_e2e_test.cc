@@ -230,12 +230,12 @@ TEST_CASE("a stalled agent fails the sync within the deadline, naming it; it syn
   RequireReady(deployment);
   cluster.agent(1).Signal(SIGSTOP);
   const absl::Time start = absl::Now();
-  auto sync = SyncOnce(cluster, absl::Seconds(2));
+  auto sync = SyncOnce(cluster, absl::Seconds(120));  // the coordinator's 2 s end it, not this
   const absl::Duration took = absl::Now() - start;
   cluster.agent(1).Signal(SIGCONT);
   REQUIRE_FALSE(sync.ok());
   CHECK_THAT(std::string(sync.status().message()), Contains("rank 1"));
-  CHECK(took < absl::Seconds(5));
+  CHECK(took < absl::Seconds(60));  // only a sync that waits for the stalled agent takes this long
   auto again = SyncOnce(cluster, absl::Seconds(20));
   REQUIRE(again.ok());
   CHECK(deployment.CheckTargets(13).empty());
@@ -345,10 +345,16 @@ TEST_CASE("both daemons answer the standard health check and serve Prometheus me
     REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
     idle.push_back(fd);
   }
-  const absl::Time scrape = absl::Now();
+  // A server that waited on them in turn would never answer (HttpGet gives up after 30 s).
   CHECK_THAT(HttpGet(cluster.MetricsPort(-1), "/metrics"), StartsWith("HTTP/1.0 200 OK"));
-  CHECK(absl::Now() - scrape < absl::Milliseconds(500));
-  for (int fd : idle) close(fd);
+  // The server cuts every idle connection: each reads its end, not a hang.
+  for (int fd : idle) {
+    timeval patience{30, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+    char byte = 0;
+    CHECK(recv(fd, &byte, 1, 0) == 0);
+    close(fd);
+  }
 
   auto status = cluster.coordinator_client().Status(absl::Seconds(5));
   REQUIRE(status.ok());
@@ -430,7 +436,7 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   REQUIRE(stalled);
   CHECK(partly_written);
   REQUIRE_FALSE(result.ok());
-  CHECK(absl::Now() - killed < absl::Seconds(7));  // within the 5 s sync deadline
+  CHECK(absl::Now() - killed < absl::Seconds(30));  // the 5 s sync deadline, not the client's 60 s
   CHECK_THAT(std::string(result.status().message()), Contains("rank 1"));
   client::CoordinatorClient coordinator = cluster.coordinator_client();
   auto invalid = coordinator.Status(absl::Seconds(5));
@@ -498,7 +504,7 @@ TEST_CASE("the direct path: an agent killed after its copies, before it says don
   deployment.Refill(28);
 
   absl::StatusOr<v1::SyncResponse> result = absl::UnknownError("not run");
-  std::thread syncer([&] { result = SyncOnce(cluster, absl::Seconds(20)); });
+  std::thread syncer([&] { result = SyncOnce(cluster, absl::Seconds(60)); });
   const bool stalled = WaitForLogLine(cluster.agent(1).log_path(), " stalls at round -2", absl::Seconds(30));
   // Rank 1's copies landed: some target elements hold the new values already.
   const bool some_new = stalled && !deployment.CheckTargets(27).empty();
@@ -508,7 +514,7 @@ TEST_CASE("the direct path: an agent killed after its copies, before it says don
   REQUIRE(stalled);
   CHECK(some_new);
   REQUIRE_FALSE(result.ok());
-  CHECK(absl::Now() - killed < absl::Seconds(7));
+  CHECK(absl::Now() - killed < absl::Seconds(30));  // the sync deadline, not the client's 60 s
   CHECK_THAT(std::string(result.status().message()), Contains("rank 1"));
   auto invalid = cluster.coordinator_client().Status(absl::Seconds(5));
   REQUIRE(invalid.ok());
@@ -585,8 +591,8 @@ std::pair<int, std::string> CtlOffline(const Cluster& cluster, std::vector<std::
   const std::string log = cluster.dir() + "/ctl.log";
   unlink(log.c_str());
   Process ctl(argv, log);
-  std::string out = ctl.ReadAll(absl::Seconds(20));
-  const int code = ctl.Wait(absl::Seconds(20));
+  std::string out = ctl.ReadAll(absl::Seconds(90));  // hang deadlines: a call takes seconds
+  const int code = ctl.Wait(absl::Seconds(30));
   if (code != 0) {  // what it said on stderr, for the failure report
     std::ifstream file(log);
     out += std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
@@ -684,12 +690,12 @@ TEST_CASE("a stalled agent fails shardsyncctl's sync at the coordinator's deadli
   RequireReady(deployment);
   cluster.agent(2).Signal(SIGSTOP);
   const absl::Time start = absl::Now();
-  auto [code, said] = Ctl(cluster, {"sync", "--timeout-ms", "60000"});  // more than the coordinator allows
+  auto [code, said] = Ctl(cluster, {"sync", "--timeout-ms", "120000"});  // more than the coordinator allows
   const absl::Duration took = absl::Now() - start;
   cluster.agent(2).Signal(SIGCONT);
   CHECK(code == 3);  // CPU agents prepare every sync: the stalled one never agreed, nothing moved
   CHECK_THAT(said, Contains("rank 2"));
-  CHECK(took < absl::Seconds(8));  // the coordinator's deadlines, not the 60 s asked for
+  CHECK(took < absl::Seconds(60));  // the coordinator's deadlines, not the 120 s asked for
   REQUIRE(SyncOnce(cluster, absl::Seconds(20)).ok());
 
   // Nothing listens on port 1: nothing ran, and the code says so.

@@ -119,19 +119,19 @@ TEST_CASE("a polling wait ends at its deadline and at an abort, as a sleeping on
   auto writer = SignalBoard::Open((*board)->name());
   REQUIRE(writer.ok());
   const SignalKey key{SyncKey("s"), -2};
-  const absl::Duration poll_for = absl::Seconds(30);  // far beyond every wait here
+  const absl::Duration poll_for = absl::Minutes(5);  // far beyond every wait here
   absl::Time start = absl::Now();
   CHECK(absl::IsUnavailable((*board)->Take(0, key, start + absl::Milliseconds(50), poll_for, kNever).status()));
-  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(absl::Now() - start < absl::Minutes(1));  // the wait's end, not its 5 min of polling
   start = absl::Now();
   const auto aborted_soon = [&] { return absl::Now() - start > absl::Milliseconds(50); };
   CHECK(absl::IsAborted((*board)->Take(0, key, absl::InfiniteFuture(), poll_for, aborted_soon).status()));
-  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(absl::Now() - start < absl::Minutes(1));  // the wait's end, not its 5 min of polling
   for (uint32_t i = 0; i < kRingDepth; ++i)
     REQUIRE((*writer)->Post(0, key, 1, Soon(), poll_for, kNever, kNothing).ok());
   start = absl::Now();
   CHECK(absl::IsUnavailable((*writer)->Post(0, key, 1, start + absl::Milliseconds(50), poll_for, kNever, kNothing)));
-  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(absl::Now() - start < absl::Minutes(1));  // the wait's end, not its 5 min of polling
 }
 
 TEST_CASE("boards are this version's, unlinked by their owner, and orphans are removed") {
@@ -242,7 +242,7 @@ TEST_CASE("a wait on a board ends at an abort with its reason, and the next sync
   const absl::Time aborted = absl::Now();
   world.transports[0]->Abort("stuck", "the coordinator stopped it");
   waiting.join();
-  CHECK(absl::Now() - aborted < absl::Milliseconds(200));  // waits look every millisecond
+  CHECK(absl::Now() - aborted < absl::Seconds(15));  // the abort, not the wait's 30 s deadline
   CHECK(absl::IsAborted(waited));
   CHECK_THAT(std::string(waited.message()), Contains("the coordinator stopped it"));
 

@@ -417,15 +417,16 @@ def agent_killed():
         for p in trainers + rollouts:
             ready(p)
         sync(cluster)  # builds the communicator and checks that the layout works
-        worker, outcome = sync_in_background(cluster, 10)
+        worker, outcome = sync_in_background(cluster, 120)
         time.sleep(0.15)
         cluster.agents[1].kill()
-        worker.join(30)
+        worker.join(180)
         assert not worker.is_alive(), "the sync hung"
         error = outcome["error"]
         assert error is not None, "the sync finished before the kill; make it longer"
         assert "rank 1" in error.message, error.message
-        assert outcome["seconds"] < 12, f"took {outcome['seconds']:.1f} s"
+        # The coordinator's 10 s deadline ends it, not the client's 120 s.
+        assert outcome["seconds"] < 60, f"took {outcome['seconds']:.1f} s"
         restart_and_sync(cluster, 1, (trainers[1], rollouts[1]))
         for r in rollouts:
             assert ask(r, "check 7") == "ok"
@@ -518,7 +519,7 @@ def shared_agent_killed():
         sync(cluster)
         for t in trainers:
             assert ask(t, "refill 9") == "refilled"
-        worker, outcome = sync_in_background(cluster, 10)
+        worker, outcome = sync_in_background(cluster, 120)
         log = os.path.join(cluster.logs, "agent1.log")
         deadline = time.time() + 20
         while time.time() < deadline and "stalls at round -2" not in open(log).read():
@@ -526,12 +527,13 @@ def shared_agent_killed():
         assert "stalls at round -2" in open(log).read(), "rank 1 never stalled"
         cluster.agents[1].kill()
         killed = time.time()
-        worker.join(30)
+        worker.join(180)
         assert not worker.is_alive(), "the sync hung"
         error = outcome["error"]
         assert error is not None, "the sync finished although rank 1 was killed"
         assert "rank 1" in error.message, error.message
-        assert time.time() - killed < 11, f"took {time.time() - killed:.1f} s after the kill"
+        # The sync's deadline ends it, not the client's 120 s.
+        assert time.time() - killed < 60, f"took {time.time() - killed:.1f} s after the kill"
         status = shardsync.CoordinatorClient(cluster.coordinator, insecure=True).status()
         assert not status.targets_valid, "the targets are called valid after a failed sync"
         cluster.agents[1].wait(10)

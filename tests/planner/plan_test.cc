@@ -21,8 +21,8 @@ Layout Whole(int64_t n, const std::vector<int32_t>& ranks, int64_t offset = 0) {
 
 PlanInput WithBuffers(int ranks, int64_t bytes) {
   PlanInput input;
-  for (int r = 0; r < ranks; ++r) input.buffers.push_back(Buffer{Holder{r, 0}, bytes});
-  for (int r = 0; r < ranks; ++r) input.buffers.push_back(Buffer{Holder{r, 1}, bytes});
+  for (int r = 0; r < ranks; ++r) input.buffers.push_back(Buffer{Holder{r, 0}, bytes, ""});
+  for (int r = 0; r < ranks; ++r) input.buffers.push_back(Buffer{Holder{r, 1}, bytes, ""});
   return input;
 }
 
@@ -197,7 +197,7 @@ TEST_CASE("planner refuses overflowing strides, negative values and unregistered
   CHECK_THAT(PlanError(input), Contains("rank 5") && Contains("unregistered buffer"));
 
   input.tensors[0].source = Whole(8, {0});
-  input.buffers.push_back(Buffer{Holder{0, 0}, 8});
+  input.buffers.push_back(Buffer{Holder{0, 0}, 8, ""});
   CHECK_THAT(PlanError(input), Contains("registered twice"));
 }
 

@@ -20,7 +20,7 @@ using Catch::Matchers::Contains;
 // Rank 0 holds a [rows, cols] bf16 tensor; rank 1 wants it whole.
 PlanInput OneTransfer(int64_t rows, int64_t cols, DType target = DType::kBFloat16) {
   PlanInput input;
-  input.buffers = {Buffer{Holder{0, 0}, 4 * rows * cols}, Buffer{Holder{1, 0}, 4 * rows * cols}};
+  input.buffers = {Buffer{Holder{0, 0}, 4 * rows * cols, ""}, Buffer{Holder{1, 0}, 4 * rows * cols, ""}};
   input.tensors.push_back(TensorLayouts{"w", Index{rows, cols}, DType::kFloat32, target,
                                         Replicated(Index{rows, cols}, {0}, 0, {0}),
                                         Replicated(Index{rows, cols}, {1}, 0, {0})});
@@ -174,8 +174,8 @@ TEST_CASE("stats count bytes per rank and link; the floor is the slowest rank's 
   // ZeRO-3 over ranks 0 and 1 of an [8, 4] bf16 tensor into TP1 on both (two replicas):
   // each rank copies its half locally (32 bytes) and receives the other half (32 bytes).
   PlanInput input;
-  input.buffers = {Buffer{Holder{0, 0}, 64}, Buffer{Holder{1, 0}, 64}, Buffer{Holder{0, 1}, 64},
-                   Buffer{Holder{1, 1}, 64}};
+  input.buffers = {Buffer{Holder{0, 0}, 64, ""}, Buffer{Holder{1, 0}, 64, ""}, Buffer{Holder{0, 1}, 64, ""},
+                   Buffer{Holder{1, 1}, 64, ""}};
   input.tensors.push_back(TensorLayouts{"w", Index{8, 4}, DType::kBFloat16, DType::kBFloat16,
                                         Zero3(Index{8, 4}, {0, 1}, 0, 0), Replicated(Index{8, 4}, {0, 1}, 1, {0, 0})});
   Plan plan;

@@ -147,7 +147,7 @@ TEST_CASE("a target placement that maps two elements to one place is refused, na
 }
 
 TEST_CASE("a fill of a negative or oversized shape is refused, naming its buffer") {
-  for (const planner::Index shape : {planner::Index{-3, -5}, planner::Index{1, int64_t{1} << 31}}) {
+  for (const planner::Index& shape : {planner::Index{-3, -5}, planner::Index{1, int64_t{1} << 31}}) {
     auto input = FromJson(OneTargetJson(R"({"rank": 1, "buffer": "arena", "box": {"lo": [0, 0], "hi": [4, 4]}})"));
     REQUIRE(input.ok());
     input->tensors[0].target.fills.push_back(

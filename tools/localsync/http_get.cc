@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -15,6 +16,9 @@ std::string HttpGet(int port, const std::string& path) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval patience{30, 0};  // a server that never answers is a failure, not a hang
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof(patience));
   std::string response;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
     const std::string request = "GET " + path + " HTTP/1.0\r\n\r\n";
