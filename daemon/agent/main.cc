@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
       coordinator ? absl::StrCat("; the coordinator of a world of ", c.coordinator_config.world_size, " too") : "");
 
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
-  agent.Shutdown();
+  agent.clients().Shutdown();
   socket->reset();  // no new connections; the file is removed
   local_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   control_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -3,8 +3,27 @@
 #include <algorithm>
 
 #include "common/grpc_status.h"
+#include "spdlog/spdlog.h"
 
 namespace shardsync::agent {
+
+grpc::Status LocalService::Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                                    grpc::ServerWriter<v1::RegisterEvent>* writer) {
+  const std::optional<Peer> peer = socket_.Find(context->peer());
+  if (!peer) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the caller's credentials are unknown");
+  ClientDesk& desk = agent_.clients();
+  if (const absl::Status admitted = desk.Admit(*request, *peer); !admitted.ok()) {
+    spdlog::warn("refused registration of '{}': {}", request->client_id(), std::string(admitted.message()));
+    return ToGrpcStatus(admitted);
+  }
+  v1::RegisterEvent event;
+  event.set_rank(agent_.rank());
+  event.set_layout_epoch(desk.AwaitPublished());
+  writer->Write(event);
+  while (!context->IsCancelled() && !desk.shutting_down()) absl::SleepFor(absl::Milliseconds(20));
+  desk.Withdraw(request->client_id());
+  return grpc::Status::OK;
+}
 
 grpc::Status ControlService::Execute(grpc::ServerContext*, const v1::ExecuteRequest* request,
                                      v1::ExecuteResponse* response) {

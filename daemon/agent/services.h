@@ -9,12 +9,10 @@ namespace shardsync::agent {
 class LocalService final : public v1::Agent::Service {
  public:
   LocalService(Agent& agent, const LocalSocket& socket) : agent_(agent), socket_(socket) {}
+  // Admits the registration, answers with its layout epoch, then holds it until the
+  // client goes away (cancel, exit) or the agent shuts down.
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
-                        grpc::ServerWriter<v1::RegisterEvent>* writer) override {
-    const std::optional<Peer> peer = socket_.Find(context->peer());
-    if (!peer) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the caller's credentials are unknown");
-    return agent_.Register(context, *request, writer, *peer);
-  }
+                        grpc::ServerWriter<v1::RegisterEvent>* writer) override;
   grpc::Status Status(grpc::ServerContext*, const v1::AgentStatusRequest*, v1::AgentStatus* response) override {
     *response = agent_.Status();
     return grpc::Status::OK;

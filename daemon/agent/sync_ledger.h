@@ -1,0 +1,107 @@
+// What this rank knows of its syncs, under one lock: the schedule of the current plan
+// (by its digest), which sync runs, was aborted or writes targets now, the communicator
+// generation the transport holds, whether the targets hold a completed sync's bytes,
+// and the totals. Nothing here calls another process: every method returns at once,
+// but for AwaitPrepared, which waits on this ledger alone.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/agent/coordinator_link.h"
+#include "daemon/common/schedule_codec.h"
+#include "executor/memory.h"
+#include "executor/round_engine.h"
+#include "executor/transport.h"
+
+namespace shardsync::agent {
+
+// A sync this rank may run: its schedule and what the schedule was checked against.
+// Copied out of and into the ledger whole (the schedule and the mappings are shared).
+struct PreparedSync {
+  std::shared_ptr<const daemon::LocalSchedule> local;  // shared with a running Execute
+  std::string sync_id;
+  int64_t staging_bytes = 0;
+  absl::Duration deadline;
+  executor::PeerSetup peers;
+  bool agree_in_execute = false;      // PrepareRequest.agree_in_execute
+  int64_t checked_version = -1;       // the registry version the buffer check last passed against
+  std::vector<int32_t> direct_peers;  // ascending
+  // The direct peers' targets this rank writes, by local buffer id - buffer_names.size().
+  std::vector<std::shared_ptr<executor::MappedBuffer>> peer_memory;
+  bool direct_mapped = false;  // peer_memory holds the targets of `direct_peers`
+};
+
+class SyncLedger {
+ public:
+  // `link` is told whenever target validity changes.
+  SyncLedger(int32_t rank, CoordinatorLink& link) : rank_(rank), link_(link) {}
+
+  // The prepared sync of plan `digest`, if this rank holds it.
+  std::optional<PreparedSync> Find(const std::string& digest) const;
+  // Keeps `prepared` as the sync of a new plan `digest`, dropping every other one (one
+  // plan per layout epoch).
+  void Keep(const std::string& digest, PreparedSync prepared);
+  // `prepared`, renewed, replaces the sync of plan `digest` if this rank still holds it.
+  void Renewed(const std::string& digest, PreparedSync prepared);
+
+  // Execute's start: the prepared sync `sync_id` of plan `digest`, now running; else
+  // NOT_FOUND (not prepared) or ABORTED (aborted before it started).
+  absl::StatusOr<PreparedSync> Start(const std::string& digest, const std::string& sync_id);
+  // Whether the transport holds the communicator of `generation`.
+  bool Built(int64_t generation) const;
+  void SetBuilt(int64_t generation);
+  // The running sync now writes this rank's targets.
+  void MarkWriting(const std::string& sync_id);
+  // The running sync stopped before writing; the transport may have dropped its
+  // communicator.
+  void Stopped(bool communicator_intact);
+  // The running sync ran: validity (if it writes targets), totals, the communicator.
+  void Ran(const std::string& sync_id, bool writes_targets, const absl::StatusOr<executor::ExecutionStats>& stats);
+  // The coordinator aborted `sync_id`: an Execute that comes later stops at once, and
+  // targets it was writing are invalid.
+  void Aborted(const std::string& sync_id);
+  // A target was registered: new memory holds no sync's bytes yet.
+  void TargetsChanged();
+
+  // Waits until `sync_id` is prepared (or aborted) or `deadline`; then the prepared
+  // sync's deadline, or FAILED_PRECONDITION naming the sync.
+  absl::StatusOr<absl::Duration> AwaitPrepared(const std::string& sync_id, absl::Time deadline) const;
+  // The sync's deadline if `sync_id` is prepared, else FAILED_PRECONDITION naming it.
+  absl::StatusOr<absl::Duration> DeadlineOf(const std::string& sync_id) const;
+
+  std::string running_sync_id() const;
+  std::string last_sync_id() const;
+  bool target_valid() const;
+  // Prometheus text: syncs executed and failed, bytes moved, target validity.
+  void AppendMetrics(std::string* out) const;
+
+ private:
+  bool PreparedLocked(const std::string& sync_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetTargetValidLocked(bool valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int32_t rank_;
+  CoordinatorLink& link_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, PreparedSync> prepared_ ABSL_GUARDED_BY(mu_);  // by digest
+  std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
+  std::string running_sync_id_ ABSL_GUARDED_BY(mu_);
+  std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
+  std::string writing_sync_id_ ABSL_GUARDED_BY(mu_);  // past the agreement: writing targets
+  int64_t built_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  // Its targets hold a completed sync's bytes: not at start, nor after a target is
+  // registered or a sync stopped part way, until a sync writes them.
+  bool target_valid_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  executor::ExecutionStats moved_ ABSL_GUARDED_BY(mu_);  // totals of successful syncs
+};
+
+}  // namespace shardsync::agent
