@@ -9,9 +9,9 @@
 #include "client/cli/plan_command.h"
 #include "client/cli/rpc_commands.h"
 #include "common/flags.h"
+#include "common/limits.h"
 #include "common/tls.h"
 #include "common/version.h"
-#include "daemon/coordinator/coordinator_flags.h"
 #include "planner/schedule.h"
 
 namespace {
@@ -29,14 +29,12 @@ void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
   CLI::Option* model = plan.add_option("--model", config.model, "a preset model: qwen3-0.6b, qwen3-1.7b, qwen3-8b");
   spec->excludes(model);
   flags::AddInt(plan, "--zero", config.zero_stage, "with --model: trainer ZeRO stage", 1, 3);
-  flags::AddInt(plan, "--dp", config.dp, "with --model: trainer DP ranks 0..N-1", 1, shardsync::coordinator::kMaxWorld);
-  flags::AddInt(plan, "--tp", config.tp, "with --model: rollout TP size of each replica", 1,
-                shardsync::coordinator::kMaxWorld);
+  flags::AddInt(plan, "--dp", config.dp, "with --model: trainer DP ranks 0..N-1", 1, shardsync::kMaxWorld);
+  flags::AddInt(plan, "--tp", config.tp, "with --model: rollout TP size of each replica", 1, shardsync::kMaxWorld);
   flags::AddInt(plan, "--replicas", config.replicas, "with --model: rollout replicas on ranks R..R+tp*replicas-1", 1,
-                shardsync::coordinator::kMaxWorld);
+                shardsync::kMaxWorld);
   flags::AddInt(plan, "--rollout-rank", config.rollout_rank,
-                "with --model: the rollout's first rank, R above (0: beside the trainer)", 0,
-                shardsync::coordinator::kMaxWorld - 1);
+                "with --model: the rollout's first rank, R above (0: beside the trainer)", 0, shardsync::kMaxWorld - 1);
   flags::AddSwitch(plan, "--fused", config.fused, "with --model: the rollout holds fused qkv and gate_up shards");
   flags::AddInt(plan, "--staging-bytes", config.staging_bytes, "staging budget per peer, both directions, bytes",
                 shardsync::planner::kMinStagingBytes);
@@ -45,7 +43,7 @@ void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
   flags::AddInt(plan, "--ranks-per-node", config.ranks_per_node,
                 "ranks r and s share a node when r/K == s/K (0: one node); bytes between nodes count at the "
                 "network's speed",
-                0, shardsync::coordinator::kMaxWorld);
+                0, shardsync::kMaxWorld);
   flags::AddPositive(plan, "--network-gbps", config.network_gbps,
                      "network speed between nodes, GB/s one direction per rank");
   const std::map<std::string, shardsync::planner::RelayMode> relay_modes{

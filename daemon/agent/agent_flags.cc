@@ -2,14 +2,14 @@
 
 #include <climits>
 
+#include "common/limits.h"
 #include "daemon/coordinator/coordinator_flags.h"
 #include "planner/schedule.h"
 
 namespace shardsync::agent {
 
 void AddAgentFlags(CLI::App& app, AgentFlags& c) {
-  flags::AddInt(app, "--rank", c.agent.rank, "global rank of this agent (one per device)", 0,
-                coordinator::kMaxWorld - 1)
+  flags::AddInt(app, "--rank", c.agent.rank, "global rank of this agent (one per device)", 0, kMaxWorld - 1)
       ->required();
   app.add_option("--coordinator", c.coordinator, "the coordinator's host:port")->check(flags::kAddress);
   flags::AddSwitch(app, "--serve-coordinator", c.serve_coordinator,

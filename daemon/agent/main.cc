@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   if (const int removed = shardsync::executor::HostShmBackend::RemoveOrphanScratch(); removed > 0) {
     spdlog::info("removed {} scratch objects of agents that are gone", removed);
   }
-  static_assert(shardsync::executor::kBoardRanks >= shardsync::coordinator::kMaxWorld, "a board holds every rank");
+  static_assert(shardsync::executor::kBoardRanks >= shardsync::kMaxWorld, "a board holds every rank");
   auto board = shardsync::executor::SignalBoard::Create(shardsync::executor::SignalBoard::NameFor(incarnation));
   if (!board.ok()) {
     spdlog::error("{}", std::string(board.status().message()));

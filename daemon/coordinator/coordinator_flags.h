@@ -6,12 +6,10 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/limits.h"
 #include "daemon/coordinator/coordinator.h"
 
 namespace shardsync::coordinator {
-
-// The most agents one coordinator serves.
-inline constexpr int32_t kMaxWorld = 8192;
 
 // Adds --world, --staging-bytes, --sync-timeout-ms, --relay, --direct, --link-gbps,
 // --network-gbps, --memory-gbps and --shared-source-uids, parsed into `config`. Returns the options, for a

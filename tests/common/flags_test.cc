@@ -82,7 +82,7 @@ TEST_CASE("a config file sets flags the command line has not; insecure = false t
           -1);
   CHECK_FALSE(long_comment.daemon.tls.insecure);
 
-  for (const std::string& text :
+  for (const char* text :
        {"world = 1\ninsecure = off\n", "world = 1\nbogus = 1\n", "world = 1x\n", "world = 1\ninsecure =\n",
         "world = 1\ninsecure = # no\n", "world = 1\ninsecure = {}\n", "[coordinator]\nworld = 1\n", "world = 010\n"}) {
     CoordinatorFlags bad;
