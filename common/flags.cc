@@ -83,6 +83,17 @@ const CLI::Validator kAddress(
     },
     "HOST:PORT", "address");
 
+// HOST:PORT, or unix:PATH for a coordinator served on an agent's unix socket.
+const CLI::Validator kCoordinatorAddress(
+    [](std::string& text) {
+      if (text.rfind("unix:", 0) == 0) {
+        return text.size() > 5 ? std::string() : "takes unix:PATH with a path, got '" + text + "'";
+      }
+      std::string error = kAddress(text);
+      return error.empty() ? error : "takes HOST:PORT or unix:PATH, got '" + text + "'";
+    },
+    "HOST:PORT|unix:PATH", "coordinator address");
+
 const CLI::Validator kPositive(
     [](std::string& text) {
       double parsed = 0;
@@ -102,6 +113,11 @@ CLI::Option* AddSwitch(CLI::App& app, const std::string& name, bool& value, cons
 
 CLI::Option* AddAddress(CLI::App& app, const std::string& name, std::string& value, const std::string& help) {
   return app.add_option(name, value, help)->check(kAddress)->capture_default_str();
+}
+
+CLI::Option* AddCoordinatorAddress(CLI::App& app, const std::string& name, std::string& value,
+                                   const std::string& help) {
+  return app.add_option(name, value, help)->check(kCoordinatorAddress)->capture_default_str();
 }
 
 CLI::Option* AddLogLevel(CLI::App& app, std::string& level) {

@@ -39,6 +39,9 @@ CLI::Option* AddSwitch(CLI::App& app, const std::string& name, bool& value, cons
 
 // A HOST:PORT flag (kAddress).
 CLI::Option* AddAddress(CLI::App& app, const std::string& name, std::string& value, const std::string& help);
+// A coordinator's address: HOST:PORT, or unix:PATH (an agent that serves the coordinator
+// on its unix socket; no TLS there).
+CLI::Option* AddCoordinatorAddress(CLI::App& app, const std::string& name, std::string& value, const std::string& help);
 
 // --log-level: trace, debug, info, warn or error.
 CLI::Option* AddLogLevel(CLI::App& app, std::string& level);

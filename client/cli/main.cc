@@ -62,7 +62,8 @@ void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
 // The flags of the commands that call the coordinator; `command` is one of them.
 void AddRpcFlags(CLI::App& command, shardsync::cli::RpcCommandConfig& config, shardsync::TlsConfig& tls) {
   const std::string name = command.get_name();
-  flags::AddAddress(command, "--coordinator", config.coordinator, "the coordinator's host:port");
+  flags::AddCoordinatorAddress(command, "--coordinator", config.coordinator,
+                               "the coordinator's host:port, or unix:PATH (an agent serving it; with --insecure)");
   flags::AddInt<int64_t>(command, "--timeout-ms", config.timeout_ms,
                          "deadline of the call; for sync the sync's, when smaller than the coordinator's "
                          "--sync-timeout-ms (default: the coordinator's; other calls 30 s)",
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
       {"status", "Agents, layout epoch and the last sync, as the coordinator sees them; whether targets are valid."},
       {"agents",
        "One line per agent: rank, address, host, device, joined or silent, seconds since its last "
-       "heartbeat, clients registered; and who has not joined."},
+       "heartbeat, clients registered; and who has not joined. With --json, the coordinator's whole status (as "
+       "status --json)."},
       {"explain",
        "The plan of the current layouts: bytes per rank, the imbalance and the cost floor; with "
        "--layout, the bytes of every link. Nothing is moved."}};

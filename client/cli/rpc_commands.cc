@@ -145,9 +145,7 @@ int RunAgentsCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
   auto status = Reach(coordinator, c, "agents", err);
   if (!status.ok()) return kUnreachable;
   if (c.json) {
-    v1::CoordinatorStatus agents_only;
-    *agents_only.mutable_agents() = status->agents();
-    PrintJson(agents_only, out);
+    PrintJson(*status, out);  // the whole status: a part of it would print others' defaults as values
     return 0;
   }
   out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-8s %10s %s\n", "rank", "address", "host", "node", "device",

@@ -50,11 +50,15 @@ printf '%s\\n' "$@" > "$FAKE_DIR/agent.$$"
 """
 
 
+# The launcher's folders are the host's /run/shardsync: made by nobody here.
+FAKE_MKDIR = "#!/bin/sh\nexit 0\n"
+
+
 def run_launcher(launcher, config, node, gpus, gpus_per_node):
     """Runs the launcher as the pod would, with fakes first on PATH; returns (exit status,
     stderr, one {flag: value} per agent started)."""
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in (("nvidia-smi", FAKE_NVIDIA_SMI), ("shardsync-agent", FAKE_AGENT),
+        for name, text in (("nvidia-smi", FAKE_NVIDIA_SMI), ("shardsync-agent", FAKE_AGENT), ("mkdir", FAKE_MKDIR),
                            ("launch-agents.sh", launcher), ("node-index", config["node-index"])):
             with open(os.path.join(tmp, name), "w") as f:
                 f.write(text)
@@ -159,8 +163,9 @@ def main():
           == [(index * stride, "0"), (index * stride + 1, "1")],
           f"on a node with 2 GPUs the launcher starts 2 agents, ranks {index}x{stride}+0 and +1 on devices 0 and 1 "
           f"({[(a.get('--rank'), a.get('--device')) for a in agents]})")
-    check(sorted(a.get("--socket", "") for a in agents) == ["/run/shardsync/agent-0.sock", "/run/shardsync/agent-1.sock"],
-          "each agent's socket is agent-<gpu>.sock")
+    check(sorted(a.get("--socket", "") for a in agents)
+          == ["/run/shardsync/agent-0/agent.sock", "/run/shardsync/agent-1/agent.sock"],
+          "each agent's socket is agent-<gpu>/agent.sock")
     check([a.get("--metrics-listen") for a in agents if a.get("--device") == "0"] == [f"0.0.0.0:{probed}"],
           "GPU 0's agent serves the metrics port the probes read")
     check(agents and status != 0, "the launcher exits non-zero when an agent does (the pod restarts as a whole)")

@@ -52,6 +52,12 @@ TEST_CASE("agent 0 serving the coordinator in its own process: every sync exact,
     INFO(over_socket.status().message());
     REQUIRE(over_socket.ok());
     CHECK(deployment.CheckTargets(55).empty());
+    // So may an operator's shardsyncctl; `agents --json` gives the world's size.
+    Process ctl(
+        {"client/cli/shardsyncctl", "agents", "--json", "--insecure", "--coordinator", "unix:" + cluster.socket(0)},
+        cluster.dir() + "/ctl.log");
+    CHECK_THAT(ctl.ReadAll(absl::Seconds(60)), Contains(absl::StrCat("\"world_size\":", agents, ",")));
+    CHECK(ctl.Wait(absl::Seconds(30)) == 0);
     std::ifstream log(cluster.dir() + "/agent0.log");
     const std::string agent0((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
     // Its own part is a direct call; the others' over gRPC.

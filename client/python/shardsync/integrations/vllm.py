@@ -4,7 +4,7 @@ targets, placements learned by running the worker's own ``model.load_weights`` o
 Start vLLM with ``worker_extension_cls="shardsync.integrations.vllm.WorkerExtension"``
 (``--worker-extension-cls``), then from the driver::
 
-    llm.collective_rpc("shardsync_register", args=("/run/shardsync/agent-{device}.sock", "rollout"))
+    llm.collective_rpc("shardsync_register", args=("/run/shardsync/agent-{device}/agent.sock", "rollout"))
     ...   # each step: llm.collective_rpc("shardsync_pause"); trainer syncs;
     llm.collective_rpc("shardsync_resume", args=(version,))
 
