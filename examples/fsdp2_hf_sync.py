@@ -20,7 +20,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from shardsync.client import AgentClient, CoordinatorClient
 from shardsync.integrations import EngineTarget, TrainerSource, fsdp2_sources, module_targets
-from shardsync.local_cluster import LocalCluster
+from shardsync.testing import LocalCluster
 
 config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, tie_word_embeddings=False)

@@ -11,7 +11,7 @@ import torch
 
 import models
 import shardsync
-from shardsync.torch_support import TorchWeightArena, cuda_buffer
+from shardsync.torch_support import cuda_buffer
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--socket", required=True)
@@ -84,7 +84,7 @@ else:
         views.append((key, tuple(extent), torch.float8_e4m3fn if key in float8 else torch.bfloat16))
         if key in float8:
             views.append((key + ".scales", ((extent[0] + 127) // 128, (extent[1] + 127) // 128), torch.float32))
-    arena = TorchWeightArena(views, device)
+    arena = shardsync.WeightArena(views, device)
     arena.memory.fill_(0xAB)
     layouts = []
     for name, shape, style, group in TENSORS:
@@ -106,11 +106,11 @@ def check(seed):
     for i, (name, shape, _, _) in enumerate(TENSORS):
         key, row = place[name]
         lo, hi = boxes[name]
-        got = arena.views[key][row:row + hi[0] - lo[0]]
+        got = arena.view(key)[row:row + hi[0] - lo[0]]
         want = values(seed, i, shape)[tuple(slice(l, h) for l, h in zip(lo, hi))]
         if name in float8:  # against the PyTorch reference quantizer (tests/gpu/float8_reference.py)
             want, scales = reference_float8(want)
-            mismatched += int((arena.views[name + ".scales"].view(torch.int32) != scales.view(torch.int32)).sum().item())
+            mismatched += int((arena.view(name + ".scales").view(torch.int32) != scales.view(torch.int32)).sum().item())
             mismatched += int((got.view(torch.uint8) != want.view(torch.uint8)).sum().item())
             continue
         mismatched += int((got.reshape(want.shape).view(torch.int16) != want.view(torch.int16)).sum().item())

@@ -25,7 +25,7 @@ import torch
 
 import baselines
 import shardsync
-from shardsync.local_cluster import SERVINGS, LocalCluster
+from shardsync.testing import SERVINGS, LocalCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name: (model, zero stage, tp, fused, target ranks: consecutive groups of tp are the
@@ -266,7 +266,7 @@ def main():
                              "or every agent on GPU 0")
     parser.add_argument("--staging-bytes", type=int, default=128 << 20)
     parser.add_argument("--serving", default="process",
-                        help="where the coordinator runs (shardsync.local_cluster), comma-separated to measure "
+                        help="where the coordinator runs (shardsync.testing), comma-separated to measure "
                              "each in turn: process (its own daemon), agent0 (agent 0 serves it; the client calls over "
                              "TCP) or agent0-unix (over agent 0's unix socket); the first gives the row's figures")
     parser.add_argument("--clients", default="native,grpcio",

@@ -27,8 +27,8 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
   spec::BufferIds ids;
   planner::PlanInput input;
   for (const v1::RegisteredBuffer& b : request.buffers()) {
-    input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes(),
-                                            absl::StrCat(request.client_id(), "/", b.name())});
+    // Named as registered: the refusal names the client once, before the planner's words.
+    input.buffers.push_back(planner::Buffer{planner::Holder{rank, ids.Id(b.name())}, b.bytes(), b.name()});
   }
   const size_t registered = ids.names().size();
   for (const v1::TensorLayout& t : request.tensors()) {

@@ -23,7 +23,7 @@ import torch
 import model
 import shardsync
 from float8_reference import reference_float8
-from shardsync.torch_support import TorchWeightArena, cuda_buffer, event_handle, ready_event
+from shardsync.torch_support import cuda_buffer, event_handle, ready_event
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--socket", required=True)
@@ -105,7 +105,7 @@ class Rollout:
             if name in self.float8:
                 cols = shard[1] - self.pad.get(name, 0)
                 shards.append((name + ".scales", [(shard[0] + 127) // 128, (cols + 127) // 128], torch.float32))
-        self.arena = TorchWeightArena(shards, device, buffer_name="arena" + SUFFIX)
+        self.arena = shardsync.WeightArena(shards, device, buffer_name="arena" + SUFFIX)
         self.arena.memory.fill_(0xAB)  # poison
         torch.cuda.synchronize()
         self.graph = None
@@ -115,7 +115,7 @@ class Rollout:
         for name, shape, _ in TENSORS:
             placement = self.arena.placement(name, *self.boxes[name])
             if name in self.pad:
-                placement += ([self.arena.views[name].shape[1], 1],)
+                placement += ([self.arena.view(name).shape[1], 1],)
             if name in self.float8:
                 scales = self.arena.placement(name + ".scales", [0, 0], [0, 0])[2:4]
                 layouts.append(shardsync.tensor_layout(name, shape, "float8_e4m3", placements=[placement],
@@ -136,14 +136,14 @@ class Rollout:
         """The number of elements (and scales) that differ, and where the first float8 ones are."""
         mismatched, first = 0, ""
         for i, (name, shape, _) in enumerate(TENSORS):
-            got = self.arena.views[name]
+            got = self.arena.view(name)
             want = self.expected(seed, i, name, shape)
             if name in self.pad:
                 got = got[:, :want.shape[1]]
             if name in self.float8:  # against the PyTorch reference quantizer: bits of both
                 values = want
                 want, scales = reference_float8(values)
-                got_scales = self.arena.views[name + ".scales"]
+                got_scales = self.arena.view(name + ".scales")
                 bad_scales = got_scales.view(torch.int32) != scales.view(torch.int32)
                 bad = got.view(torch.uint8) != want.view(torch.uint8)
                 mismatched += int(bad_scales.sum().item()) + int(bad.sum().item())
@@ -174,7 +174,7 @@ class Rollout:
 
     def _sum(self):
         for i, (name, _, _) in enumerate(TENSORS):
-            self.sums[i] = self.arena.views[name].float().sum()
+            self.sums[i] = self.arena.view(name).float().sum()
 
     def replay(self, seed):
         self.graph.replay()

@@ -38,7 +38,7 @@ import traceback
 import torch
 
 import shardsync
-from shardsync.local_cluster import LocalCluster
+from shardsync.testing import LocalCluster
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bin", required=True)   # folder with shardsync-agent, shardsync-coordinator

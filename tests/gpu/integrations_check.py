@@ -325,7 +325,7 @@ def main():
         parser.error("--device cuda runs world 1 (several agents on one GPU need the direct path)")
     if args.hsdp and args.world % 2:
         parser.error("--hsdp needs an even world")
-    from shardsync.local_cluster import LocalCluster
+    from shardsync.testing import LocalCluster
     cluster = LocalCluster(args.bin, args.world, args.logs, cuda=args.device == "cuda", staging_bytes=1 << 20)
     try:
         context = mp.get_context("spawn")

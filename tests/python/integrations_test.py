@@ -29,7 +29,7 @@ from shardsync.integrations.sources import namespaced
 from shardsync.integrations.targets import _elements, piece_scales
 from shardsync.integrations.vllm import created_parameters
 from shardsync.layouts import tensor_layout
-from shardsync.local_cluster import LocalCluster
+from shardsync.testing import LocalCluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from standins import deepspeed_zero, vllm_qwen3  # noqa: E402

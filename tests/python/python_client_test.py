@@ -18,7 +18,7 @@ import unittest
 import numpy
 
 import shardsync
-from shardsync.local_cluster import LocalCluster
+from shardsync.testing import LocalCluster
 
 AGENT = "daemon/agent/shardsync-agent"
 COORDINATOR = "daemon/coordinator/shardsync-coordinator"
@@ -432,6 +432,15 @@ class PythonClientTest(unittest.TestCase):
             agent.register("trainer-0", "source", {"flat": small}, [layout])
         self.assertEqual(refused.exception.code.name, "INVALID_ARGUMENT")
         self.assertIn("tensor 'w'", refused.exception.message)
+        self.assertEqual(refused.exception.message.count("trainer-0"), 1, refused.exception.message)  # named once
+
+    def test_a_role_neither_source_nor_target_is_refused_before_any_call(self):
+        agent = shardsync.AgentClient(self.cluster.socket(0))
+        layout = shardsync.tensor_layout("w", (6, 10), "bfloat16", flat_placements=[(0, 60, "flat", 0)])
+        for role in ("Source", "targets", "", None):
+            with self.assertRaisesRegex(ValueError, "is neither 'source' nor 'target'"):
+                agent.register("trainer-0", role, {"flat": (shardsync.shardsync_pb2.MemoryHandle(), 120)}, [layout])
+        self.assertFalse(any(c.client_id == "trainer-0" for c in agent.status().clients))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 // the runfiles of the binary or test that links this (daemon/..., tools/localsync/...)
 // with OS-chosen ports and a private folder (MakeTempDir: under $TEST_TMPDIR in a test),
 // removed at the end; the agents' unix sockets are there too unless that path is too
-// long for them (SocketDirFor).
+// long for them (SocketDirFor). The C++ end-to-end tests and the CPU main job run on it;
+// shardsync.testing (Python) does the same where only dist/ and Python are (GPU machines).
 #pragma once
 
 #include <map>

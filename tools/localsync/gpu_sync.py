@@ -19,7 +19,7 @@ import torch
 
 import models  # bench/sync
 import shardsync
-from shardsync.local_cluster import LocalCluster
+from shardsync.testing import LocalCluster
 
 # The torch trainer and rollout processes are the sync benchmark's (bench/sync/client.py).
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "sync", "client.py")

@@ -2,30 +2,40 @@
 
 import threading
 import time
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import grpc
 
 from shardsync import native as native_library
 from shardsync import shardsync_pb2, shardsync_pb2_grpc
 
+__all__ = ["AgentClient", "BufferLike", "CoordinatorClient", "Registration", "ShardsyncError"]
+
+
+class BufferLike(Protocol):
+    """A registered buffer: SharedBuffer, torch_support's CUDA buffers."""
+
+    def handle(self) -> Tuple[Any, int]:
+        """(MemoryHandle message, bytes)."""
+
 
 class ShardsyncError(RuntimeError):
     """A call the agent or the coordinator refused or failed; `code` is the gRPC code."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
 
 
-def _call(method, request, timeout):
+def _call(method: Callable[..., Any], request: Any, timeout: float) -> Any:
     try:
         return method(request, timeout=timeout)
     except grpc.RpcError as error:
         raise ShardsyncError(error.code(), error.details()) from None
 
 
-def _read(path):
+def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
 
@@ -35,24 +45,24 @@ class Registration:
     process exiting) ends the call; `close()` returns once the agent has dropped them, so
     the same client id may register again at once."""
 
-    def __init__(self, call, event, agent, client_id):
+    def __init__(self, call: Any, event: shardsync_pb2.RegisterEvent, agent: "AgentClient", client_id: str) -> None:
         self._call = call
         self._agent = agent
         self._client_id = client_id
-        self.rank = event.rank
-        self.layout_epoch = event.layout_epoch
+        self.rank: int = event.rank
+        self.layout_epoch: int = event.layout_epoch
         # Drain the stream so a server-side end is noticed; nothing else arrives.
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
 
-    def _drain(self):
+    def _drain(self) -> None:
         try:
             for _ in self._call:
                 pass
         except grpc.RpcError:
             pass
 
-    def close(self, timeout=5.0):
+    def close(self, timeout: float = 5.0) -> None:
         """Ends the registration and waits, `timeout` seconds in all, until the agent no
         longer lists this client; an agent that is gone holds nothing. Raises
         ShardsyncError if the agent still lists it at the deadline."""
@@ -73,40 +83,44 @@ class Registration:
                                      f"the agent still holds client '{self._client_id}' {timeout} s after close()")
             time.sleep(0.005)  # the agent notices a cancelled call within tens of milliseconds
 
-    def __enter__(self):
+    def __enter__(self) -> "Registration":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class AgentClient:
     """The agent on this process's device, reached through its unix socket."""
 
-    def __init__(self, socket_path):
+    def __init__(self, socket_path: str) -> None:
         self._channel = grpc.insecure_channel("unix:" + socket_path)
         self._stub = shardsync_pb2_grpc.AgentStub(self._channel)
 
-    def register(self, client_id, role, buffers, tensors, timeout=10.0, ready_event=None):
+    def register(self, client_id: str, role: str, buffers: Mapping[str, Union[BufferLike, Tuple[Any, int]]],
+                 tensors: Sequence[Any], timeout: float = 10.0, ready_event: Optional[bytes] = None) -> Registration:
         """Registers `buffers` ({name: SharedBuffer or (handle, bytes)}) and `tensors`
         (TensorLayout messages) as SOURCE or TARGET ("source"/"target"). Returns once
         the agent opened and checked everything; raises ShardsyncError if it refused.
         `ready_event` (a source on a GPU agent): the bytes of an interprocess CUDA event's
         handle (torch_support.event_handle) the client records after its writes; every
         sync waits for its last record on the GPU instead of the client synchronizing."""
+        roles = {"source": shardsync_pb2.SOURCE, "target": shardsync_pb2.TARGET}
+        if role not in roles:
+            raise ValueError(f"client '{client_id}': role {role!r} is neither 'source' nor 'target'")
         request = shardsync_pb2.RegisterRequest(
             client_id=client_id,
-            role=shardsync_pb2.SOURCE if role == "source" else shardsync_pb2.TARGET,
+            role=roles[role],
             tensors=tensors,
             ready_event=ready_event or b"",
         )
         for name, buffer in buffers.items():
-            handle, nbytes = buffer.handle() if hasattr(buffer, "handle") else buffer
+            handle, nbytes = buffer if isinstance(buffer, tuple) else buffer.handle()
             request.buffers.add(name=name, bytes=nbytes, handle=handle)
         call = self._stub.Register(request)
-        first = {}
+        first: Dict[str, Any] = {}
 
-        def wait_first():
+        def wait_first() -> None:
             try:
                 first["event"] = next(call)
             except grpc.RpcError as error:
@@ -124,7 +138,7 @@ class AgentClient:
             raise first["error"]
         return Registration(call, first["event"], self, client_id)
 
-    def status(self, timeout=5.0):
+    def status(self, timeout: float = 5.0) -> shardsync_pb2.AgentStatus:
         return _call(self._stub.Status, shardsync_pb2.AgentStatusRequest(), timeout)
 
 
@@ -140,16 +154,17 @@ class CoordinatorClient:
     the faster call for a trainer's sync(): True for the copy packaged beside this module,
     or the library's path. It must be there: nothing falls back to grpcio."""
 
-    def __init__(self, address, *, tls=None, insecure=False, server_name=None, native=None):
+    def __init__(self, address: str, *, tls: Optional[Tuple[str, str, str]] = None, insecure: bool = False,
+                 server_name: Optional[str] = None, native: Union[None, bool, str] = None) -> None:
         if (tls is None) == (not insecure):
             raise ValueError("give exactly one of tls=(ca, cert, key) and insecure=True")
-        pems = tuple(_read(path) for path in tls) if tls else None
+        pems = (_read(tls[0]), _read(tls[1]), _read(tls[2])) if tls else None
+        self._native: Optional[native_library.NativeChannel] = None
         if native:
             path = native_library.PACKAGED if native is True else native
             self._native = native_library.NativeChannel(path, address, pems, server_name)
         else:
-            self._native = None
-            if insecure:
+            if pems is None:
                 self._channel = grpc.insecure_channel(address)
             else:
                 ca, cert, key = pems
@@ -157,15 +172,16 @@ class CoordinatorClient:
                 options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
                 self._channel = grpc.secure_channel(address, credentials, options=options)
             self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
-        self._last = None
+        self._last: Optional[shardsync_pb2.SyncResponse] = None
 
-    def _unary(self, method, request, response_type, timeout):
+    def _unary(self, method: str, request: Any, response_type: Any, timeout: float) -> Any:
         if self._native:
             return self._native.call(f"/shardsync.v1.Coordinator/{method}", request, response_type, timeout,
                                      ShardsyncError)
         return _call(getattr(self._stub, method), request, timeout)
 
-    def sync(self, timeout=60.0, verify=False, target_ranks=()):
+    def sync(self, timeout: float = 60.0, verify: bool = False,
+             target_ranks: Iterable[int] = ()) -> shardsync_pb2.SyncResponse:
         """Runs one sync on every agent and returns its SyncResponse (stats per rank).
         With verify, every target placement's checksum is compared with its sources'.
         With target_ranks, only the targets on those ranks are written (a rank whose
@@ -175,18 +191,19 @@ class CoordinatorClient:
         self._last = self._unary("Sync", request, shardsync_pb2.SyncResponse, timeout + 10)
         return self._last
 
-    def stats(self):
+    def stats(self) -> Optional[shardsync_pb2.SyncResponse]:
         """The SyncResponse of this client's last successful sync (None before one):
         per rank bytes sent, received and copied locally, rounds, chunks, staging, seconds."""
         return self._last
 
-    def explain(self, link_gbps=0.0, memory_gbps=0.0, network_gbps=0.0, timeout=30.0):
+    def explain(self, link_gbps: float = 0.0, memory_gbps: float = 0.0, network_gbps: float = 0.0,
+                timeout: float = 30.0) -> shardsync_pb2.ExplainResponse:
         """The plan's bytes per rank and its floor at these speeds (GB/s; 0: the
         coordinator's cost model); ExplainResponse."""
         request = shardsync_pb2.ExplainRequest(link_gbps=link_gbps, memory_gbps=memory_gbps,
                                                network_gbps=network_gbps)
         return self._unary("Explain", request, shardsync_pb2.ExplainResponse, timeout)
 
-    def status(self, timeout=5.0):
+    def status(self, timeout: float = 5.0) -> shardsync_pb2.CoordinatorStatus:
         return self._unary("Status", shardsync_pb2.CoordinatorStatusRequest(), shardsync_pb2.CoordinatorStatus,
                            timeout)

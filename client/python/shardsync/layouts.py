@@ -4,8 +4,12 @@ boxes are in elements unless a name says bytes."""
 
 import math
 from multiprocessing import shared_memory
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from shardsync import layout_pb2, shardsync_pb2
+
+__all__ = ["ALIGNMENT", "DTYPE_BYTES", "SharedBuffer", "WeightArena", "flat_partition", "tensor_layout",
+           "tp_shard_box", "zero3_partition"]
 
 DTYPE_BYTES = {
     "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1,
@@ -23,22 +27,26 @@ class SharedBuffer:
     """Host memory this process owns as a POSIX shared memory object (CPU mode); the
     agent maps it by name. Unlinked on close()."""
 
-    def __init__(self, nbytes, name=None):
+    def __init__(self, nbytes: int, name: Optional[str] = None) -> None:
         self._shm = shared_memory.SharedMemory(name=name, create=True, size=max(nbytes, 1))
         self.nbytes = nbytes
         self.buf = self._shm.buf[:nbytes]
 
-    def handle(self):
+    def handle(self) -> Tuple[shardsync_pb2.MemoryHandle, int]:
         """The registration handle and size of this buffer."""
         return shardsync_pb2.MemoryHandle(shm_name="/" + self._shm.name, device=-1), self.nbytes
 
-    def close(self):
+    def close(self) -> None:
+        """Releases the mapping and unlinks the object; views into it must be gone."""
         self.buf.release()
         self._shm.close()
         self._shm.unlink()
 
 
-def tensor_layout(name, shape, dtype, placements=(), flat_placements=(), fills=(), block_scales=()):
+def tensor_layout(name: str, shape: Sequence[int], dtype: str, placements: Iterable[Sequence[Any]] = (),
+                  flat_placements: Iterable[Tuple[int, int, str, int]] = (),
+                  fills: Iterable[Tuple[str, int, Sequence[int]]] = (),
+                  block_scales: Iterable[Sequence[Any]] = ()) -> layout_pb2.TensorLayout:
     """A TensorLayout message: `placements` are (box_lo, box_hi, buffer, base[, strides]),
     `flat_placements` are (begin, end, buffer, base). A "float8_e4m3" target quantized in
     128 x 128 blocks gives `block_scales`: per placement, in order, (buffer, base[,
@@ -59,7 +67,7 @@ def tensor_layout(name, shape, dtype, placements=(), flat_placements=(), fills=(
     return layout
 
 
-def flat_partition(numel, world, dp_rank):
+def flat_partition(numel: int, world: int, dp_rank: int) -> Tuple[int, int]:
     """ZeRO-3 (DeepSpeed partition_parameters): DP index r holds flat [r*p, r*p + v_r),
     p = ceil(numel / world), v_r = clamp(numel - r*p, 0, p)."""
     p = math.ceil(numel / world)
@@ -67,7 +75,8 @@ def flat_partition(numel, world, dp_rank):
     return begin, begin + max(0, min(numel - begin, p))
 
 
-def tp_shard_box(shape, axis, tp, tp_rank):
+def tp_shard_box(shape: Sequence[int], axis: Optional[int], tp: int,
+                 tp_rank: int) -> Tuple[List[int], List[int]]:
     """The box [lo, hi) TP rank `tp_rank` of `tp` holds: axis `axis` split AutoTP-style
     (rank r gets n // tp + (r < n % tp) indices), or the whole tensor when `axis` is
     None (replicated)."""
@@ -79,7 +88,8 @@ def tp_shard_box(shape, axis, tp, tp_rank):
     return lo, hi
 
 
-def zero3_partition(name, shape, dtype, world, dp_rank, buffer, base):
+def zero3_partition(name: str, shape: Sequence[int], dtype: str, world: int, dp_rank: int, buffer: str,
+                    base: int) -> Optional[layout_pb2.TensorLayout]:
     """The TensorLayout of one rank's ZeRO-3 partition of a parameter, stored at `base`
     of `buffer`. None when this rank holds nothing of it (padding)."""
     begin, end = flat_partition(math.prod(shape), world, dp_rank)
@@ -91,30 +101,60 @@ def zero3_partition(name, shape, dtype, world, dp_rank, buffer, base):
 class WeightArena:
     """A rank's target tensors as views of one buffer that is never reallocated, so code
     captured on it (CUDA graphs) reads new weights after every sync. Each view starts on
-    a 256-byte boundary. `shards` are (name, shard_shape, dtype)."""
+    a 256-byte boundary. `shards` are (name, shard_shape, dtype), the dtype a name of
+    DTYPE_BYTES or, with a device, a torch dtype. Without `device` the arena is host
+    shared memory (CPU agents); with a CUDA `device` (needs torch) it is one CUDA
+    allocation, registered by its CUDA IPC handle."""
 
-    def __init__(self, shards, buffer_name="arena"):
+    def __init__(self, shards: Iterable[Tuple[str, Sequence[int], Any]], device: Any = None,
+                 buffer_name: str = "arena") -> None:
         self.buffer_name = buffer_name
-        self.offsets = {}  # name -> (byte offset, shard shape, dtype)
+        self.offsets: Dict[str, Tuple[int, Tuple[int, ...], str]] = {}  # name -> (byte offset, shape, dtype name)
         used = 0
         for name, shard_shape, dtype in shards:
             start = (used + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-            self.offsets[name] = (start, tuple(shard_shape), dtype)
-            used = start + math.prod(shard_shape) * DTYPE_BYTES[dtype]
-        self.memory = SharedBuffer(used)
+            dtype_name = dtype if isinstance(dtype, str) else _torch_dtype_name(dtype)
+            self.offsets[name] = (start, tuple(shard_shape), dtype_name)
+            used = start + math.prod(shard_shape) * DTYPE_BYTES[dtype_name]
+        self.device = device
+        self.memory: Any  # SharedBuffer, or a uint8 CUDA tensor
+        if device is None:
+            self.memory = SharedBuffer(used)
+        else:
+            from shardsync import torch_support
+            self.memory = torch_support.aligned_cuda_bytes(used, device, ALIGNMENT)
 
-    def view(self, name):
-        """The bytes of one shard (a memoryview into the arena, never a copy)."""
-        start, shard_shape, dtype = self.offsets[name]
-        return self.memory.buf[start:start + math.prod(shard_shape) * DTYPE_BYTES[dtype]]
+    def view(self, name: str) -> Any:
+        """One shard's view into the arena, never a copy: a memoryview (host; release it
+        before close()) or a torch tensor of the shard's shape and dtype."""
+        start, shape, dtype = self.offsets[name]
+        if self.device is None:
+            return self.memory.buf[start:start + _nbytes(shape, dtype)]
+        from shardsync import torch_support
+        return torch_support.typed_view(self.memory[start:start + _nbytes(shape, dtype)], dtype, shape)
 
-    def placement(self, name, box_lo, box_hi):
+    def placement(self, name: str, box_lo: Sequence[int], box_hi: Sequence[int]) -> Tuple[Any, ...]:
         """A target placement putting tensor box [box_lo, box_hi) in this shard."""
         start, _, dtype = self.offsets[name]
         return (box_lo, box_hi, self.buffer_name, start // DTYPE_BYTES[dtype])
 
-    def buffers(self):
-        return {self.buffer_name: self.memory}
+    def buffers(self) -> Dict[str, Any]:
+        """The arena's one buffer, for AgentClient.register."""
+        if self.device is None:
+            return {self.buffer_name: self.memory}
+        from shardsync import torch_support
+        return {self.buffer_name: torch_support.cuda_buffer(self.memory)}
 
-    def close(self):
-        self.memory.close()
+    def close(self) -> None:
+        """Releases host memory (a CUDA arena is freed with its last reference)."""
+        if self.device is None:
+            self.memory.close()
+
+
+def _nbytes(shape: Sequence[int], dtype: str) -> int:
+    return math.prod(shape) * DTYPE_BYTES[dtype]
+
+
+def _torch_dtype_name(dtype: Any) -> str:
+    from shardsync.torch_support import TORCH_DTYPES
+    return TORCH_DTYPES[dtype]

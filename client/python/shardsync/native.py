@@ -2,10 +2,13 @@
 gRPC call instead of grpcio's (docs/benchmarks.md compares the two); the messages stay
 Python's."""
 
+from typing import Any, Callable, Optional, Tuple
 import ctypes
 import os
 
 import grpc
+
+__all__ = ["PACKAGED", "NativeChannel", "load"]
 
 # Where scripts/build-portable puts the library and the gRPC libraries it needs.
 PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "libshardsync_native.so")
@@ -14,7 +17,7 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _MESSAGE_BYTES = 4096
 
 
-def load(path):
+def load(path: str) -> ctypes.CDLL:
     """The library at `path`; a clear error if it is not there or will not load."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no shardsync native library at {path} (scripts/build-portable puts one in "
@@ -35,7 +38,8 @@ class NativeChannel:
     """One channel of the native library; `call` raises `error_type(code, message)` as
     the grpcio path raises ShardsyncError."""
 
-    def __init__(self, path, address, tls_pems=None, server_name=None):
+    def __init__(self, path: str, address: str, tls_pems: Optional[Tuple[bytes, bytes, bytes]] = None,
+                 server_name: Optional[str] = None) -> None:
         self._channel = None
         self._library = load(path)
         ca, cert, key = tls_pems or (None, None, None)
@@ -45,7 +49,8 @@ class NativeChannel:
         if not self._channel:
             raise ValueError(f"shardsync native channel to {address}: {error.value.decode()}")
 
-    def call(self, method, request, response_type, timeout, error_type):
+    def call(self, method: str, request: Any, response_type: Any, timeout: float,
+             error_type: Callable[[grpc.StatusCode, str], Exception]) -> Any:
         payload = request.SerializeToString()
         response = ctypes.c_void_p()
         size = ctypes.c_size_t()
@@ -59,10 +64,10 @@ class NativeChannel:
         finally:
             self._library.shardsync_free(response)
 
-    def close(self):
+    def close(self) -> None:
         if self._channel:
             self._library.shardsync_channel_close(self._channel)
             self._channel = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()

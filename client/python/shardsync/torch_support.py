@@ -7,20 +7,22 @@ for its last record on the GPU). The rollout reads its arena only after ``sync()
 captured on it read the new weights after every sync.
 """
 
-import math
+from typing import Any, Sequence, Tuple
 
 import torch
 
+import grpc
+
 from shardsync import shardsync_pb2
 from shardsync.client import ShardsyncError
-from shardsync.layouts import ALIGNMENT
 
-import grpc
+__all__ = ["CUDA_IPC_HANDLE_BYTES", "TORCH_DTYPES", "aligned_cuda_bytes", "cuda_buffer", "event_handle", "ready_event",
+           "typed_view"]
 
 CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
 
-def _raw_ipc_handle(handle):
+def _raw_ipc_handle(handle: Any) -> bytes:
     """The cudaIpcMemHandle_t inside torch's shareable handle: older torch gives the 64
     bytes alone; newer ones prefix a version byte and a type byte ('c' for a cudaMalloc
     block, 'e' for an expandable segment, which has no such handle)."""
@@ -37,14 +39,14 @@ def _raw_ipc_handle(handle):
     raise ShardsyncError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown torch IPC handle format ({len(handle)} bytes)")
 
 
-def ready_event():
+def ready_event() -> torch.cuda.Event:
     """An interprocess CUDA event on the current device for a trainer's registration:
     ``register(..., ready_event=event_handle(event))``, then ``event.record()`` after each
     optimizer step's writes, before asking for the sync."""
     return torch.cuda.Event(interprocess=True)
 
 
-def event_handle(event):
+def event_handle(event: torch.cuda.Event) -> bytes:
     """The cudaIpcEventHandle_t bytes of an interprocess torch CUDA event."""
     return bytes(event.ipc_handle())
 
@@ -55,9 +57,10 @@ TORCH_DTYPES = {
 }
 if hasattr(torch, "float8_e4m3fn"):  # torch >= 2.1
     TORCH_DTYPES[torch.float8_e4m3fn] = "float8_e4m3"
+_TORCH_DTYPE_OF = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 
 
-def cuda_buffer(tensor):
+def cuda_buffer(tensor: torch.Tensor) -> Tuple[shardsync_pb2.MemoryHandle, int]:
     """(MemoryHandle, bytes) of a contiguous CUDA tensor: the CUDA IPC handle of its
     caching-allocator segment and the tensor's byte offset inside it."""
     if not tensor.is_cuda or not tensor.is_contiguous():
@@ -77,34 +80,14 @@ def cuda_buffer(tensor):
                                       device=device), nbytes
 
 
-class TorchWeightArena:
-    """A rank's target tensors as views of one CUDA allocation that is never
-    reallocated; each view starts on a 256-byte boundary. `shards` are
-    (name, shard_shape, torch dtype)."""
+def aligned_cuda_bytes(nbytes: int, device: Any, alignment: int) -> torch.Tensor:
+    """`nbytes` of uint8 CUDA memory whose first byte is aligned to `alignment` (a view
+    into a slightly larger allocation, which it keeps alive)."""
+    raw = torch.empty(nbytes + alignment, dtype=torch.uint8, device=device)
+    skip = (-raw.data_ptr()) % alignment
+    return raw[skip:skip + nbytes]
 
-    def __init__(self, shards, device, buffer_name="arena"):
-        self.buffer_name = buffer_name
-        self.offsets = {}
-        used = 0
-        for name, shape, dtype in shards:
-            start = (used + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-            self.offsets[name] = (start, tuple(shape), dtype)
-            used = start + math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        # Over-allocate so the first view can start on an aligned address.
-        self._raw = torch.empty(used + ALIGNMENT, dtype=torch.uint8, device=device)
-        skip = (-self._raw.data_ptr()) % ALIGNMENT
-        self.memory = self._raw[skip:skip + used]
-        self.views = {}
-        for name, (start, shape, dtype) in self.offsets.items():
-            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            self.views[name] = self.memory[start:start + nbytes].view(dtype).view(shape)
 
-    def placement(self, name, box_lo, box_hi):
-        start, _, dtype = self.offsets[name]
-        return (box_lo, box_hi, self.buffer_name, start // torch.empty((), dtype=dtype).element_size())
-
-    def buffers(self):
-        return {self.buffer_name: cuda_buffer(self.memory)}
-
-    def data_ptr(self):
-        return self.memory.data_ptr()
+def typed_view(raw: torch.Tensor, dtype: str, shape: Sequence[int]) -> torch.Tensor:
+    """Bytes `raw` seen as a tensor of `shape` and `dtype` (a name of TORCH_DTYPES)."""
+    return raw.view(_TORCH_DTYPE_OF[dtype]).view(tuple(shape))

@@ -1,6 +1,7 @@
 """A framework's own tensors as shardsync buffers, no copy: CUDA tensors through their
 CUDA IPC handle (a GPU agent), CPU tensors through POSIX shared memory (a CPU agent)."""
 
+from typing import Tuple
 import os
 
 import grpc
@@ -10,8 +11,10 @@ import torch.multiprocessing
 from shardsync import shardsync_pb2
 from shardsync.client import ShardsyncError
 
+__all__ = ["tensor_buffer"]
 
-def tensor_buffer(tensor):
+
+def tensor_buffer(tensor: torch.Tensor) -> Tuple[shardsync_pb2.MemoryHandle, int]:
     """(MemoryHandle, bytes) of `tensor`'s own elements. A CUDA tensor is shared through
     its allocation's IPC handle. A CPU tensor's storage is moved into shared memory first,
     in place (every view of it follows; do this before an optimizer or engine caches raw

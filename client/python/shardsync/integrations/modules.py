@@ -10,12 +10,15 @@ keep one tensor per expert. What wrappers add to a name (``module.``, ``_orig_mo
 FSDP1's and activation checkpointing's components) is not part of a checkpoint name.
 """
 
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from dataclasses import dataclass
 import glob
 import json
 import math
 import os
 import struct
+
+__all__ = ["WRAPPER_COMPONENTS", "Segment", "checkpoint_name", "flat_pieces", "safetensors_shapes", "segments"]
 
 # Path components wrappers add: torch.compile, FSDP1, activation checkpointing, Lightning.
 WRAPPER_COMPONENTS = {"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module"}
@@ -30,11 +33,11 @@ class Segment:
     offset: int
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         return math.prod(self.shape)
 
 
-def checkpoint_name(name, rename=None):
+def checkpoint_name(name: str, rename: Optional[Callable[[str], str]] = None) -> str:
     """`name` without what wrappers add (a leading ``module.`` of DeepSpeed's or DDP's
     engine, WRAPPER_COMPONENTS anywhere), then through `rename` (a callable, or None)."""
     parts = [p for p in name.split(".") if p not in WRAPPER_COMPONENTS]
@@ -44,7 +47,7 @@ def checkpoint_name(name, rename=None):
     return rename(name) if rename else name
 
 
-def segments(name, shape):
+def segments(name: str, shape: Sequence[int]) -> List[Segment]:
     """The checkpoint tensors parameter `name` (a checkpoint-style name) of global `shape`
     holds, in its row-major order."""
     shape = tuple(shape)
@@ -66,7 +69,7 @@ def segments(name, shape):
     return [Segment(name, shape, 0)]
 
 
-def flat_pieces(param_segments, begin, end):
+def flat_pieces(param_segments: Sequence[Segment], begin: int, end: int) -> List[Tuple[Segment, int, int, int]]:
     """Where elements [begin, end) of a parameter's row-major elements lie in checkpoint
     tensors: (segment, checkpoint begin, checkpoint end, offset from `begin`) for every
     segment they reach."""
@@ -78,7 +81,7 @@ def flat_pieces(param_segments, begin, end):
     return out
 
 
-def safetensors_shapes(path):
+def safetensors_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
     """{tensor name: shape} of every tensor in the ``*.safetensors`` files of the folder
     `path` (or of one such file), read from their headers: 8 bytes of little-endian header
     length, then a JSON object of {name: {"dtype", "shape", "data_offsets"}}."""

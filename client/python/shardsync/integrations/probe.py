@@ -17,11 +17,14 @@ consecutive elements of one checkpoint row, stacked into 2-D boxes where consecu
 runs take consecutive rows at a fixed distance.
 """
 
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 from dataclasses import dataclass, field
 import math
 
 import numpy as np
 import torch
+
+__all__ = ["CHECK_BITS", "FillRegion", "Piece", "ProbeError", "ProbeResult", "encode", "encoded_checkpoint", "probe"]
 
 
 class ProbeError(ValueError):
@@ -59,18 +62,18 @@ class ProbeResult:
 CHECK_BITS = 8
 
 
-def _check(numbers):
+def _check(numbers: np.ndarray) -> np.ndarray:
     """The 8-bit check of element numbers (int64 array): a multiplicative hash's top bits."""
     mixed = numbers.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     return (mixed >> np.uint64(64 - CHECK_BITS)).astype(np.int64)
 
 
-def encode(numbers):
+def encode(numbers: np.ndarray) -> np.ndarray:
     """Codes (float64) of element numbers (int64 array, from 1)."""
     return (numbers * (1 << CHECK_BITS) + _check(numbers)).astype(np.float64)
 
 
-def encoded_checkpoint(shapes):
+def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, int], Iterator[Tuple[str, torch.Tensor]]]:
     """(offsets, an iterator of (name, float64 tensor of codes)) for checkpoint tensors
     `shapes` ({name: shape}, in a fixed order)."""
     offsets, total = {}, 0
@@ -80,7 +83,7 @@ def encoded_checkpoint(shapes):
     if (total + 1) << CHECK_BITS >= 2 ** 53:
         raise ProbeError(f"{total} checkpoint elements: their codes would pass 2^53, past float64's whole numbers")
 
-    def tensors():
+    def tensors() -> Iterator[Tuple[str, torch.Tensor]]:
         for name, shape in shapes.items():
             start = offsets[name] + 1
             numbers = np.arange(start, start + math.prod(shape), dtype=np.int64)
@@ -89,7 +92,9 @@ def encoded_checkpoint(shapes):
     return offsets, tensors()
 
 
-def probe(params, shapes, load, buffers=None):
+def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]],
+          load: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any],
+          buffers: Optional[Mapping[str, torch.Tensor]] = None) -> ProbeResult:
     """Runs `load(weights)` once with `params` ({name: Parameter}) swapped for float64
     probes; `weights` iterates (checkpoint name, tensor) over `shapes` ({name: shape}).
     The floating-point tensors of `buffers` ({name: tensor}, a module's named_buffers())
@@ -122,7 +127,7 @@ def probe(params, shapes, load, buffers=None):
     return result
 
 
-def _decode(param_name, flat, total):
+def _decode(param_name: str, flat: torch.Tensor, total: int) -> Any:
     """Element numbers (int64, 0 where nothing was loaded) of a parameter's probe values;
     refuses a value that is no checkpoint element's code."""
     whole = np.isfinite(flat) & (flat == np.floor(flat)) & (flat >= 0) & (flat < float((total + 1) << CHECK_BITS))
@@ -141,12 +146,13 @@ class _Stacker:
     next checkpoint row, at the region's distance) extends it; a region of one run takes
     the distance of the first run that continues it."""
 
-    def __init__(self):
-        self.regions = []   # every region, in order: [head, base, rows, length, stride, first]
-        self._single = {}   # (head, next row) -> region of one run
-        self._stacked = {}  # (head, next row, next base) -> region of two or more runs
+    def __init__(self) -> None:
+        self.regions: List[List[Any]] = []  # every region, in order: [head, base, rows, length, stride, first]
+        self._single: Dict[Tuple[Any, int], List[Any]] = {}  # (head, next row) -> region of one run
+        # (head, next row, next base) -> region of two or more runs
+        self._stacked: Dict[Tuple[Any, int, int], List[Any]] = {}
 
-    def add(self, head, row, base, length, first=None):
+    def add(self, head: Tuple[Any, ...], row: int, base: int, length: int, first: Any = None) -> None:
         """A run of `length` at `base`, row `row` of what `head` names; `first` is kept
         for the region it starts."""
         region = self._stacked.pop((head, row, base), None)
@@ -164,7 +170,8 @@ class _Stacker:
         self._stacked[(head, row + 1, region[1] + region[4] * region[2])] = region
 
 
-def _compress(param_name, values, names, starts, shapes, result):
+def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
+              shapes: Mapping[str, Sequence[int]], result: ProbeResult) -> None:
     """Adds one parameter's pieces and fills to `result`."""
     total = int(starts[-1]) + math.prod(shapes[names[-1]])
     numbers = _decode(param_name, values.reshape(-1), total)
@@ -175,7 +182,7 @@ def _compress(param_name, values, names, starts, shapes, result):
     rows = numbers.size // cols
     grid = numbers.reshape(rows, cols)
     filled = grid == 0
-    tensor_id = np.searchsorted(starts, np.maximum(grid - 1, 0), side="right") - 1
+    tensor_id: Any = np.searchsorted(starts, np.maximum(grid - 1, 0), side="right") - 1  # an array, as grid
     index = np.maximum(grid - 1, 0) - starts[tensor_id]
     last_axis = np.array([shapes[n][-1] if len(shapes[n]) else 1 for n in names], dtype=np.int64)[tensor_id]
     # A run ends where the tensor changes, the element is not the next one, a fill starts

@@ -16,6 +16,7 @@ After ``release_memory_occupation``/``resume_memory_occupation`` the weights kee
 addresses but, without ``--enable-weights-cpu-backup``, not their contents: sync again.
 """
 
+from typing import Dict, Iterable, Optional, Tuple
 import os
 
 import torch
@@ -24,10 +25,12 @@ from shardsync.client import AgentClient
 from shardsync.integrations.modules import safetensors_shapes
 from shardsync.integrations.targets import EngineTarget, loader_targets
 
-_targets = {}  # by device: this process's registration, kept alive
+__all__ = ["current", "register"]
+
+_targets: Dict[int, EngineTarget] = {}  # by device: this process's registration, kept alive
 
 
-def register(model, named_tensors):
+def register(model: torch.nn.Module, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
     """SGLang's custom-weight-loader hook: registers `model`'s weights (the call's
     `named_tensors` are not used)."""
     device = next(model.parameters()).device
@@ -42,7 +45,7 @@ def register(model, named_tensors):
                                    lambda: loader_targets(model, model.load_weights, shapes))
 
 
-def current(device=None):
+def current(device: Optional[int] = None) -> EngineTarget:
     """The EngineTarget this process registered for `device` (default: the current CUDA
     device)."""
     return _targets[torch.cuda.current_device() if device is None else device]

@@ -17,13 +17,28 @@ registers them and registers again when the memory moved.
 """
 
 
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from shardsync import layout_pb2
+from shardsync.client import AgentClient, Registration
 from shardsync.integrations.memory import tensor_buffer
 from shardsync.integrations.modules import checkpoint_name, flat_pieces, segments
 from shardsync.layouts import tensor_layout
 from shardsync.torch_support import TORCH_DTYPES
 
+# What every *_sources and *_targets function returns, for AgentClient.register: the
+# buffers by name, and the tensors' layouts in them.
+Described = Tuple[Dict[str, Any], List[layout_pb2.TensorLayout]]
+# Checkpoint names from a module's parameter names (None: as they are).
+Rename = Optional[Callable[[str], str]]
 
-def dtype_name(tensor, name):
+__all__ = ["Described", "Layouts", "Registered", "TrainerSource", "dtype_name", "fsdp2_sources", "module_sources", "namespaced",
+           "Rename", "zero12_master_sources", "zero3_sources"]
+
+
+def dtype_name(tensor: torch.Tensor, name: str) -> str:
     """shardsync's name of `tensor`'s dtype; parameter `name` is named if it has none."""
     if tensor.dtype not in TORCH_DTYPES:
         raise ValueError(f"parameter '{name}' has dtype {tensor.dtype}, which shardsync does not move")
@@ -33,11 +48,12 @@ def dtype_name(tensor, name):
 class Layouts:
     """Buffers and TensorLayouts of one side, built a stretch at a time."""
 
-    def __init__(self):
-        self.buffers = {}
-        self._tensors = {}
+    def __init__(self) -> None:
+        self.buffers: Dict[str, Tuple[Any, int]] = {}
+        self._tensors: Dict[str, layout_pb2.TensorLayout] = {}
 
-    def add_stretch(self, buffer_name, tensor, param_name, param_shape, begin, end, base=0):
+    def add_stretch(self, buffer_name: str, tensor: torch.Tensor, param_name: str, param_shape: Sequence[int],
+                    begin: int, end: int, base: int = 0) -> None:
         """`tensor` (contiguous, registered as `buffer_name`) holds, from its element
         `base` on, elements [begin, end) of the row-major elements of parameter
         `param_name` (a checkpoint-style name) of global `param_shape`."""
@@ -52,11 +68,11 @@ class Layouts:
                 layout = self._tensors[seg.name] = tensor_layout(seg.name, seg.shape, dtype)
             layout.flat_placements.add(buffer=buffer_name, base=base + offset, begin=first, end=last)
 
-    def result(self):
+    def result(self) -> Described:
         return self.buffers, list(self._tensors.values())
 
 
-def module_sources(module, rename=None):
+def module_sources(module: torch.nn.Module, rename: Rename = None) -> Described:
     """Every parameter of `module` whole, from its own memory."""
     out = Layouts()
     for name, param in module.named_parameters():
@@ -65,7 +81,7 @@ def module_sources(module, rename=None):
     return out.result()
 
 
-def _dtensor_api():
+def _dtensor_api() -> Any:
     try:
         from torch.distributed.tensor import DTensor, Replicate, Shard
     except ImportError:  # torch < 2.4
@@ -74,7 +90,7 @@ def _dtensor_api():
     return DTensor, Replicate, Shard, compute_local_shape_and_global_offset
 
 
-def fsdp2_sources(module, rename=None):
+def fsdp2_sources(module: torch.nn.Module, rename: Rename = None) -> Described:
     """Each parameter's local shard as FSDP2 (fully_shard) holds it: a DTensor whose
     placements are Shard(0) or Replicate on each mesh dimension. A parameter that is no
     DTensor (left out of sharding) counts whole. Other placements are refused by name."""
@@ -104,7 +120,7 @@ def fsdp2_sources(module, rename=None):
     return out.result()
 
 
-def zero3_sources(module, rename=None, rank_of=None):
+def zero3_sources(module: torch.nn.Module, rename: Rename = None, rank_of: Optional[Callable[[Any], int]] = None) -> Described:
     """Each parameter's ZeRO-3 partition (``ds_tensor``), placed by DeepSpeed's own
     partition arithmetic: the partition's size P and this rank's index in the
     parameter's ``ds_process_group`` (``rank_of(group)``; default
@@ -127,7 +143,7 @@ def zero3_sources(module, rename=None, rank_of=None):
     return out.result()
 
 
-def namespaced(buffers, layouts, prefix):
+def namespaced(buffers: Mapping[str, Any], layouts: List[layout_pb2.TensorLayout], prefix: str) -> Described:
     """`buffers` and `layouts` with every buffer name prefixed by ``prefix + "/"``: buffer
     names are unique among all clients of an agent."""
     renamed = {f"{prefix}/{name}": buffer for name, buffer in buffers.items()}
@@ -138,7 +154,8 @@ def namespaced(buffers, layouts, prefix):
     return renamed, layouts
 
 
-def zero12_master_sources(optimizer, module, rename=None, rank_of=None):
+def zero12_master_sources(optimizer: Any, module: torch.nn.Module, rename: Rename = None,
+                          rank_of: Optional[Callable[[Any], int]] = None) -> Described:
     """DeepSpeed ZeRO-1/2's fp32 master partitions (synced into bf16 targets, the sender
     converting): parameter group g's flat is its parameters back to back in the order of
     ``round_robin_bit16_groups[g]`` (padded at its end only), and this rank holds
@@ -170,20 +187,21 @@ class Registered:
     (buffers, layouts)) by ``reregister()`` after its memory moved: the layout is the
     same, so the coordinator keeps its plan. Buffer names get the client id as prefix."""
 
-    def __init__(self, agent, client_id, role, describe, ready_event=None):
+    def __init__(self, agent: AgentClient, client_id: str, role: str, describe: Callable[[], Described],
+                 ready_event: Optional[bytes] = None) -> None:
         self._agent, self._client_id, self._role = agent, client_id, role
         self._describe, self._ready_event = describe, ready_event
-        self.registration = None
+        self.registration: Optional[Registration] = None
         self.reregister()
 
-    def reregister(self):
+    def reregister(self) -> None:
         if self.registration is not None:
             self.registration.close()
         buffers, layouts = namespaced(*self._describe(), self._client_id)
         self.registration = self._agent.register(self._client_id, self._role, buffers, layouts,
                                                  ready_event=self._ready_event)
 
-    def close(self):
+    def close(self) -> None:
         if self.registration is not None:
             self.registration.close()
             self.registration = None
@@ -195,5 +213,6 @@ class TrainerSource(Registered):
     (offload and reload, ``load_state_dict(assign=True)``). `ready_event`: as
     ``AgentClient.register``'s."""
 
-    def __init__(self, agent, client_id, describe, ready_event=None):
+    def __init__(self, agent: AgentClient, client_id: str, describe: Callable[[], Described],
+                 ready_event: Optional[bytes] = None) -> None:
         super().__init__(agent, client_id, "source", describe, ready_event)

@@ -9,17 +9,23 @@ device). ``EngineTarget`` keeps the registration through the engine's lifecycle.
 """
 
 import contextlib
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
 from shardsync import layout_pb2
+from shardsync.client import AgentClient
 from shardsync.integrations.memory import tensor_buffer
-from shardsync.integrations.probe import ProbeError, probe
-from shardsync.integrations.sources import Registered, dtype_name, module_sources
+from shardsync.integrations.probe import FillRegion, Piece, ProbeError, probe
+from shardsync.integrations.sources import Described, Registered, dtype_name, module_sources
 from shardsync.layouts import tensor_layout
 
+__all__ = ["BLOCK", "SCALES", "EngineTarget", "float8_names", "loader_targets", "module_targets", "piece_scales"]
 
-def loader_targets(model, load_weights, checkpoint_shapes, created=None):
+
+def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any],
+                   checkpoint_shapes: Mapping[str, Sequence[int]],
+                   created: Optional[Mapping[str, torch.Tensor]] = None) -> Described:
     """(buffers, layouts) of `model`'s parameters as `load_weights` (the engine's own
     loader: an iterable of (checkpoint name, full tensor) -> None) fills them from a
     checkpoint of `checkpoint_shapes` ({name: shape}). A parameter no checkpoint element
@@ -55,8 +61,8 @@ def loader_targets(model, load_weights, checkpoint_shapes, created=None):
     scales = _block_scales(result.pieces, result.fills, live, checkpoint_shapes)
     used = {p.param for p in result.pieces}
     buffers = {name: tensor_buffer(live[name].data) for name in live if name in used}
-    layouts = {}
-    first_tensor = {}  # parameter -> the layout its fills join
+    layouts: Dict[str, layout_pb2.TensorLayout] = {}
+    first_tensor: Dict[str, layout_pb2.TensorLayout] = {}  # parameter -> the layout its fills join
     for index, piece in enumerate(result.pieces):
         if piece.param in scales.holders:
             continue  # the agent writes the scales
@@ -78,15 +84,15 @@ def loader_targets(model, load_weights, checkpoint_shapes, created=None):
     return buffers, list(layouts.values())
 
 
-def _described(tensor):
+def _described(tensor: torch.Tensor) -> str:
     return f"{list(tensor.shape)} {tensor.dtype} with strides {list(tensor.stride())}"
 
 
 @contextlib.contextmanager
-def _installed(model, params, live):
+def _installed(model: torch.nn.Module, params: Mapping[str, torch.Tensor], live: Mapping[str, torch.Tensor]) -> Any:
     """`params` ({name: parameter}) in their modules' places for a `with` block; then the
     `live` ones back, and those with no live one removed, also on error."""
-    def put(name, param):
+    def put(name: str, param: torch.Tensor) -> None:
         owner, _, leaf = name.rpartition(".")
         module = model.get_submodule(owner)
         if param is None:
@@ -107,24 +113,25 @@ BLOCK = 128  # rows and columns of a float8 quantization block
 SCALES = "_scale_inv"  # a float8 tensor's name plus this names its block scales (vLLM's weight_scale_inv)
 
 
-def float8_names(tensors):
+def float8_names(tensors: Mapping[str, torch.Tensor]) -> List[str]:
     """The names of the float8_e4m3fn tensors of `tensors` ({name: tensor}), sorted."""
     float8 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
     return sorted(name for name, tensor in tensors.items() if tensor.dtype == float8)
 
 
-def _blocks(n):
+def _blocks(n: int) -> int:
     """Blocks that cover `n` rows or columns."""
     return -(-n // BLOCK)
 
 
 class _BlockScales:
-    def __init__(self):
-        self.holders = set()   # parameters that hold scales
-        self.of_piece = {}     # piece index -> (scale parameter, base, row stride)
+    def __init__(self) -> None:
+        self.holders: Set[str] = set()  # parameters that hold scales
+        self.of_piece: Dict[int, Tuple[str, int, int]] = {}  # piece index -> (scale parameter, base, row stride)
 
 
-def _block_scales(pieces, fills, live, checkpoint_shapes):
+def _block_scales(pieces: Sequence[Piece], fills: Sequence[FillRegion], live: Mapping[str, torch.Tensor],
+                  checkpoint_shapes: Mapping[str, Sequence[int]]) -> _BlockScales:
     """Where the agent writes each block's scale, for every piece of a float8 parameter;
     refuses, by name, a piece whose blocks are not whole blocks of both the checkpoint
     tensor and the parameter (the engine scales each parameter block by one number)."""
@@ -142,7 +149,8 @@ def _block_scales(pieces, fills, live, checkpoint_shapes):
                              f"contiguous: one scale per {BLOCK} x {BLOCK} block; found "
                              f"{'none' if scale is None else _described(scale)}")
         out.holders.add(scale_name)
-    scale_elements = {}  # scale parameter -> {flat index: (checkpoint tensor, row, col)}
+    # scale parameter -> {flat index: (checkpoint tensor, row, col)}
+    scale_elements: Dict[str, Dict[int, Tuple[str, int, int]]] = {}
     for piece in pieces:
         if piece.param in out.holders:
             scale_elements.setdefault(piece.param, {}).update(_elements(piece))
@@ -159,7 +167,7 @@ def _block_scales(pieces, fills, live, checkpoint_shapes):
     return out
 
 
-def _elements(piece):
+def _elements(piece: Piece) -> Dict[int, Tuple[str, int, int]]:
     """{flat index in the parameter: (checkpoint tensor, row, col)} of a 2-D piece."""
     if len(piece.lo) != 2:
         raise ProbeError(f"the loader puts {len(piece.lo)}-D checkpoint tensor '{piece.tensor}' into scale "
@@ -169,7 +177,8 @@ def _elements(piece):
             for r in range(r0, r1) for c in range(c0, c1)}
 
 
-def piece_scales(piece, param_shape, tensor_shape, scale_elements):
+def piece_scales(piece: Piece, param_shape: Sequence[int], tensor_shape: Sequence[int],
+                 scale_elements: Mapping[int, Tuple[str, int, int]]) -> Tuple[int, int]:
     """(base, row stride) of a float8 piece's scales in its parameter's grid of block
     scales, after checking that its blocks are whole blocks of the checkpoint tensor (of
     `tensor_shape`) and of the parameter (of `param_shape`) and that `scale_elements`
@@ -203,11 +212,11 @@ def piece_scales(piece, param_shape, tensor_shape, scale_elements):
     return base, row_stride
 
 
-def _element(element):
+def _element(element: Optional[Tuple[str, int, int]]) -> str:
     return "nothing" if element is None else f"'{element[0]}' element {list(element[1:])}"
 
 
-def module_targets(module, rename=None):
+def module_targets(module: torch.nn.Module, rename: Optional[Callable[[str], str]] = None) -> Described:
     """(buffers, layouts) of every parameter of `module` whole, as targets: the layouts
     module_sources makes."""
     return module_sources(module, rename)
@@ -224,22 +233,24 @@ class EngineTarget(Registered):
     the engine's memory moved. ``weight_version()`` is the agent's word: the last sync
     that completed into these targets, None while they are invalid."""
 
-    def __init__(self, agent, client_id, describe, *, pause_engine=None, resume_engine=None, post_load=None):
+    def __init__(self, agent: AgentClient, client_id: str, describe: Callable[[], Described], *,
+                 pause_engine: Optional[Callable[[], Any]] = None, resume_engine: Optional[Callable[[], Any]] = None,
+                 post_load: Optional[Callable[[], Any]] = None) -> None:
         self._pause, self._resume, self._post_load = pause_engine, resume_engine, post_load
-        self.version = None
+        self.version: Optional[int] = None
         super().__init__(agent, client_id, "target", describe)
 
-    def pause(self):
+    def pause(self) -> None:
         if self._pause:
             self._pause()
 
-    def resume(self, version):
+    def resume(self, version: int) -> None:
         if self._post_load:
             self._post_load()
         self.version = version
         if self._resume:
             self._resume()
 
-    def weight_version(self):
+    def weight_version(self) -> Optional[str]:
         status = self._agent.status()
         return status.last_sync_id if status.target_valid and status.last_sync_id else None

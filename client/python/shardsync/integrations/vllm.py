@@ -24,6 +24,7 @@ level 2 their contents are gone until the next sync. ``shardsync_reregister`` re
 again if the memory moved.
 """
 
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 import torch
 
 from shardsync.client import AgentClient
@@ -31,12 +32,22 @@ from shardsync.integrations.modules import safetensors_shapes
 from shardsync.integrations.probe import ProbeError
 from shardsync.integrations.targets import SCALES, EngineTarget, float8_names, loader_targets
 
+__all__ = ["WorkerExtension", "created_parameters"]
+
 
 class WorkerExtension:
     """Mixed into vLLM's worker class by vLLM itself (worker_extension_cls); uses the
     worker's ``model_runner.model``, ``device``, ``rank`` and ``model_config``."""
 
-    def shardsync_register(self, socket, client_id, checkpoint_shapes=None):
+    # The worker's, declared for the type checker.
+    model_runner: Any
+    model_config: Any
+    device: torch.device
+    rank: int
+    _shardsync: EngineTarget
+
+    def shardsync_register(self, socket: str, client_id: str,
+                           checkpoint_shapes: Optional[Mapping[str, Sequence[int]]] = None) -> int:
         """Registers this worker's weights with the agent at `socket` (formatted with
         ``device``, this worker's CUDA ordinal, and ``rank``) as client
         ``{client_id}-{rank}``. `checkpoint_shapes` ({name: shape}) defaults to the
@@ -47,25 +58,27 @@ class WorkerExtension:
         self._shardsync = EngineTarget(agent, f"{client_id}-{self.rank}",
                                        lambda: loader_targets(model, model.load_weights, shapes,
                                                               _created_if_float8(model)))
-        return self._shardsync.registration.rank
+        registration = self._shardsync.registration
+        assert registration is not None  # EngineTarget registers as it is made
+        return registration.rank
 
-    def shardsync_reregister(self):
+    def shardsync_reregister(self) -> None:
         self._shardsync.reregister()
 
-    def shardsync_pause(self):
+    def shardsync_pause(self) -> None:
         self._shardsync.pause()
 
-    def shardsync_resume(self, version):
+    def shardsync_resume(self, version: int) -> None:
         self._shardsync.resume(version)
 
-    def shardsync_weight_version(self):
+    def shardsync_weight_version(self) -> Optional[str]:
         return self._shardsync.weight_version()
 
-    def shardsync_close(self):
+    def shardsync_close(self) -> None:
         self._shardsync.close()
 
 
-def created_parameters(model):
+def created_parameters(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """{name: CPU tensor of the class, attributes, shape, strides and dtype} of every
     parameter of `model` as vLLM created it, from vLLM's record for reloading (meta
     tensors whose loaders were unbound from their layer, rebound here to copies);
@@ -79,7 +92,7 @@ def created_parameters(model):
     try:
         from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
     except ImportError:  # a record that keeps its loaders bound
-        def restore_layer_refs(tensor, layer):
+        def restore_layer_refs(tensor: torch.Tensor, layer: Any) -> torch.Tensor:
             return tensor
     created = {}
     for prefix, layer in model.named_modules():
@@ -93,7 +106,7 @@ def created_parameters(model):
     return created
 
 
-def _created_if_float8(model):
+def _created_if_float8(model: torch.nn.Module) -> Optional[Dict[str, torch.Tensor]]:
     """None for a model without float8 parameters (the probe runs on the live ones);
     otherwise created_parameters(model), after refusing DeepGEMM's power-of-two scales and
     float8 layers the record lacks."""

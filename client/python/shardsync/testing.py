@@ -1,8 +1,11 @@
-"""shardsync's daemons on this machine, for tests, benchmarks and the main job: a
-coordinator and one agent per rank, plaintext (--insecure) unless given TLS files, each
-process's output in a log folder. With serving="agent0" there is no coordinator process:
-agent 0 serves as the coordinator and clients call it over TCP; with "agent0-unix" over
-its unix socket.
+"""A testing helper, not part of the client API: shardsync's daemons on this machine,
+for the Python and GPU tests, the benchmarks and the main job on GPUs: a coordinator and
+one agent per rank, plaintext (--insecure) unless given TLS files, each process's output
+in a log folder. With serving="agent0" there is no coordinator process: agent 0 serves
+as the coordinator and clients call it over TCP; with "agent0-unix" over its unix socket.
+
+tools/localsync (C++) does the same for the C++ end-to-end tests and the CPU main job,
+under Bazel; this one runs where only dist/ and Python are (the GPU machines).
 
     cluster = LocalCluster("dist/bin", world=2, logs="/tmp/logs", cuda=True)
     shardsync.CoordinatorClient(cluster.coordinator, insecure=True).sync()
@@ -14,6 +17,8 @@ import signal
 import subprocess
 import tempfile
 import time
+
+__all__ = ["SERVINGS", "LocalCluster", "wait_port"]
 
 SERVINGS = ("process", "agent0", "agent0-unix")
 
