@@ -1,7 +1,5 @@
 #include "daemon/coordinator/sync_runner.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <mutex>
 #include <set>
@@ -72,7 +70,8 @@ SyncRunner::SyncRunner(SyncOptions options, std::string instance_id, AgentDirect
       instance_id_(std::move(instance_id)),
       directory_(directory),
       validity_(validity),
-      phase_pool_(options_.epoch.world_size) {}
+      phase_pool_(options_.epoch.world_size),
+      plans_(directory_, options_.epoch) {}
 
 absl::StatusOr<std::vector<int32_t>> SyncRunner::SelectTargetRanks(
     const google::protobuf::RepeatedField<int32_t>& requested) const {
@@ -93,44 +92,14 @@ absl::StatusOr<std::vector<int32_t>> SyncRunner::SelectTargetRanks(
   return std::vector<int32_t>(unique.begin(), unique.end());
 }
 
-absl::StatusOr<bool> SyncRunner::EnsurePlan(const std::vector<int32_t>& target_ranks) {
-  const int64_t epoch_now = directory_.epoch();
-  const std::vector<int32_t> nodes = directory_.NodeOfRank();
-  // A new epoch, or an agent that came back on another node: plan again.
-  if (!plans_.empty() &&
-      (plans_.begin()->second.epoch != epoch_now || plans_.begin()->second.compiled.plan.node_of_rank != nodes)) {
-    plans_.clear();
-    plan_ = nullptr;
+absl::StatusOr<bool> SyncRunner::UsePlan(const std::vector<int32_t>& target_ranks) {
+  bool planned = false;
+  SHARDSYNC_ASSIGN_OR_RETURN(plan_, plans_.Get(target_ranks, &planned));
+  if (planned) {
+    delivered_.clear();
+    ready_digest_.clear();
   }
-  if (auto cached = plans_.find(target_ranks); cached != plans_.end()) {
-    plan_ = &cached->second;
-    return false;
-  }
-  const absl::Time start = absl::Now();
-  int64_t epoch = 0;
-  const std::map<int32_t, v1::PublishRequest> published = directory_.Published(&epoch);
-  SHARDSYNC_ASSIGN_OR_RETURN(EpochPlan compiled, PlanEpoch(published, nodes, target_ranks, options_.epoch));
-  CachedPlan cache;
-  cache.epoch = epoch;
-  cache.target_ranks = target_ranks.empty() ? TargetRanks(published) : target_ranks;
-  cache.partial = !target_ranks.empty();
-  cache.compiled = std::move(compiled);
-  cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const std::pair<double, double>& floors = cache.compiled.floors;
-  spdlog::info(
-      "planned epoch {}{}: {} tensors, {} segments, {} stage(s), digest {} in {:.2f} ms{}", epoch,
-      target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
-      cache.compiled.plan.tensor_names.size(), cache.compiled.plan.segments.size(), cache.compiled.plan.stages,
-      cache.compiled.digest, cache.plan_seconds * 1e3,
-      floors.first > 0
-          ? absl::StrFormat(" (floor %.3f ms direct, %.3f ms relayed)", floors.first * 1e3, floors.second * 1e3)
-          : "");
-  // Keep the full plan and this one: a refill is rare, and a plan can be large.
-  for (auto it = plans_.begin(); it != plans_.end();) it = it->first.empty() ? std::next(it) : plans_.erase(it);
-  plan_ = &(plans_[target_ranks] = std::move(cache));
-  delivered_.clear();
-  ready_digest_.clear();
-  return true;
+  return planned;
 }
 
 void SyncRunner::ReleaseStalePlans() {
@@ -140,10 +109,7 @@ void SyncRunner::ReleaseStalePlans() {
 }
 
 void SyncRunner::ReleaseStalePlansLocked() {
-  if (plans_.empty() || plans_.begin()->second.epoch == directory_.epoch()) return;
-  plans_.clear();
-  plan_ = nullptr;
-  malloc_trim(0);  // give the freed plans back to the system, not only to malloc
+  if (plans_.ReleaseStale()) plan_ = nullptr;
 }
 
 absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request) {
@@ -151,22 +117,9 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   const absl::Time start = absl::Now();
   const std::string sync_id = absl::StrCat("sync-", instance_id_.substr(instance_id_.size() - 6), "-", ++syncs_);
   const absl::Duration timeout = SyncTimeout(request.timeout_ms(), options_.sync_timeout);
-  {
-    absl::MutexLock lock(&state_mu_);
-    ++counters_.started;
-    running_sync_id_ = sync_id;
-  }
+  record_.Started(sync_id);
   const auto finish = [&](absl::Status status) -> absl::Status {
-    {
-      absl::MutexLock lock(&state_mu_);
-      ++(status.ok() ? counters_.succeeded : counters_.failed);
-      running_sync_id_.clear();
-      if (status.ok()) durations_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
-      last_sync_id_ = sync_id;
-      last_sync_ok_ = status.ok();
-      last_sync_error_ = std::string(status.message());
-      if (!status.ok()) spdlog::warn("{} failed: {}", sync_id, last_sync_error_);
-    }
+    record_.Finished(sync_id, status, absl::ToDoubleSeconds(absl::Now() - start));
     ReleaseStalePlansLocked();  // layouts published while it ran
     return status;
   };
@@ -179,7 +132,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
     return finish(absl::InvalidArgumentError(
         absl::StrCat("sync ", sync_id, " refused, no byte moved: ", target_ranks.status().message())));
   }
-  const absl::StatusOr<bool> planned = EnsurePlan(*target_ranks);
+  const absl::StatusOr<bool> planned = UsePlan(*target_ranks);
   if (!planned.ok()) {
     return finish(absl::FailedPreconditionError(
         absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
@@ -196,53 +149,55 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   const absl::Time executed = absl::Now();
   v1::SyncResponse response;
   if (request.verify()) {
-    const planner::Plan& plan = plan_->compiled.plan;
-    std::set<std::pair<std::string, int32_t>> quantized;
-    for (const planner::QuantizeOp& q : plan.quantizes) quantized.emplace(plan.tensor_names[q.tensor], q.target.rank);
-    int32_t skipped = 0;
-    absl::StatusOr<int32_t> compared = CompareChecksums(*responses, quantized, &skipped);
-    if (!compared.ok()) {
+    if (const absl::Status verified = CheckVerified(*responses, response); !verified.ok()) {
       validity_.PartlyWritten(plan_->target_ranks);
-      return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", compared.status().message())));
+      return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", verified.message())));
     }
-    response.set_verified_placements(*compared);
-    response.set_unverified_quantized_placements(skipped);
   }
   validity_.Written(plan_->target_ranks, !plan_->partial);
   ready_digest_ = plan_->compiled.digest;
   response.set_one_call(one_call);
   response.set_sync_id(sync_id);
+  response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
+  if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
+  response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
+  FillFromPlan(*responses, response);
+  response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  record_.AddMoved(response);
+  finish(absl::OkStatus()).IgnoreError();
+  return response;
+}
+
+absl::Status SyncRunner::CheckVerified(const std::vector<v1::ExecuteResponse>& responses,
+                                       v1::SyncResponse& response) const {
+  const planner::Plan& plan = plan_->compiled.plan;
+  std::set<std::pair<std::string, int32_t>> quantized;
+  for (const planner::QuantizeOp& q : plan.quantizes) quantized.emplace(plan.tensor_names[q.tensor], q.target.rank);
+  int32_t skipped = 0;
+  SHARDSYNC_ASSIGN_OR_RETURN(const int32_t compared, CompareChecksums(responses, quantized, &skipped));
+  response.set_verified_placements(compared);
+  response.set_unverified_quantized_placements(skipped);
+  return absl::OkStatus();
+}
+
+void SyncRunner::FillFromPlan(std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const {
   response.set_layout_epoch(plan_->epoch);
   response.set_digest(plan_->compiled.digest);
-  response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
   response.set_stages(plan_->compiled.plan.stages);
   response.set_network_bytes(plan_->compiled.network_bytes);
   response.set_relayed_bytes(plan_->compiled.relayed_bytes);
   response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
   for (v1::LinkBytes& link : LinksOfPlan()) *response.add_links() = std::move(link);
-  if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
-  response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
-  for (v1::ExecuteResponse& r : *responses) {
+  for (v1::ExecuteResponse& r : responses) {
     response.set_quantized_bytes(response.quantized_bytes() + r.stats().quantized_bytes());
-    *response.add_ranks() = r.stats();
+    *response.add_ranks() = std::move(*r.mutable_stats());
   }
-  response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-  {
-    absl::MutexLock lock(&state_mu_);
-    for (const v1::RankStats& r : response.ranks()) {
-      counters_.sent += r.sent_bytes();
-      counters_.received += r.received_bytes();
-      counters_.local += r.local_bytes();
-    }
-  }
-  finish(absl::OkStatus()).IgnoreError();
-  return response;
 }
 
 absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest& request) {
   absl::MutexLock sync_lock(&sync_mu_);
   SHARDSYNC_ASSIGN_OR_RETURN(const std::vector<int32_t> target_ranks, SelectTargetRanks(request.target_ranks()));
-  SHARDSYNC_RETURN_IF_ERROR(EnsurePlan(target_ranks).status());
+  SHARDSYNC_RETURN_IF_ERROR(UsePlan(target_ranks).status());
   const CachedPlan& cached = *plan_;
   const planner::Bandwidths& configured = options_.epoch.bandwidths;
   const auto speed = [](double gbps, double fallback) { return gbps > 0 ? gbps * 1e9 : fallback; };
@@ -271,13 +226,7 @@ absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest
 }
 
 void SyncRunner::FillStatus(v1::CoordinatorStatus* status) const {
-  {
-    absl::MutexLock lock(&state_mu_);
-    if (!running_sync_id_.empty()) status->set_running_sync_id(running_sync_id_);
-    status->set_last_sync_id(last_sync_id_);
-    status->set_last_sync_ok(last_sync_ok_);
-    status->set_last_sync_error(last_sync_error_);
-  }
+  record_.FillStatus(status);
   if (status->running_sync_id().empty()) return;
   // While a sync runs, ask every agent how far it is (briefly: a status must not hang).
   const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
@@ -292,21 +241,7 @@ void SyncRunner::FillStatus(v1::CoordinatorStatus* status) const {
   for (v1::RankProgress& p : progress) *status->add_progress() = std::move(p);
 }
 
-void SyncRunner::AppendMetrics(std::string* out) const {
-  absl::MutexLock lock(&state_mu_);
-  AppendMetric(out, "shardsync_syncs_started_total", "counter", "Syncs asked for.", counters_.started);
-  AppendMetric(out, "shardsync_syncs_succeeded_total", "counter", "Syncs every agent finished.", counters_.succeeded);
-  AppendMetric(out, "shardsync_syncs_failed_total", "counter", "Syncs refused or failed.", counters_.failed);
-  AppendMetric(out, "shardsync_sent_bytes_total", "counter", "Bytes sent between agents by successful syncs.",
-               counters_.sent);
-  AppendMetric(out, "shardsync_received_bytes_total", "counter", "Bytes received by agents in successful syncs.",
-               counters_.received);
-  AppendMetric(out, "shardsync_local_bytes_total", "counter", "Bytes copied on one agent in successful syncs.",
-               counters_.local);
-  durations_.Append(out, "shardsync_sync_duration_seconds", "Wall time of successful syncs.");
-  AppendMetric(out, "shardsync_last_sync_version", "gauge", "Number of the last successful sync (0: none).",
-               counters_.succeeded);
-}
+void SyncRunner::AppendMetrics(std::string* out) const { record_.AppendMetrics(out); }
 
 bool SyncRunner::CommunicatorValid() const {
   return communicator_membership_version_ >= 0 && communicator_membership_version_ == directory_.membership_version();

@@ -3,7 +3,8 @@
 // schedule and communicator (a sync succeeded since), as one Execute per agent that
 // prepares itself. Keeps the NCCL communicator's id and generation, and tells
 // TargetValidity what each sync wrote. One sync (or explain) at a time; a Sync that
-// arrives while another runs waits for it.
+// arrives while another runs waits for it. The epoch's plans live in a PlanCache and
+// what Status and Metrics report in a SyncRecord, each with its own contract.
 #pragma once
 
 #include <cstdint>
@@ -14,11 +15,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/metrics_http.h"
 #include "daemon/coordinator/agent_directory.h"
 #include "daemon/coordinator/epoch_plan.h"
 #include "daemon/coordinator/link_paths.h"
+#include "daemon/coordinator/plan_cache.h"
 #include "daemon/coordinator/rank_pool.h"
+#include "daemon/coordinator/sync_record.h"
 #include "daemon/coordinator/target_validity.h"
 #include "proto/shardsync.pb.h"
 
@@ -49,19 +51,10 @@ class SyncRunner {
   void ReleaseStalePlans();
 
  private:
-  // The plan of one layout epoch and target selection.
-  struct CachedPlan {
-    int64_t epoch = -1;
-    std::vector<int32_t> target_ranks;  // whose targets it writes, ascending
-    bool partial = false;               // only those asked for, not every target
-    EpochPlan compiled;
-    double plan_seconds = 0;
-  };
-
   // Points plan_ at the plan of the current epoch that writes the targets of
   // `target_ranks` (empty: every target), planning it unless cached; true when it
-  // planned now.
-  absl::StatusOr<bool> EnsurePlan(const std::vector<int32_t>& target_ranks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // planned now (no agent holds its schedule yet).
+  absl::StatusOr<bool> UsePlan(const std::vector<int32_t>& target_ranks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   void ReleaseStalePlansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // A partial sync's ranks, ascending and unique; refused unless each holds a target.
   absl::StatusOr<std::vector<int32_t>> SelectTargetRanks(
@@ -77,6 +70,14 @@ class SyncRunner {
   absl::Status RenewCommunicator() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // paths_ for the agents that hold the ranks now (every rank joined).
   absl::Status EnsureLinkPaths() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // sync --verify: every (tensor, target rank)'s checksums compared into `response`;
+  // DATA_LOSS naming those that differ.
+  absl::Status CheckVerified(const std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // The plan's fields of a successful sync's response, and every rank's stats (moved
+  // out of `responses`).
+  void FillFromPlan(std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Every link of the plan's schedules with its bytes and path.
   std::vector<v1::LinkBytes> LinksOfPlan() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   bool CommunicatorValid() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
@@ -95,11 +96,9 @@ class SyncRunner {
   AgentDirectory& directory_;
   TargetValidity& validity_;
 
-  absl::Mutex sync_mu_;                            // one sync (or explain) at a time; held before state_mu_
+  absl::Mutex sync_mu_;                            // one sync (or explain) at a time
   RankPool phase_pool_ ABSL_GUARDED_BY(sync_mu_);  // Prepare's and Execute's fan-outs
-  // The current epoch's plans by target selection (empty: every target): the full
-  // plan and the last partial one.
-  std::map<std::vector<int32_t>, CachedPlan> plans_ ABSL_GUARDED_BY(sync_mu_);
+  PlanCache plans_ ABSL_GUARDED_BY(sync_mu_);
   const CachedPlan* plan_ ABSL_GUARDED_BY(sync_mu_) = nullptr;          // the running sync's or explain's
   std::map<int32_t, std::string> delivered_ ABSL_GUARDED_BY(sync_mu_);  // rank -> digest it holds
   // The communicator every agent builds for NCCL: a new id and generation after any
@@ -115,18 +114,7 @@ class SyncRunner {
   // that plan is one call per agent. Empty: none.
   std::string ready_digest_ ABSL_GUARDED_BY(sync_mu_);
 
-  // What Status and Metrics report, also while a sync runs.
-  mutable absl::Mutex state_mu_;
-  std::string running_sync_id_ ABSL_GUARDED_BY(state_mu_);
-  std::string last_sync_id_ ABSL_GUARDED_BY(state_mu_);
-  std::string last_sync_error_ ABSL_GUARDED_BY(state_mu_);
-  bool last_sync_ok_ ABSL_GUARDED_BY(state_mu_) = false;
-  struct Counters {
-    int64_t started = 0, succeeded = 0, failed = 0;
-    int64_t sent = 0, received = 0, local = 0;  // bytes, successful syncs
-  };
-  Counters counters_ ABSL_GUARDED_BY(state_mu_);
-  Histogram durations_ ABSL_GUARDED_BY(state_mu_){{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
+  SyncRecord record_;  // what Status and Metrics report, also while a sync runs
 };
 
 }  // namespace shardsync::coordinator
