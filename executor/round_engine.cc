@@ -11,8 +11,8 @@ namespace {
 
 // Where a chunk starts on one side when its parts lie back to back there, in one buffer
 // and already in the target dtype: then it moves without staging. nullptr otherwise.
-uint8_t* DirectAddress(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
-                       const BufferTable& buffers, bool source) {
+uint8_t* UnstagedAddress(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
+                         const BufferTable& buffers, bool source) {
   uint8_t* start = nullptr;
   uint8_t* next = nullptr;
   int32_t buffer = -1;
@@ -41,15 +41,11 @@ uint8_t* DirectAddress(const planner::Plan& plan, absl::Span<const planner::Chun
 
 }  // namespace
 
-absl::StatusOr<ExecutionStats> RoundEngine::Run(absl::string_view sync_id, const planner::Plan& plan,
-                                                const planner::Schedule& schedule, const BufferTable& buffers,
-                                                int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress,
-                                                const DirectLinks& direct) {
-  absl::StatusOr<ExecutionStats> stats =
-      RunStages(sync_id, plan, schedule, buffers, staging_bytes, deadline, progress, direct);
+absl::StatusOr<ExecutionStats> RoundEngine::Run(const RunInputs& run) {
+  absl::StatusOr<ExecutionStats> stats = RunStages(run);
   // A failed run may have direct copies queued into peers' memory: they end before the
   // caller may close the mappings they write.
-  if (!stats.ok() && !direct.peers.empty()) device_.FinishDirect().IgnoreError();
+  if (!stats.ok() && !run.direct.peers.empty()) device_.FinishDirect().IgnoreError();
   return stats;
 }
 
@@ -72,165 +68,175 @@ absl::Status RoundEngine::HandOffScratch(absl::string_view sync_id, int32_t stag
   return direct.signals->RunRound(sync_id, ScratchFreeRound(stage_number), to_writers, from_readers, deadline);
 }
 
-absl::StatusOr<ExecutionStats> RoundEngine::RunStages(absl::string_view sync_id, const planner::Plan& plan,
-                                                      const planner::Schedule& schedule, const BufferTable& buffers,
-                                                      int64_t staging_bytes, absl::Time deadline,
-                                                      ExecutionProgress* progress, const DirectLinks& direct) {
-  if (!direct.peers.empty() && direct.signals == nullptr) {
+struct RoundEngine::Tally {
+  ExecutionStats stats;
+  ExecutionProgress* progress = nullptr;
+  int64_t slot_bytes = 0;
+  // Staged bytes per peer (both directions) in this round and the one before: with two
+  // slots, a round's staging is in use beside the previous round's.
+  std::map<int32_t, int64_t> staged, staged_before;
+  int64_t in_use_before = 0;
+
+  void Progressed() {
+    progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
+    progress->rounds_done = stats.rounds;
+  }
+};
+
+absl::StatusOr<ExecutionStats> RoundEngine::RunStages(const RunInputs& run) {
+  if (!run.direct.peers.empty() && run.direct.signals == nullptr) {
     return absl::InvalidArgumentError("direct peers without a transport for their completion messages");
   }
   const absl::Time start = absl::Now();
-  ExecutionStats stats;
+  const planner::Plan& plan = run.plan;
+  const planner::Schedule& schedule = run.schedule;
   ExecutionProgress unused;
-  if (progress == nullptr) progress = &unused;
+  Tally tally;
+  tally.progress = run.progress != nullptr ? run.progress : &unused;
   int64_t total = 0;
   for (const planner::Stage& stage : schedule.stages) {
     for (int32_t index : stage.local_segments) total += planner::SegmentBytes(plan.segments[index]);
     for (const auto* streams : {&stage.sends, &stage.receives}) {
-      for (const planner::PeerStream& stream : *streams) total += stream.bytes;
+      for (const planner::PeerStream& stream : *streams) {
+        total += stream.bytes;
+        tally.staged[stream.peer] = 0;
+      }
     }
   }
-  progress->bytes_total = total;
-  progress->rounds_total = schedule.rounds();
-  progress->bytes_done = 0;
-  progress->rounds_done = 0;
+  tally.staged_before = tally.staged;
+  tally.progress->bytes_total = total;
+  tally.progress->rounds_total = schedule.rounds();
+  tally.Progressed();
   // A sync that failed before reading its local time leaves it behind: not this one's.
   SHARDSYNC_RETURN_IF_ERROR(device_.TakeLocalSeconds().status());
   for (int32_t index : schedule.fills) {
     const planner::FillOp& f = plan.fills[index];
-    stats.fill_bytes += planner::NumElements(f.fill.shape) * planner::ElementBytes(f.dtype);
+    tally.stats.fill_bytes += planner::NumElements(f.fill.shape) * planner::ElementBytes(f.dtype);
   }
+  tally.slot_bytes = planner::MaxChunkBytes(run.staging_bytes);
+  for (size_t k = 0; k < schedule.stages.size(); ++k) SHARDSYNC_RETURN_IF_ERROR(RunStage(run, k, tally));
+  SHARDSYNC_RETURN_IF_ERROR(transport_.Finish(run.deadline));
+  SHARDSYNC_RETURN_IF_ERROR(device_.Synchronize());
+  SHARDSYNC_ASSIGN_OR_RETURN(tally.stats.local_seconds, device_.TakeLocalSeconds());
+  tally.Progressed();
+  tally.stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return tally.stats;
+}
 
-  const int64_t slot_bytes = planner::MaxChunkBytes(staging_bytes);
+absl::Status RoundEngine::RunStage(const RunInputs& run, size_t k, Tally& tally) {
+  const planner::Plan& plan = run.plan;
+  const planner::Stage& stage = run.schedule.stages[k];
+  const DirectLinks& direct = run.direct;
+  ExecutionStats& stats = tally.stats;
+  // The relay stage reads targets the stage before it wrote: after all of its work.
+  if (k > 0) SHARDSYNC_RETURN_IF_ERROR(device_.Fence());
+  const absl::Span<const int32_t> fills =
+      k == 0 ? absl::Span<const int32_t>(run.schedule.fills) : absl::Span<const int32_t>();
+  SHARDSYNC_RETURN_IF_ERROR(device_.CopyLocal(plan, stage.local_segments, fills, run.buffers));
+  for (int32_t index : stage.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
+  // Direct sends: one batch of copies into the peers' targets, beside the rounds.
+  std::vector<int32_t> direct_segments;
+  std::vector<SendOp> done_sends;
+  std::vector<RecvOp> done_receives;
+  uint8_t done_byte = 1;
+  for (const planner::PeerStream& stream : stage.sends) {
+    if (!direct.Has(stream.peer)) continue;
+    direct_segments.insert(direct_segments.end(), stream.segments.begin(), stream.segments.end());
+    done_sends.push_back(SendOp{stream.peer, &done_byte, 1});
+    stats.sent_bytes += stream.bytes;
+    stats.direct_sent_bytes += stream.bytes;
+  }
+  for (const planner::PeerStream& stream : stage.receives) {
+    if (direct.Has(stream.peer)) done_receives.push_back(RecvOp{stream.peer, nullptr, 1});
+  }
+  std::vector<uint8_t> done_received(done_receives.size(), 0);
+  for (size_t i = 0; i < done_receives.size(); ++i) done_receives[i].data = &done_received[i];
+  if (k > 0 && run.schedule.scratch_handoff) {
+    SHARDSYNC_RETURN_IF_ERROR(HandOffScratch(run.sync_id, static_cast<int32_t>(k), stage, run.deadline, direct));
+  }
+  if (!direct_segments.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.CopyDirect(plan, direct_segments, run.buffers));
+  for (int32_t round = 0; round < stage.rounds; ++round) SHARDSYNC_RETURN_IF_ERROR(RunRound(run, stage, round, tally));
+  // The stage's direct copies are in the peers' memory before they hear so, and the
+  // peers' copies into this rank's targets are before the next stage reads them.
+  if (!done_sends.empty() || !done_receives.empty()) {
+    const absl::Time waiting = absl::Now();
+    if (!done_sends.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.FinishDirect());
+    SHARDSYNC_RETURN_IF_ERROR(direct.signals->RunRound(run.sync_id, DirectDoneRound(static_cast<int32_t>(k)),
+                                                       done_sends, done_receives, run.deadline));
+    stats.direct_wait_seconds += absl::ToDoubleSeconds(absl::Now() - waiting);
+    for (const planner::PeerStream& stream : stage.receives) {
+      if (!direct.Has(stream.peer)) continue;
+      stats.received_bytes += stream.bytes;
+      stats.direct_received_bytes += stream.bytes;
+    }
+    tally.Progressed();
+  }
+  // The stage's bytes are all here: quantize what they complete.
+  if (!stage.quantizes.empty()) {
+    SHARDSYNC_RETURN_IF_ERROR(device_.Quantize(plan, stage.quantizes, run.buffers));
+    for (int32_t index : stage.quantizes) {
+      stats.quantized_bytes += plan.quantizes[index].rows * plan.quantizes[index].cols;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RoundEngine::RunRound(const RunInputs& run, const planner::Stage& stage, int32_t round, Tally& tally) {
+  const planner::Plan& plan = run.plan;
+  ExecutionStats& stats = tally.stats;
+  const int32_t number = stage.first_round + round;  // the transport's, the same at both ends
+  const int slot = number % planner::kStagingSlots;
   std::vector<SendOp> sends;
   std::vector<RecvOp> receives;
   std::vector<std::pair<std::vector<planner::ChunkPart>, uint8_t*>> to_unpack;
-  // Staged bytes per peer (both directions) in this round and the one before: with two
-  // slots, a round's staging is in use beside the previous round's.
-  std::map<int32_t, int64_t> staged, staged_before;
-  for (const planner::Stage& stage : schedule.stages) {
-    for (const auto* streams : {&stage.receives, &stage.sends}) {
-      for (const planner::PeerStream& stream : *streams) staged[stream.peer] = 0;
+  tally.staged.swap(tally.staged_before);
+  for (auto& [peer, bytes] : tally.staged) bytes = 0;
+  for (const planner::PeerStream& stream : stage.receives) {
+    if (round >= static_cast<int32_t>(stream.chunks.size()) || run.direct.Has(stream.peer)) continue;
+    const planner::Chunk& chunk = stream.chunks[round];
+    std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+    uint8_t* into = UnstagedAddress(plan, parts, run.buffers, /*source=*/false);
+    if (into == nullptr) {
+      SHARDSYNC_ASSIGN_OR_RETURN(into, device_.Staging(stream.peer, /*send=*/false, slot, tally.slot_bytes));
+      to_unpack.emplace_back(std::move(parts), into);
+      tally.staged[stream.peer] += chunk.bytes;
     }
+    receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
   }
-  staged_before = staged;
-  int64_t in_use_before = 0;
-  for (size_t k = 0; k < schedule.stages.size(); ++k) {
-    const planner::Stage& stage = schedule.stages[k];
-    // The relay stage reads targets the stage before it wrote: after all of its work.
-    if (k > 0) {
-      SHARDSYNC_RETURN_IF_ERROR(device_.Fence());
+  for (const planner::PeerStream& stream : stage.sends) {
+    if (round >= static_cast<int32_t>(stream.chunks.size()) || run.direct.Has(stream.peer)) continue;
+    const planner::Chunk& chunk = stream.chunks[round];
+    const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
+    const uint8_t* from = UnstagedAddress(plan, parts, run.buffers, /*source=*/true);
+    if (from == nullptr) {
+      SHARDSYNC_ASSIGN_OR_RETURN(auto staging, device_.Staging(stream.peer, /*send=*/true, slot, tally.slot_bytes));
+      SHARDSYNC_RETURN_IF_ERROR(device_.Pack(plan, parts, run.buffers, staging, slot));
+      from = staging;
+      tally.staged[stream.peer] += chunk.bytes;
     }
-    const absl::Span<const int32_t> fills =
-        k == 0 ? absl::Span<const int32_t>(schedule.fills) : absl::Span<const int32_t>();
-    SHARDSYNC_RETURN_IF_ERROR(device_.CopyLocal(plan, stage.local_segments, fills, buffers));
-    for (int32_t index : stage.local_segments) stats.local_bytes += planner::SegmentBytes(plan.segments[index]);
-    // Direct sends: one batch of copies into the peers' targets, beside the rounds.
-    std::vector<int32_t> direct_segments;
-    std::vector<SendOp> done_sends;
-    std::vector<RecvOp> done_receives;
-    uint8_t done_byte = 1;
-    std::vector<uint8_t> done_received;
-    for (const planner::PeerStream& stream : stage.sends) {
-      if (!direct.Has(stream.peer)) continue;
-      direct_segments.insert(direct_segments.end(), stream.segments.begin(), stream.segments.end());
-      done_sends.push_back(SendOp{stream.peer, &done_byte, 1});
-      stats.sent_bytes += stream.bytes;
-      stats.direct_sent_bytes += stream.bytes;
-    }
-    for (const planner::PeerStream& stream : stage.receives) {
-      if (direct.Has(stream.peer)) done_receives.push_back(RecvOp{stream.peer, nullptr, 1});
-    }
-    done_received.assign(done_receives.size(), 0);
-    for (size_t i = 0; i < done_receives.size(); ++i) done_receives[i].data = &done_received[i];
-    if (k > 0 && schedule.scratch_handoff) {
-      SHARDSYNC_RETURN_IF_ERROR(HandOffScratch(sync_id, static_cast<int32_t>(k), stage, deadline, direct));
-    }
-    if (!direct_segments.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.CopyDirect(plan, direct_segments, buffers));
-    for (int32_t round = 0; round < stage.rounds; ++round) {
-      const int32_t number = stage.first_round + round;  // the transport's, the same at both ends
-      const int slot = number % planner::kStagingSlots;
-      sends.clear();
-      receives.clear();
-      to_unpack.clear();
-      staged.swap(staged_before);
-      for (auto& [peer, bytes] : staged) bytes = 0;
-      for (const planner::PeerStream& stream : stage.receives) {
-        if (round >= static_cast<int32_t>(stream.chunks.size()) || direct.Has(stream.peer)) continue;
-        const planner::Chunk& chunk = stream.chunks[round];
-        std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
-        uint8_t* into = DirectAddress(plan, parts, buffers, /*source=*/false);
-        if (into == nullptr) {
-          SHARDSYNC_ASSIGN_OR_RETURN(into, device_.Staging(stream.peer, /*send=*/false, slot, slot_bytes));
-          to_unpack.emplace_back(std::move(parts), into);
-          staged[stream.peer] += chunk.bytes;
-        }
-        receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
-      }
-      for (const planner::PeerStream& stream : stage.sends) {
-        if (round >= static_cast<int32_t>(stream.chunks.size()) || direct.Has(stream.peer)) continue;
-        const planner::Chunk& chunk = stream.chunks[round];
-        const std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
-        const uint8_t* from = DirectAddress(plan, parts, buffers, /*source=*/true);
-        if (from == nullptr) {
-          SHARDSYNC_ASSIGN_OR_RETURN(auto staging, device_.Staging(stream.peer, /*send=*/true, slot, slot_bytes));
-          SHARDSYNC_RETURN_IF_ERROR(device_.Pack(plan, parts, buffers, staging, slot));
-          from = staging;
-          staged[stream.peer] += chunk.bytes;
-        }
-        sends.push_back(SendOp{stream.peer, from, chunk.bytes});
-        stats.sent_bytes += chunk.bytes;
-        ++stats.chunks;
-      }
-      int64_t in_use = 0;
-      for (const auto& [peer, bytes] : staged) {
-        in_use += bytes;
-        stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, bytes + staged_before[peer]);
-      }
-      stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + in_use_before);
-      in_use_before = in_use;
-      if (sends.empty() && receives.empty()) continue;  // every stream idle or direct
-      SHARDSYNC_RETURN_IF_ERROR(device_.BeforeTransfer(slot));
-      SHARDSYNC_RETURN_IF_ERROR(transport_.RunRound(sync_id, number, sends, receives, deadline));
-      SHARDSYNC_RETURN_IF_ERROR(device_.AfterTransfer(slot));
-      for (const auto& [parts, staging] : to_unpack) {
-        SHARDSYNC_RETURN_IF_ERROR(device_.Unpack(plan, parts, staging, buffers, slot));
-      }
-      for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
-      stats.chunks += static_cast<int64_t>(receives.size());
-      ++stats.rounds;
-      progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
-      progress->rounds_done = stats.rounds;
-    }
-    // The stage's direct copies are in the peers' memory before they hear so, and the
-    // peers' copies into this rank's targets are before the next stage reads them.
-    if (!done_sends.empty() || !done_receives.empty()) {
-      const absl::Time waiting = absl::Now();
-      if (!done_sends.empty()) SHARDSYNC_RETURN_IF_ERROR(device_.FinishDirect());
-      SHARDSYNC_RETURN_IF_ERROR(direct.signals->RunRound(sync_id, DirectDoneRound(static_cast<int32_t>(k)), done_sends,
-                                                         done_receives, deadline));
-      stats.direct_wait_seconds += absl::ToDoubleSeconds(absl::Now() - waiting);
-      for (const planner::PeerStream& stream : stage.receives) {
-        if (!direct.Has(stream.peer)) continue;
-        stats.received_bytes += stream.bytes;
-        stats.direct_received_bytes += stream.bytes;
-      }
-      progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
-    }
-    // The stage's bytes are all here: quantize what they complete.
-    if (!stage.quantizes.empty()) {
-      SHARDSYNC_RETURN_IF_ERROR(device_.Quantize(plan, stage.quantizes, buffers));
-      for (int32_t index : stage.quantizes) {
-        stats.quantized_bytes += plan.quantizes[index].rows * plan.quantizes[index].cols;
-      }
-    }
+    sends.push_back(SendOp{stream.peer, from, chunk.bytes});
+    stats.sent_bytes += chunk.bytes;
+    ++stats.chunks;
   }
-  SHARDSYNC_RETURN_IF_ERROR(transport_.Finish(deadline));
-  SHARDSYNC_RETURN_IF_ERROR(device_.Synchronize());
-  SHARDSYNC_ASSIGN_OR_RETURN(stats.local_seconds, device_.TakeLocalSeconds());
-  progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
-  stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  return stats;
+  int64_t in_use = 0;
+  for (const auto& [peer, bytes] : tally.staged) {
+    in_use += bytes;
+    stats.peak_peer_staging_bytes = std::max(stats.peak_peer_staging_bytes, bytes + tally.staged_before[peer]);
+  }
+  stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, in_use + tally.in_use_before);
+  tally.in_use_before = in_use;
+  if (sends.empty() && receives.empty()) return absl::OkStatus();  // every stream idle or direct
+  SHARDSYNC_RETURN_IF_ERROR(device_.BeforeTransfer(slot));
+  SHARDSYNC_RETURN_IF_ERROR(transport_.RunRound(run.sync_id, number, sends, receives, run.deadline));
+  SHARDSYNC_RETURN_IF_ERROR(device_.AfterTransfer(slot));
+  for (const auto& [parts, staging] : to_unpack) {
+    SHARDSYNC_RETURN_IF_ERROR(device_.Unpack(plan, parts, staging, run.buffers, slot));
+  }
+  for (const RecvOp& r : receives) stats.received_bytes += r.bytes;
+  stats.chunks += static_cast<int64_t>(receives.size());
+  ++stats.rounds;
+  tally.Progressed();
+  return absl::OkStatus();
 }
 
 }  // namespace shardsync::executor

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,6 +63,19 @@ struct DirectLinks {
   bool Has(int32_t peer) const { return std::binary_search(peers.begin(), peers.end(), peer); }
 };
 
+// One run's inputs: this rank's part of `schedule` of `plan`, over `buffers` (by the
+// plan's local buffer ids), staging of `staging_bytes` per peer, until `deadline`.
+struct RunInputs {
+  absl::string_view sync_id;
+  const planner::Plan& plan;
+  const planner::Schedule& schedule;
+  const BufferTable& buffers;
+  int64_t staging_bytes = 0;
+  absl::Time deadline;
+  ExecutionProgress* progress = nullptr;  // updated as the run goes, if given
+  DirectLinks direct;
+};
+
 class RoundEngine {
  public:
   RoundEngine(Device& device, Transport& transport) : device_(device), transport_(transport) {}
@@ -70,16 +84,17 @@ class RoundEngine {
   // checked (bounds, roles) at Prepare; so is every buffer of a `direct` peer that it
   // writes (mapped here). Sources are only read. A direct receive completes when its
   // sender says so: the run waits for that as for a round (deadline, abort).
-  absl::StatusOr<ExecutionStats> Run(absl::string_view sync_id, const planner::Plan& plan,
-                                     const planner::Schedule& schedule, const BufferTable& buffers,
-                                     int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress = nullptr,
-                                     const DirectLinks& direct = {});
+  absl::StatusOr<ExecutionStats> Run(const RunInputs& run);
 
  private:
-  absl::StatusOr<ExecutionStats> RunStages(absl::string_view sync_id, const planner::Plan& plan,
-                                           const planner::Schedule& schedule, const BufferTable& buffers,
-                                           int64_t staging_bytes, absl::Time deadline, ExecutionProgress* progress,
-                                           const DirectLinks& direct);
+  struct Tally;  // a run's stats and staging accounting as it goes
+  absl::StatusOr<ExecutionStats> RunStages(const RunInputs& run);
+  // Stage `k`: local copies (and the fills, in the first), direct copies, every round,
+  // the direct path's completion, the stage's quantizes.
+  absl::Status RunStage(const RunInputs& run, size_t k, Tally& tally);
+  // Round `round` of stage `stage`: receives posted before sends, through staging where
+  // a chunk's parts do not lie back to back.
+  absl::Status RunRound(const RunInputs& run, const planner::Stage& stage, int32_t round, Tally& tally);
 
   // Before a stage's direct copies, when scratch is handed off (Schedule): each rank
   // tells the peers that write it directly that its earlier quantizes are done, and

@@ -242,8 +242,8 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
   if (writes_targets) parts_.ledger.MarkWriting(request.sync_id());
   executor::RoundEngine engine(parts_.device, DataTransport(prepared));
   const absl::StatusOr<executor::ExecutionStats> stats =
-      engine.Run(request.sync_id(), local.plan, local.schedule, table, prepared.staging_bytes, deadline, &progress_,
-                 executor::DirectLinks{prepared.direct_peers, parts_.direct.signals});
+      engine.Run({request.sync_id(), local.plan, local.schedule, table, prepared.staging_bytes, deadline, &progress_,
+                  executor::DirectLinks{prepared.direct_peers, parts_.direct.signals}});
   v1::ExecuteResponse response;
   const absl::Status verified = stats.ok() && request.verify() ? Verify(prepared, table, response) : absl::OkStatus();
   parts_.ledger.Ran(request.sync_id(), writes_targets, stats);

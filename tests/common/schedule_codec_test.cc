@@ -21,7 +21,7 @@ using Catch::Matchers::Contains;
 // its segment is strided on rank 0's side.
 v1::PrepareRequest ScheduleOfRankOne(planner::Segment* segment, int32_t rank = 1) {
   planner::PlanInput input;
-  for (int r = 0; r < 2; ++r) input.buffers.push_back(planner::Buffer{planner::Holder{r, 0}, 4096});
+  for (int r = 0; r < 2; ++r) input.buffers.push_back(planner::Buffer{planner::Holder{r, 0}, 4096, ""});
   const planner::Index shape{8, 16};
   planner::Layout source = planner::Replicated(shape, {0}, 0, {0});
   auto target = planner::TpSplit(shape, 1, {8, 8}, {1, 1}, 0, {0, 0});

@@ -49,8 +49,8 @@ std::vector<absl::StatusOr<ExecutionStats>> RunEveryRank(const planner::Plan& pl
       LoopbackTransport transport(r, world.pointers);
       HostDevice device;
       RoundEngine engine(device, transport);
-      results[r] =
-          engine.Run("sync-1", plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20));
+      results[r] = engine.Run(
+          {"sync-1", plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20), nullptr, {}});
     });
   }
   for (std::thread& t : threads) t.join();
@@ -109,7 +109,8 @@ struct TwoTensors {
   planner::PlanInput input;
   explicit TwoTensors(int64_t b_offset, planner::DType source = planner::DType::kBFloat16) {
     const planner::Index shape{4, 8};
-    input.buffers = {planner::Buffer{planner::Holder{0, 0}, 64 * 4}, planner::Buffer{planner::Holder{1, 0}, 96 * 2}};
+    input.buffers = {planner::Buffer{planner::Holder{0, 0}, 64 * 4, ""},
+                     planner::Buffer{planner::Holder{1, 0}, 96 * 2, ""}};
     for (const auto& [name, source_offset, target_offset] :
          {std::tuple<const char*, int64_t, int64_t>{"a", 0, 0}, {"b", 32, b_offset}}) {
       input.tensors.push_back(planner::TensorLayouts{name, shape, source, planner::DType::kBFloat16,
@@ -213,9 +214,10 @@ std::vector<absl::StatusOr<ExecutionStats>> RunEveryRankDirect(const planner::Pl
       links.signals = &messages;
       HostDevice device;
       RoundEngine engine(device, transport);
-      results[r] = engine.Run(
-          "sync-1", local->plan, local->schedule, table, budget,
-          absl::Now() + absl::Seconds(running.size() == static_cast<size_t>(plan.num_ranks) ? 20 : 1), nullptr, links);
+      results[r] =
+          engine.Run({"sync-1", local->plan, local->schedule, table, budget,
+                      absl::Now() + absl::Seconds(running.size() == static_cast<size_t>(plan.num_ranks) ? 20 : 1),
+                      nullptr, links});
     });
   }
   for (std::thread& t : threads) t.join();

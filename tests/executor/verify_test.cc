@@ -56,7 +56,10 @@ void RunSync(const planner::Plan& plan, const std::vector<planner::Schedule>& sc
       HostDevice device;
       RoundEngine engine(device, transport);
       results[r] =
-          engine.Run("sync", plan, schedules[r], TableFor(r, buffers), 256, absl::Now() + absl::Seconds(20)).status();
+          engine
+              .Run(
+                  {"sync", plan, schedules[r], TableFor(r, buffers), 256, absl::Now() + absl::Seconds(20), nullptr, {}})
+              .status();
     });
   }
   for (std::thread& t : threads) t.join();

@@ -169,7 +169,7 @@ Outcome SyncOnce(uint64_t seed, const Options& options, SelfRank* self) {
     testing::HeldDevice held(*self->device, options.link_us, options.unpack_us);
     testing::SelfTransport transport(*self->nccl);
     RoundEngine engine(held, transport);
-    results.push_back(engine.Run("check", merged.plan, merged.schedule, table, budget, deadline));
+    results.push_back(engine.Run({"check", merged.plan, merged.schedule, table, budget, deadline, nullptr, {}}));
   } else {
     std::vector<BufferTable> tables(plan->num_ranks);
     for (const auto& [holder, memory] : device_buffers) {
@@ -190,7 +190,7 @@ Outcome SyncOnce(uint64_t seed, const Options& options, SelfRank* self) {
         testing::CopyTransport transport(r, hub, (*device)->network_stream());
         testing::HeldDevice held(**device, options.link_us, options.unpack_us);
         RoundEngine engine(held, transport);
-        results[r] = engine.Run("check", *plan, (*schedules)[r], tables[r], budget, deadline);
+        results[r] = engine.Run({"check", *plan, (*schedules)[r], tables[r], budget, deadline, nullptr, {}});
       });
     }
     for (std::thread& t : threads) t.join();
