@@ -26,12 +26,12 @@ absl::StatusOr<Plan> MakePlanWithRelay(const PlanInput& input, const ReplicaPoli
                    [](const Segment& s) { return IsRelayStage(s.stage); })) {
     return relayed;
   }
-  SHARDSYNC_ASSIGN_OR_RETURN(Plan direct, MakePlan(input, policy, PlanOptions{false, scratch_bytes}));
-  const double direct_floor = CostFloorSeconds(StageBytes(direct), bandwidths);
+  SHARDSYNC_ASSIGN_OR_RETURN(Plan unrelayed, MakePlan(input, policy, PlanOptions{false, scratch_bytes}));
+  const double unrelayed_floor = CostFloorSeconds(StageBytes(unrelayed), bandwidths);
   const double relayed_floor = CostFloorSeconds(StageBytes(*relayed), bandwidths);
-  if (floors != nullptr) *floors = {direct_floor, relayed_floor};
-  if (relayed_floor < direct_floor) return relayed;  // moved, as the line below
-  return direct;
+  if (floors != nullptr) *floors = {unrelayed_floor, relayed_floor};
+  if (relayed_floor < unrelayed_floor) return relayed;  // moved, as the line below
+  return unrelayed;
 }
 
 }  // namespace shardsync::planner

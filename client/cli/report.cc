@@ -35,14 +35,14 @@ void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title,
     out << absl::StrFormat("paths: %s direct (written in place, no staging), %s staged through the transport\n",
                            Bytes(direct), Bytes(staged));
   }
-  const bool nodes = report.direct_floor_seconds() > 0 || report.network_bytes() > 0;
+  const bool nodes = report.unrelayed_floor_seconds() > 0 || report.network_bytes() > 0;
   if (nodes) {
     out << absl::StrFormat(
         "between nodes %s; %s (%s forwarded from targets)%s\n", Bytes(report.network_bytes()),
         report.relayed_bytes() > 0 ? "relayed" : "not relayed", Bytes(report.relayed_bytes()),
-        report.direct_floor_seconds() > 0
-            ? absl::StrFormat("; the cost model's floor %.3f ms direct, %.3f ms relayed",
-                              report.direct_floor_seconds() * 1e3, report.relayed_floor_seconds() * 1e3)
+        report.unrelayed_floor_seconds() > 0
+            ? absl::StrFormat("; the cost model's floor %.3f ms unrelayed, %.3f ms relayed",
+                              report.unrelayed_floor_seconds() * 1e3, report.relayed_floor_seconds() * 1e3)
             : "");
   }
   int64_t quantized = 0, scratch = 0;

@@ -18,7 +18,7 @@ v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const std::vector<
   report.set_stages(plan.stages);
   report.set_network_bytes(stats.total_network_bytes);
   report.set_relayed_bytes(stats.total_relayed_bytes);
-  report.set_direct_floor_seconds(floors.first);
+  report.set_unrelayed_floor_seconds(floors.first);
   report.set_relayed_floor_seconds(floors.second);
   report.set_link_gbps(bandwidths.link_bytes_per_s / 1e9);
   report.set_memory_gbps(bandwidths.memory_bytes_per_s / 1e9);

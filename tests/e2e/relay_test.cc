@@ -64,7 +64,7 @@ TEST_CASE("two nodes, relayed: each element crosses between them once, every tar
   CHECK(explain->stages() == 2);
   CHECK(explain->network_bytes() == ModelBytes(deployment));
   CHECK(explain->relayed_bytes() > 0);
-  CHECK(explain->relayed_floor_seconds() < explain->direct_floor_seconds());
+  CHECK(explain->relayed_floor_seconds() < explain->unrelayed_floor_seconds());
   CHECK(explain->network_gbps() == 50);
   for (const v1::RankStats& r : explain->ranks()) {
     INFO("rank " << r.rank());

@@ -100,7 +100,7 @@ TEST_CASE("plan prints the same report as tables, with the bytes between nodes w
   nodes.json = true;
   REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(nodes), &report).ok());
   CHECK(report.network_bytes() > 0);
-  CHECK(report.direct_floor_seconds() > 0);
+  CHECK(report.unrelayed_floor_seconds() > 0);
 }
 
 TEST_CASE("plan of float8 targets reports what is quantized, the scratch, and a floor with the quantize pass") {
