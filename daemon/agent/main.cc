@@ -31,181 +31,217 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
-int main(int argc, char** argv) {
-  shardsync::agent::AgentFlags c;
-  CLI::App app(
-      "The per-device sidecar: local trainer and rollout clients register their buffers on the unix socket; the "
-      "coordinator prepares and executes syncs over TCP; peer agents send chunks to each other.",
-      "shardsync-agent");
-  shardsync::agent::AddAgentFlags(app, c);
-  if (const int code = shardsync::flags::Parse(app, argc, argv); code >= 0) return code;
-  if (const std::string error = shardsync::agent::FinishAgentFlags(app, c); !error.empty()) {
-    return shardsync::flags::UsageError(app, error);
-  }
-  const int ordinal = c.ordinal;
-  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(c.daemon.tls);
-  if (!credentials.ok()) return shardsync::flags::UsageError(app, std::string(credentials.status().message()));
-  spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));  // stdout is not the log
-  spdlog::set_level(spdlog::level::from_str(c.daemon.log_level));
-  spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
-  if (credentials->insecure)
-    spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
+namespace {
 
-  shardsync::BlockStopSignals();
-  // Each host buffer keeps a descriptor (its size is checked before every sync): allow as
-  // many as the system lets this process have.
-  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &files);
-  }
+using namespace shardsync;
 
-  // The data path: host memory and the agents' gRPC channels, or one CUDA device and NCCL.
-  shardsync::executor::Mailbox mailbox;
-  std::unique_ptr<shardsync::executor::MemoryBackend> memory;
-  std::unique_ptr<shardsync::executor::Device> device;
-  std::unique_ptr<shardsync::executor::Transport> transport;
-  // The agents' channels beside NCCL, for host messages to agents on other hosts.
-  std::unique_ptr<shardsync::executor::Transport> channels;
-  shardsync::executor::DeviceIdentity identity;
-  if (ordinal < 0) {
-    memory = std::make_unique<shardsync::executor::HostShmBackend>();
-    device = std::make_unique<shardsync::executor::HostDevice>();
-    transport = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox, *credentials);
-  } else {
-    auto cuda = shardsync::executor::CudaDevice::Open(ordinal);
-    auto identified = cuda.ok() ? shardsync::executor::IdentifyDevice(ordinal) : cuda.status();
-    if (!identified.ok()) {
-      spdlog::error("--device {}: {}", ordinal, std::string(identified.status().message()));
-      return 1;
-    }
-    identity = *std::move(identified);
-    memory = std::make_unique<shardsync::executor::CudaIpcBackend>(ordinal);
-    transport = std::make_unique<shardsync::executor::NcclTransport>(ordinal, (*cuda)->network_stream());
-    channels = std::make_unique<shardsync::agent::GrpcTransport>(c.agent.rank, mailbox, *credentials);
-    device = *std::move(cuda);
+// The data path: host memory and the agents' gRPC channels, or one CUDA device and NCCL
+// (then the agents' channels beside it, for host messages to agents on other hosts).
+struct DataPath {
+  std::unique_ptr<executor::MemoryBackend> memory;
+  std::unique_ptr<executor::Device> device;
+  std::unique_ptr<executor::Transport> transport;
+  std::unique_ptr<executor::Transport> channels;  // GPU agents only
+  executor::DeviceIdentity identity;
+};
+
+absl::StatusOr<DataPath> OpenDataPath(const agent::AgentFlags& c, executor::Mailbox& mailbox,
+                                      const Credentials& credentials) {
+  DataPath path;
+  if (c.ordinal < 0) {
+    path.memory = std::make_unique<executor::HostShmBackend>();
+    path.device = std::make_unique<executor::HostDevice>();
+    path.transport = std::make_unique<agent::GrpcTransport>(c.agent.rank, mailbox, credentials);
+    return path;
   }
-  // Host messages between agents (the agreement, the direct path's completion): this
-  // agent's signal board and its peers' on this host, the channels to the others.
-  const std::string incarnation = absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
-  if (const int removed = shardsync::executor::SignalBoard::RemoveOrphans(); removed > 0) {
-    spdlog::info("removed {} signal boards of agents that are gone", removed);
-  }
-  if (const int removed = shardsync::executor::HostShmBackend::RemoveOrphanScratch(); removed > 0) {
-    spdlog::info("removed {} scratch objects of agents that are gone", removed);
-  }
-  static_assert(shardsync::executor::kBoardRanks >= shardsync::kMaxWorld, "a board holds every rank");
-  auto board = shardsync::executor::SignalBoard::Create(shardsync::executor::SignalBoard::NameFor(incarnation));
-  if (!board.ok()) {
-    spdlog::error("{}", std::string(board.status().message()));
-    return 1;
-  }
-  const absl::Duration board_poll = ordinal < 0 ? absl::ZeroDuration() : absl::FromChrono(shardsync::kPollBeforeSleep);
-  std::unique_ptr<shardsync::executor::Transport> signals = std::make_unique<shardsync::executor::BoardTransport>(
-      c.agent.rank, **board, channels ? *channels : *transport, board_poll);
-  // Tests only (--fault-stall-at-round): the transport stalls one sync at a known round
-  // (the agreement and the direct path's completion messages are rounds of `signals`).
+  auto cuda = executor::CudaDevice::Open(c.ordinal);
+  auto identified = cuda.ok() ? executor::IdentifyDevice(c.ordinal) : cuda.status();
+  if (!identified.ok())
+    return absl::Status(identified.status().code(),
+                        absl::StrCat("--device ", c.ordinal, ": ", identified.status().message()));
+  path.identity = *std::move(identified);
+  path.memory = std::make_unique<executor::CudaIpcBackend>(c.ordinal);
+  path.transport = std::make_unique<executor::NcclTransport>(c.ordinal, (*cuda)->network_stream());
+  path.channels = std::make_unique<agent::GrpcTransport>(c.agent.rank, mailbox, credentials);
+  path.device = *std::move(cuda);
+  return path;
+}
+
+// Host messages between agents (the agreement, the direct path's completion): this
+// agent's signal board and its peers' on this host, the channels to the others. With
+// --fault-stall-at-round (tests only) the transport or these messages stall one sync at
+// a known round.
+std::unique_ptr<executor::Transport> HostMessages(const agent::AgentFlags& c, executor::SignalBoard& board,
+                                                  DataPath& path) {
+  const absl::Duration board_poll = c.ordinal < 0 ? absl::ZeroDuration() : absl::FromChrono(kPollBeforeSleep);
+  std::unique_ptr<executor::Transport> signals = std::make_unique<executor::BoardTransport>(
+      c.agent.rank, board, path.channels ? *path.channels : *path.transport, board_poll);
   if (c.fault_stall) {
-    shardsync::executor::StallFault stall;
+    executor::StallFault stall;
     stall.round = c.fault_stall_at_round;
     stall.nth_sync = c.fault_stall_sync;
     stall.on_stall = [](absl::string_view sync_id, int32_t round) {
       spdlog::warn("fault injection: sync {} stalls at round {} until aborted or its deadline", std::string(sync_id),
                    round);
     };
-    auto& faulty = c.fault_stall_at_round < 0 ? signals : transport;
-    faulty = std::make_unique<shardsync::executor::FaultTransport>(std::move(faulty), std::move(stall));
+    auto& faulty = c.fault_stall_at_round < 0 ? signals : path.transport;
+    faulty = std::make_unique<executor::FaultTransport>(std::move(faulty), std::move(stall));
   }
-  shardsync::agent::Registry registry(c.agent.rank, {memory.get()}, c.registrations);
-  shardsync::agent::PeerTargets peer_targets(c.agent.rank, registry,
-                                             shardsync::agent::PeerTargets::OverGrpc(*credentials));
-  const shardsync::agent::DirectPath direct{signals.get(), &peer_targets};
-  shardsync::agent::LinkConfig link_config;
-  link_config.coordinator = c.coordinator;  // empty with --serve-coordinator: this agent
-  link_config.rpc_deadline = c.agent.rpc_deadline;
-  link_config.credentials = *credentials;
+  return signals;
+}
+
+agent::LinkConfig MakeLinkConfig(const agent::AgentFlags& c, const Credentials& credentials, const DataPath& path,
+                                 const std::string& incarnation, const std::string& board) {
+  agent::LinkConfig link;
+  link.coordinator = c.coordinator;  // empty with --serve-coordinator: this agent
+  link.rpc_deadline = c.agent.rpc_deadline;
+  link.credentials = credentials;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  link_config.join.set_rank(c.agent.rank);
-  link_config.join.set_host(host);
-  link_config.join.set_node(c.node.empty() ? host : c.node);
-  link_config.join.set_device(c.agent.device);
-  link_config.join.set_device_uuid(identity.uuid);
-  for (const std::string& uuid : identity.peer_uuids) link_config.join.add_peer_device_uuids(uuid);
-  link_config.join.set_fast_agreement(transport->fast_agreement());
-  link_config.join.set_incarnation(incarnation);
-  link_config.join.set_signal_board((*board)->name());
-  shardsync::agent::CoordinatorLink link(link_config, registry);
-  shardsync::agent::Agent agent(c.agent, registry, link, *device, *transport, mailbox, direct);
-  shardsync::agent::ControlService control(agent);
-  std::unique_ptr<shardsync::coordinator::Coordinator> coordinator;
-  std::unique_ptr<shardsync::coordinator::CoordinatorService> coordinator_service, local_coordinator_service;
+  link.join.set_rank(c.agent.rank);
+  link.join.set_host(host);
+  link.join.set_node(c.node.empty() ? host : c.node);
+  link.join.set_device(c.agent.device);
+  link.join.set_device_uuid(path.identity.uuid);
+  for (const std::string& uuid : path.identity.peer_uuids) link.join.add_peer_device_uuids(uuid);
+  link.join.set_fast_agreement(path.transport->fast_agreement());
+  link.join.set_incarnation(incarnation);
+  link.join.set_signal_board(board);
+  return link;
+}
+
+// Removes what agents that are gone left on this host: signal boards, scratch objects.
+void RemoveOrphans() {
+  if (const int removed = executor::SignalBoard::RemoveOrphans(); removed > 0) {
+    spdlog::info("removed {} signal boards of agents that are gone", removed);
+  }
+  if (const int removed = executor::HostShmBackend::RemoveOrphanScratch(); removed > 0) {
+    spdlog::info("removed {} scratch objects of agents that are gone", removed);
+  }
+}
+
+// Each host buffer keeps a descriptor (its size is checked before every sync): allow as
+// many as the system lets this process have.
+void RaiseFileLimit() {
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+}
+
+// The agent's TCP server for the coordinator and the peers: `services` (null ones
+// skipped); `*port` gets the port it listens on. Null if it cannot listen.
+std::unique_ptr<grpc::Server> StartControlServer(const agent::AgentFlags& c, const Credentials& credentials,
+                                                 std::initializer_list<grpc::Service*> services, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(c.listen, credentials.server, port);
+  // The largest message a peer sends is one chunk (a staging slot) and its header.
+  // As a coordinator, also the layouts of a large model (64 MiB).
+  const int64_t largest_message = std::max<int64_t>(planner::MaxChunkBytes(c.agent.max_staging_bytes) + (1 << 20),
+                                                    c.serve_coordinator ? 64 << 20 : 0);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(largest_message, INT32_MAX)));
+  for (grpc::Service* service : services) {
+    if (service != nullptr) builder.RegisterService(service);
+  }
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  return server && *port != 0 ? std::move(server) : nullptr;
+}
+
+// The server of the unix socket's local clients: `services` (null ones skipped).
+std::unique_ptr<grpc::Server> StartLocalServer(const agent::AgentFlags& c,
+                                               std::initializer_list<grpc::Service*> services) {
+  grpc::ServerBuilder builder;
+  // A registration holds a server thread for its life: bound them with the registrations.
+  grpc::ResourceQuota quota("local-clients");
+  quota.SetMaxThreads(c.registrations.clients + 16);
+  builder.SetResourceQuota(quota);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(c.max_message_bytes, INT32_MAX)));
+  for (grpc::Service* service : services) {
+    if (service != nullptr) builder.RegisterService(service);
+  }
+  return builder.BuildAndStart();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  agent::AgentFlags c;
+  CLI::App app(
+      "The per-device sidecar: local trainer and rollout clients register their buffers on the unix socket; the "
+      "coordinator prepares and executes syncs over TCP; peer agents send chunks to each other.",
+      "shardsync-agent");
+  agent::AddAgentFlags(app, c);
+  if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
+  if (const std::string error = agent::FinishAgentFlags(app, c); !error.empty()) return flags::UsageError(app, error);
+  const absl::StatusOr<Credentials> credentials = LoadCredentials(c.daemon.tls);
+  if (!credentials.ok()) return flags::UsageError(app, std::string(credentials.status().message()));
+  spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));  // stdout is not the log
+  spdlog::set_level(spdlog::level::from_str(c.daemon.log_level));
+  spdlog::set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e agent[{}] %l %v", c.agent.rank));
+  if (credentials->insecure)
+    spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
+  BlockStopSignals();
+  RaiseFileLimit();
+  const auto fail = [](const absl::Status& status) {
+    spdlog::error("{}", std::string(status.message()));
+    return 1;
+  };
+
+  executor::Mailbox mailbox;
+  absl::StatusOr<DataPath> path = OpenDataPath(c, mailbox, *credentials);
+  if (!path.ok()) return fail(path.status());
+  const std::string incarnation = absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  RemoveOrphans();
+  static_assert(executor::kBoardRanks >= kMaxWorld, "a board holds every rank");
+  auto board = executor::SignalBoard::Create(executor::SignalBoard::NameFor(incarnation));
+  if (!board.ok()) return fail(board.status());
+  std::unique_ptr<executor::Transport> signals = HostMessages(c, **board, *path);
+  agent::Registry registry(c.agent.rank, {path->memory.get()}, c.registrations);
+  agent::PeerTargets peer_targets(c.agent.rank, registry, agent::PeerTargets::OverGrpc(*credentials));
+  const agent::LinkConfig link_config = MakeLinkConfig(c, *credentials, *path, incarnation, (*board)->name());
+  agent::CoordinatorLink link(link_config, registry);
+  agent::Agent agent(c.agent, registry, link, *path->device, *path->transport, mailbox,
+                     agent::DirectPath{signals.get(), &peer_targets});
+  agent::ControlService control(agent);
+  std::unique_ptr<coordinator::Coordinator> coordinator;
+  std::unique_ptr<coordinator::CoordinatorService> coordinator_service, local_coordinator_service;
   if (c.serve_coordinator) {
     c.coordinator_config.credentials = *credentials;
-    coordinator = std::make_unique<shardsync::coordinator::Coordinator>(c.coordinator_config);
-    coordinator->SetLocalAgent(link_config.join.incarnation(),
-                               std::make_shared<shardsync::agent::LocalAgentLink>(agent));
-    coordinator_service = std::make_unique<shardsync::coordinator::CoordinatorService>(*coordinator);
+    coordinator = std::make_unique<coordinator::Coordinator>(c.coordinator_config);
+    coordinator->SetLocalAgent(incarnation, std::make_shared<agent::LocalAgentLink>(agent));
+    coordinator_service = std::make_unique<coordinator::CoordinatorService>(*coordinator);
     // Also on the unix socket: the trainer beside it syncs without TCP or TLS.
-    local_coordinator_service = std::make_unique<shardsync::coordinator::CoordinatorService>(*coordinator);
+    local_coordinator_service = std::make_unique<coordinator::CoordinatorService>(*coordinator);
   }
 
   grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
-  grpc::ServerBuilder control_builder;
-  control_builder.AddListeningPort(c.listen, credentials->server, &port);
-  // The largest message a peer sends is one chunk (a staging slot) and its header.
-  // As a coordinator, also the layouts of a large model (64 MiB).
-  const int64_t largest_message = std::max<int64_t>(
-      shardsync::planner::MaxChunkBytes(c.agent.max_staging_bytes) + (1 << 20), c.serve_coordinator ? 64 << 20 : 0);
-  control_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(largest_message, INT32_MAX)));
-  control_builder.RegisterService(&control);
-  if (coordinator_service) control_builder.RegisterService(coordinator_service.get());
-  std::unique_ptr<grpc::Server> control_server = control_builder.BuildAndStart();
-  if (!control_server || port == 0) {
-    spdlog::error("cannot listen on {}", c.listen);
-    return 1;
-  }
+  std::unique_ptr<grpc::Server> control_server =
+      StartControlServer(c, *credentials, {&control, coordinator_service.get()}, &port);
+  if (!control_server) return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", c.listen)));
   // The unix socket is accepted by LocalSocket, which reads each caller's credentials;
   // its mode and group decide who may register (no TLS on it).
-  auto socket = shardsync::agent::LocalSocket::Listen(c.socket, c.socket_group);
-  if (!socket.ok()) {
-    spdlog::error("{}", std::string(socket.status().message()));
-    return 1;
-  }
-  shardsync::agent::LocalService local(agent, **socket);
-  grpc::ServerBuilder local_builder;
-  // A registration holds a server thread for its life: bound them with the registrations.
-  grpc::ResourceQuota local_quota("local-clients");
-  local_quota.SetMaxThreads(c.registrations.clients + 16);
-  local_builder.SetResourceQuota(local_quota);
-  local_builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(c.max_message_bytes, INT32_MAX)));
-  local_builder.RegisterService(&local);
-  if (local_coordinator_service) local_builder.RegisterService(local_coordinator_service.get());
-  std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
-  if (!local_server) {
-    spdlog::error("cannot serve the unix socket {}", c.socket);
-    return 1;
-  }
+  auto socket = agent::LocalSocket::Listen(c.socket, c.socket_group);
+  if (!socket.ok()) return fail(socket.status());
+  agent::LocalService local(agent, **socket);
+  std::unique_ptr<grpc::Server> local_server = StartLocalServer(c, {&local, local_coordinator_service.get()});
+  if (!local_server) return fail(absl::UnavailableError(absl::StrCat("cannot serve the unix socket ", c.socket)));
   (*socket)->Serve(local_server.get());
   const std::string address =
       c.advertise.empty() ? c.listen.substr(0, c.listen.rfind(':')) + ":" + std::to_string(port) : c.advertise;
   link.Start(address);
-  if (!c.port_file.empty() && !shardsync::WritePortFile(c.port_file, port)) {
-    spdlog::error("cannot write the port file {}", c.port_file);
-    return 1;
+  if (!c.port_file.empty() && !WritePortFile(c.port_file, port)) {
+    return fail(absl::UnavailableError(absl::StrCat("cannot write the port file ", c.port_file)));
   }
-  auto metrics = shardsync::StartMetricsIfAsked(c.daemon.metrics_listen, c.daemon.metrics_port_file, [&] {
+  auto metrics = StartMetricsIfAsked(c.daemon.metrics_listen, c.daemon.metrics_port_file, [&] {
     return coordinator ? coordinator->Metrics() + agent.Metrics() : agent.Metrics();
   });
-  if (!metrics.ok()) {
-    spdlog::error("{}", std::string(metrics.status().message()));
-    return 1;
-  }
+  if (!metrics.ok()) return fail(metrics.status());
   spdlog::info(
       "serving clients on {} and the coordinator and peers on {}{}", c.socket, address,
       coordinator ? absl::StrCat("; the coordinator of a world of ", c.coordinator_config.world_size, " too") : "");
 
-  spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
+  spdlog::info("stopping on signal {}", WaitForStopSignal());
   agent.clients().Shutdown();
   socket->reset();  // no new connections; the file is removed
   local_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
