@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "daemon/common/rank_stats.h"
 #include "executor/verify.h"
 #include "planner/quantize.h"
 #include "spdlog/spdlog.h"
@@ -25,50 +26,28 @@ absl::Status AfterWriting(const absl::Status& status) {
   return absl::IsFailedPrecondition(status) ? absl::InternalError(status.message()) : status;
 }
 
-// When each part of an Execute ended.
-struct ExecuteTimes {
-  absl::Time entered, checked, agreed;
-};
-
-void FillRankStats(int32_t rank, const executor::ExecutionStats& stats, int64_t scratch_bytes,
-                   const ExecuteTimes& times, v1::RankStats& out) {
-  out.set_rank(rank);
-  out.set_rounds(stats.rounds);
-  out.set_chunks(stats.chunks);
-  out.set_sent_bytes(stats.sent_bytes);
-  out.set_received_bytes(stats.received_bytes);
-  out.set_local_bytes(stats.local_bytes);
-  out.set_fill_bytes(stats.fill_bytes);
-  out.set_peak_staging_bytes(stats.peak_staging_bytes);
-  out.set_peak_peer_staging_bytes(stats.peak_peer_staging_bytes);
-  out.set_direct_sent_bytes(stats.direct_sent_bytes);
-  out.set_direct_received_bytes(stats.direct_received_bytes);
-  out.set_quantized_bytes(stats.quantized_bytes);
-  out.set_scratch_bytes(scratch_bytes);
-  out.set_seconds(stats.seconds);
-  out.set_local_seconds(stats.local_seconds);
-  out.set_execute_seconds(absl::ToDoubleSeconds(absl::Now() - times.entered));
-  out.set_check_seconds(absl::ToDoubleSeconds(times.checked - times.entered));
-  out.set_agree_seconds(absl::ToDoubleSeconds(times.agreed - times.checked));
-  out.set_direct_wait_seconds(stats.direct_wait_seconds);
-}
-
 }  // namespace
 
 v1::PrepareResponse SyncDesk::Prepare(const v1::PrepareRequest& request) {
+  const int64_t ticket = parts_.ledger.TakeTicket();
   absl::Status status;
   bool schedule_missing = false;
+  bool kept = true;
   if (request.schedule_cached()) {
     std::optional<PreparedSync> held = parts_.ledger.Find(request.digest());
     schedule_missing = !held;
     if (held) {
       status = parts_.preparer.Renew(request, /*map_direct=*/true, *held);
-      parts_.ledger.Renewed(request.digest(), *std::move(held));
+      kept = parts_.ledger.Renewed(request.digest(), *std::move(held), ticket);
     }
   } else {
     absl::StatusOr<PreparedSync> prepared = parts_.preparer.Prepare(request);
     status = prepared.status();
-    if (prepared.ok()) parts_.ledger.Keep(request.digest(), *std::move(prepared));
+    if (prepared.ok()) kept = parts_.ledger.Keep(request.digest(), *std::move(prepared), ticket);
+  }
+  if (status.ok() && !kept) {
+    status =
+        absl::AbortedError(absl::StrCat("sync ", request.sync_id(), " was prepared again since this Prepare came"));
   }
   v1::PrepareResponse response;
   response.set_ok(status.ok() && !schedule_missing);
@@ -94,6 +73,7 @@ absl::StatusOr<PreparedSync> SyncDesk::TakePrepared(const v1::ExecuteRequest& re
       return NotStarted(request.sync_id(), absl::StrCat("communicator generation ", prepare.communicator_generation(),
                                                         " is not built here"));
     }
+    const int64_t ticket = parts_.ledger.TakeTicket();
     if (prepare.schedule_cached()) {
       std::optional<PreparedSync> held = parts_.ledger.Find(prepare.digest());
       if (!held) {
@@ -101,11 +81,11 @@ absl::StatusOr<PreparedSync> SyncDesk::TakePrepared(const v1::ExecuteRequest& re
                           absl::StrCat("rank ", rank_, " does not hold the schedule of plan ", prepare.digest()));
       }
       *ready = parts_.preparer.Renew(prepare, /*map_direct=*/false, *held);
-      parts_.ledger.Renewed(prepare.digest(), *std::move(held));
+      parts_.ledger.Renewed(prepare.digest(), *std::move(held), ticket);
     } else {
       absl::StatusOr<PreparedSync> prepared = parts_.preparer.Prepare(prepare);
       *ready = prepared.status();
-      if (prepared.ok()) parts_.ledger.Keep(prepare.digest(), *std::move(prepared));
+      if (prepared.ok()) parts_.ledger.Keep(prepare.digest(), *std::move(prepared), ticket);
     }
   }
   absl::StatusOr<PreparedSync> started = parts_.ledger.Start(request.digest(), request.sync_id());
@@ -218,7 +198,7 @@ absl::Status SyncDesk::Verify(const PreparedSync& prepared, const executor::Buff
 }
 
 absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& request) {
-  ExecuteTimes times;
+  daemon::ExecuteTimes times;
   times.entered = absl::Now();
   absl::MutexLock execute_lock(&execute_mu_);
   // Reset before TakePrepared's abort check: Abort marks the sync before it aborts the
@@ -249,7 +229,9 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
   parts_.ledger.Ran(request.sync_id(), writes_targets, stats);
   if (!stats.ok()) return AfterWriting(stats.status());  // the coordinator names the rank
   if (!verified.ok()) return AfterWriting(verified);
-  FillRankStats(rank_, *stats, local.scratch_bytes, times, *response.mutable_stats());
+  times.finished = absl::Now();
+  response.mutable_stats()->MergeFrom(
+      daemon::RankStatsOf(rank_, *stats, local.scratch_bytes, times));  // beside verify_seconds
   return response;
 }
 

@@ -15,16 +15,28 @@ std::optional<PreparedSync> SyncLedger::Find(const std::string& digest) const {
   return it->second;
 }
 
-void SyncLedger::Keep(const std::string& digest, PreparedSync prepared) {
+int64_t SyncLedger::TakeTicket() {
   absl::MutexLock lock(&mu_);
-  prepared_.clear();
-  prepared_[digest] = std::move(prepared);
+  return ++tickets_;
 }
 
-void SyncLedger::Renewed(const std::string& digest, PreparedSync prepared) {
+bool SyncLedger::Keep(const std::string& digest, PreparedSync prepared, int64_t ticket) {
   absl::MutexLock lock(&mu_);
+  if (ticket < kept_ticket_) return false;
+  kept_ticket_ = ticket;
+  prepared_.clear();
+  prepared_[digest] = std::move(prepared);
+  return true;
+}
+
+bool SyncLedger::Renewed(const std::string& digest, PreparedSync prepared, int64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  if (ticket < kept_ticket_) return false;
   const auto it = prepared_.find(digest);
-  if (it != prepared_.end()) it->second = std::move(prepared);
+  if (it == prepared_.end()) return false;
+  kept_ticket_ = ticket;
+  it->second = std::move(prepared);
+  return true;
 }
 
 absl::StatusOr<PreparedSync> SyncLedger::Start(const std::string& digest, const std::string& sync_id) {

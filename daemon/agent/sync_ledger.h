@@ -46,11 +46,15 @@ class SyncLedger {
 
   // The prepared sync of plan `digest`, if this rank holds it.
   std::optional<PreparedSync> Find(const std::string& digest) const;
+  // Prepares run beside each other (a slow direct peer keeps one waiting): each takes a
+  // ticket as it starts, and what it keeps is dropped if a later one kept first.
+  int64_t TakeTicket();
   // Keeps `prepared` as the sync of a new plan `digest`, dropping every other one (one
-  // plan per layout epoch).
-  void Keep(const std::string& digest, PreparedSync prepared);
-  // `prepared`, renewed, replaces the sync of plan `digest` if this rank still holds it.
-  void Renewed(const std::string& digest, PreparedSync prepared);
+  // plan per layout epoch); false if a Prepare with a later ticket kept first.
+  bool Keep(const std::string& digest, PreparedSync prepared, int64_t ticket);
+  // `prepared`, renewed, replaces the sync of plan `digest` if this rank still holds it;
+  // false if a Prepare with a later ticket kept first.
+  bool Renewed(const std::string& digest, PreparedSync prepared, int64_t ticket);
 
   // Execute's start: the prepared sync `sync_id` of plan `digest`, now running; else
   // NOT_FOUND (not prepared) or ABORTED (aborted before it started).
@@ -91,6 +95,8 @@ class SyncLedger {
   CoordinatorLink& link_;
   mutable absl::Mutex mu_;
   std::map<std::string, PreparedSync> prepared_ ABSL_GUARDED_BY(mu_);  // by digest
+  int64_t tickets_ ABSL_GUARDED_BY(mu_) = 0;                           // taken
+  int64_t kept_ticket_ ABSL_GUARDED_BY(mu_) = 0;                       // of what prepared_ holds
   std::string last_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string running_sync_id_ ABSL_GUARDED_BY(mu_);
   std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute

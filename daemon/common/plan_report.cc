@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "daemon/common/rank_stats.h"
+
 namespace shardsync::daemon {
 
 v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules,
@@ -24,19 +26,7 @@ v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const std::vector<
   report.set_memory_gbps(bandwidths.memory_bytes_per_s / 1e9);
   report.set_network_gbps(bandwidths.network_bytes_per_s / 1e9);
   for (size_t r = 0; r < stats.ranks.size(); ++r) {
-    const planner::RankStats& in = stats.ranks[r];
-    v1::RankStats* rank = report.add_ranks();
-    rank->set_rank(static_cast<int32_t>(r));
-    rank->set_rounds(in.rounds);
-    rank->set_chunks(in.chunks);
-    rank->set_sent_bytes(in.sent_bytes);
-    rank->set_received_bytes(in.received_bytes);
-    rank->set_local_bytes(in.local_bytes);
-    rank->set_fill_bytes(in.fill_bytes);
-    rank->set_network_sent_bytes(in.network_sent_bytes);
-    rank->set_network_received_bytes(in.network_received_bytes);
-    rank->set_relayed_bytes(in.relayed_bytes);
-    rank->set_quantized_bytes(in.quantized_bytes);
+    *report.add_ranks() = RankStatsOf(static_cast<int32_t>(r), stats.ranks[r]);
   }
   for (const planner::Buffer& b : plan.scratch) {
     if (b.holder.rank < report.ranks_size()) report.mutable_ranks(b.holder.rank)->set_scratch_bytes(b.bytes);

@@ -1,5 +1,6 @@
 // The agent's desks do not wait on each other: a Prepare that waits for a slow direct
-// peer (its TargetMemory answer) holds up no other call of the agent.
+// peer (its TargetMemory answer) holds up no other call of the agent, not even the next
+// Prepare, and does not replace what that one kept when it ends.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -17,7 +18,7 @@ namespace {
 
 using Catch::Matchers::Contains;
 
-TEST_CASE("a Prepare waiting for a slow direct peer holds up no other call of the agent") {
+TEST_CASE("a Prepare waiting for a slow direct peer holds up no other call, nor overwrites a later Prepare") {
   constexpr int32_t kWorld = 2;
   HeapBackend backend;
   Registry registry(0, {&backend});
@@ -25,22 +26,30 @@ TEST_CASE("a Prepare waiting for a slow direct peer holds up no other call of th
   executor::HostDevice device;
   executor::Mailbox mailbox;
   executor::LoopbackTransport transport(0, {{0, &mailbox}});
-  // The direct peer answers only when the test lets it.
+  // Rank 0's half of a ZeRO-3 "w" goes into rank 1's whole copy: rank 1 is a direct peer.
+  Registry peer_registry(1, {&backend});
+  REQUIRE(peer_registry.Add(ZeroThreeTrainer(1, kWorld), Peer{1, 0}).ok());
+  REQUIRE(peer_registry.Add(WholeRollout(1), Peer{2, 0}).ok());
+  // The direct peer answers, with its targets' handles, only when the test lets it.
   absl::Notification asked, answer;
-  PeerTargets targets(0, registry, [&](const std::string&, const v1::TargetMemoryRequest&, absl::Time) {
+  PeerTargets targets(0, registry, [&](const std::string&, const v1::TargetMemoryRequest& request, absl::Time) {
     asked.Notify();
-    answer.WaitForNotificationWithTimeout(absl::Minutes(5));  // a hang deadline
-    return absl::StatusOr<v1::TargetMemoryResponse>(absl::UnavailableError("the peer went away"));
+    REQUIRE(answer.WaitForNotificationWithTimeout(absl::Minutes(5)));  // a hang deadline
+    v1::TargetMemoryResponse response;
+    for (const std::string& name : request.buffers()) {
+      int64_t registered_at = 0;
+      auto handle = peer_registry.TargetHandle(name, &registered_at);
+      if (!handle.ok()) return absl::StatusOr<v1::TargetMemoryResponse>(handle.status());
+      *response.add_buffers() = *handle;
+      response.add_registered_at(registered_at);
+    }
+    return absl::StatusOr<v1::TargetMemoryResponse>(response);
   });
   AgentConfig config;
   config.rpc_deadline = absl::Minutes(5);
   Agent agent(config, registry, link, device, transport, mailbox, DirectPath{&transport, &targets});
   REQUIRE(registry.Add(ZeroThreeTrainer(0, kWorld), Peer{1, 0}).ok());
 
-  // Rank 0's half of a ZeRO-3 "w" goes into rank 1's whole copy: rank 1 is a direct peer.
-  Registry peer_registry(1, {&backend});
-  REQUIRE(peer_registry.Add(ZeroThreeTrainer(1, kWorld), Peer{1, 0}).ok());
-  REQUIRE(peer_registry.Add(WholeRollout(1), Peer{2, 0}).ok());
   std::map<int32_t, v1::PublishRequest> published;
   for (const Registry* r : {&registry, &peer_registry}) {
     const int32_t rank = r == &registry ? 0 : 1;
@@ -79,10 +88,46 @@ TEST_CASE("a Prepare waiting for a slow direct peer holds up no other call of th
   chunk.set_from_rank(1);
   CHECK_THAT(std::string(agent.Transfer(chunk, absl::Now() + absl::Seconds(1)).message()),
              Contains("has prepared no sync 'sync-1'"));
+  // The coordinator gave up on that Prepare and sends the next sync's: it is kept, and
+  // the first, answered later, does not replace it.
+  v1::PrepareRequest next = prepare;
+  next.set_sync_id("sync-2");
+  next.clear_direct_peers();
+  const v1::PrepareResponse second = agent.Prepare(next);
+  INFO(second.refusal());
+  CHECK(second.ok());
   answer.Notify();
   preparing.join();
-  CHECK_FALSE(prepared.ok());
-  CHECK_THAT(prepared.refusal(), Contains("rank 1 gave no target memory") && Contains("the peer went away"));
+  CHECK_FALSE(prepared.ok());  // it mapped the peer's targets, but came before sync-2
+  CHECK_THAT(prepared.refusal(), Contains("sync sync-1 was prepared again since this Prepare came"));
+  // A peer's chunk is taken only for a prepared sync: sync-2's waits for its receive
+  // (none comes: its deadline), sync-1's is refused.
+  chunk.set_sync_id("sync-2");
+  const absl::Status taken = agent.Transfer(chunk, absl::Now() + absl::Milliseconds(50));
+  INFO(taken.message());
+  CHECK_FALSE(absl::IsFailedPrecondition(taken));
+  chunk.set_sync_id("sync-1");
+  CHECK_THAT(std::string(agent.Transfer(chunk, absl::Now() + absl::Seconds(1)).message()),
+             Contains("has prepared no sync 'sync-1'"));
+}
+
+TEST_CASE("a Prepare that ends after a later one does not replace what the later one kept") {
+  HeapBackend backend;
+  Registry registry(0, {&backend});
+  CoordinatorLink link(UnusedLink(), registry);  // never started
+  SyncLedger ledger(0, link);
+  const int64_t first = ledger.TakeTicket();
+  const int64_t second = ledger.TakeTicket();
+  PreparedSync later;
+  later.sync_id = "sync-2";
+  CHECK(ledger.Keep("plan", later, second));
+  PreparedSync earlier;
+  earlier.sync_id = "sync-1";
+  CHECK_FALSE(ledger.Keep("plan", earlier, first));
+  CHECK_FALSE(ledger.Renewed("plan", earlier, first));
+  REQUIRE(ledger.Find("plan").has_value());
+  CHECK(ledger.Find("plan")->sync_id == "sync-2");
+  CHECK(ledger.Renewed("plan", later, ledger.TakeTicket()));
 }
 
 }  // namespace

@@ -47,7 +47,11 @@ TEST_CASE("sync --verify: checksums agree after a sync; a target overwritten dur
   CHECK(verified->verified_placements() == 20);
   CHECK(deployment.CheckTargets(5).empty());
   double verify_seconds = 0;
-  for (const v1::RankStats& r : verified->ranks()) verify_seconds = std::max(verify_seconds, r.verify_seconds());
+  for (const v1::RankStats& r : verified->ranks()) {
+    CHECK(r.verify_seconds() > 0);  // every rank's checksums, reported beside its other stats
+    CHECK(r.execute_seconds() > 0);
+    verify_seconds = std::max(verify_seconds, r.verify_seconds());
+  }
   std::printf("verify: %d placements, sync %.4f s of which checksums %.4f s\n", verified->verified_placements(),
               verified->seconds(), verify_seconds);
 

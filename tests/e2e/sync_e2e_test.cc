@@ -237,6 +237,8 @@ TEST_CASE("a stalled agent fails the sync within the deadline, naming it; it syn
   CHECK_THAT(std::string(sync.status().message()), Contains("rank 1"));
   CHECK(took < absl::Seconds(60));  // only a sync that waits for the stalled agent takes this long
   auto again = SyncOnce(cluster, absl::Seconds(20));
+  INFO(again.status().message());
+  if (!again.ok()) cluster.DumpLogs();
   REQUIRE(again.ok());
   CHECK(deployment.CheckTargets(13).empty());
 }
@@ -523,6 +525,7 @@ TEST_CASE("the direct path: an agent killed after its copies, before it says don
   RestartAgent(cluster, deployment, 1);
   auto again = SyncOnce(cluster, absl::Seconds(20));
   INFO(again.status().message());
+  if (!again.ok()) cluster.DumpLogs();
   REQUIRE(again.ok());
   CHECK(deployment.CheckTargets(28).empty());
   auto valid = cluster.coordinator_client().Status(absl::Seconds(5));
@@ -696,7 +699,10 @@ TEST_CASE("a stalled agent fails shardsyncctl's sync at the coordinator's deadli
   CHECK(code == 3);  // CPU agents prepare every sync: the stalled one never agreed, nothing moved
   CHECK_THAT(said, Contains("rank 2"));
   CHECK(took < absl::Seconds(60));  // the coordinator's deadlines, not the 120 s asked for
-  REQUIRE(SyncOnce(cluster, absl::Seconds(20)).ok());
+  auto again = SyncOnce(cluster, absl::Seconds(20));
+  INFO(again.status().message());
+  if (!again.ok()) cluster.DumpLogs();
+  REQUIRE(again.ok());
 
   // Nothing listens on port 1: nothing ran, and the code says so.
   std::vector<std::string> argv = {"client/cli/shardsyncctl", "sync", "--coordinator", "127.0.0.1:1"};
