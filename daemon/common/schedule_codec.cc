@@ -265,46 +265,72 @@ v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Sche
   return *EncodeSchedules(plan, absl::MakeConstSpan(&schedule, 1), buffer_names, arena).front();
 }
 
-absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, int32_t rank) {
-  LocalSchedule local;
-  std::map<std::string, int32_t> ids;
-  const auto id_of = [&](const std::string& name) {
-    auto [it, added] = ids.emplace(name, static_cast<int32_t>(local.buffer_names.size()));
-    if (added) local.buffer_names.push_back(name);
-    return it->second;
-  };
-  local.plan.tensor_names.assign(request.tensor_names().begin(), request.tensor_names().end());
-  const int32_t tensors = request.tensor_names_size();
-  const std::string& table = request.segment_table();
-  if (table.size() % kSegmentRecordBytes != 0) {
-    return Malformed(
-        absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes, ")"));
+namespace {
+
+// DecodeSchedule's parts, in order, each checking what it reads: an index or size out of
+// range, or a part that contradicts another, is Malformed (INVALID_ARGUMENT).
+class ScheduleDecoder {
+ public:
+  ScheduleDecoder(const v1::PrepareRequest& request, int32_t rank) : request_(request), rank_(rank) {}
+
+  absl::StatusOr<LocalSchedule> Decode() && {
+    local_.plan.tensor_names.assign(request_.tensor_names().begin(), request_.tensor_names().end());
+    SHARDSYNC_RETURN_IF_ERROR(Segments());
+    SHARDSYNC_RETURN_IF_ERROR(Fills());
+    SHARDSYNC_RETURN_IF_ERROR(Stages());
+    SHARDSYNC_RETURN_IF_ERROR(Quantizes());
+    SHARDSYNC_RETURN_IF_ERROR(PeerBuffers());
+    local_.schedule.rank = rank_;
+    local_.plan.num_ranks = 0;
+    local_.plan.stages = request_.stages_size();
+    return std::move(local_);
   }
+
+ private:
+  int32_t IdOf(const std::string& name) {
+    auto [it, added] = ids_.emplace(name, static_cast<int32_t>(local_.buffer_names.size()));
+    if (added) local_.buffer_names.push_back(name);
+    return it->second;
+  }
+
   // The local id of a side's buffer: -1 on the other rank's side unless it names a peer
   // buffer (kept as -2 - its index until every local buffer has its id); false when
   // this rank's side names no buffer of the request, or a peer buffer is misnamed.
-  const auto named = [&](int32_t rank_of_side, int32_t index, int32_t* id) {
+  bool Named(int32_t rank_of_side, int32_t index, int32_t* id) {
     *id = -1;
-    if (rank_of_side != rank) {
+    if (rank_of_side != rank_) {
       if (index >= -1) return true;
       const int64_t peer = -2 - int64_t{index};
-      if (peer >= request.peer_buffers_size() || request.peer_buffers(peer).rank() != rank_of_side) return false;
+      if (peer >= request_.peer_buffers_size() || request_.peer_buffers(peer).rank() != rank_of_side) return false;
       *id = index;
       return true;
     }
-    if (index < 0 || index >= request.buffer_names_size()) return false;
-    *id = id_of(request.buffer_names(index));
+    if (index < 0 || index >= request_.buffer_names_size()) return false;
+    *id = IdOf(request_.buffer_names(index));
     return true;
-  };
-  for (size_t i = 0; i < table.size() / kSegmentRecordBytes; ++i) {
-    const SegmentRecord in = ReadSegmentRecord(table, i);
+  }
+
+  absl::Status Segments() {
+    const std::string& table = request_.segment_table();
+    if (table.size() % kSegmentRecordBytes != 0) {
+      return Malformed(
+          absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes, ")"));
+    }
+    for (size_t i = 0; i < table.size() / kSegmentRecordBytes; ++i) {
+      SHARDSYNC_ASSIGN_OR_RETURN(planner::Segment s, Segment(ReadSegmentRecord(table, i)));
+      local_.plan.segments.push_back(s);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<planner::Segment> Segment(const SegmentRecord& in) {
     planner::Segment s;
-    if (in.tensor < 0 || in.tensor >= tensors) return Malformed("tensor index");
-    const std::string& tensor = request.tensor_names(in.tensor);
+    if (in.tensor < 0 || in.tensor >= request_.tensor_names_size()) return Malformed("tensor index");
+    const std::string& tensor = request_.tensor_names(in.tensor);
     if (in.axes < 1 || in.axes > planner::kMaxAxes)
       return Malformed(absl::StrCat("tensor '", tensor, "': segment axes"));
-    if (in.src_rank != rank && in.dst_rank != rank) return Malformed("a segment that does not touch this rank");
-    if (!named(in.src_rank, in.src_buffer, &s.src.buffer) || !named(in.dst_rank, in.dst_buffer, &s.dst.buffer) ||
+    if (in.src_rank != rank_ && in.dst_rank != rank_) return Malformed("a segment that does not touch this rank");
+    if (!Named(in.src_rank, in.src_buffer, &s.src.buffer) || !Named(in.dst_rank, in.dst_buffer, &s.dst.buffer) ||
         s.src.buffer < -1) {
       return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
     }
@@ -316,7 +342,7 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
     if (!src_dtype.ok() || !dst_dtype.ok() || !planner::CanConvert(*src_dtype, *dst_dtype)) {
       return Malformed(absl::StrCat("tensor '", tensor, "': dtypes"));
     }
-    if (in.stage >= planner::kMaxStages || in.stage >= request.stages_size()) {
+    if (in.stage >= planner::kMaxStages || in.stage >= request_.stages_size()) {
       return Malformed(absl::StrCat("tensor '", tensor, "': stage ", in.stage));
     }
     if (planner::IsRelayStage(in.stage) && in.src_dtype != in.dst_dtype) {
@@ -338,56 +364,69 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
       s.src_strides[k] = in.src_strides[k];
       s.dst_strides[k] = in.dst_strides[k];
     }
-    local.plan.segments.push_back(s);
+    return s;
   }
-  for (const v1::FillSpec& in : request.fills()) {
-    auto dtype = spec::ToDType(in.dtype());
-    if (!dtype.ok() || in.tensor() < 0 || in.tensor() >= tensors || in.shape_size() != in.strides_size() ||
-        in.shape_size() > planner::kMaxAxes) {
-      return Malformed("fill");
-    }
-    for (int k = 0; k < in.shape_size(); ++k) {
-      if (in.shape(k) < 0 || in.shape(k) > planner::kMaxSegmentAxis || in.strides(k) < 0 ||
-          in.strides(k) > planner::kMaxSegmentAxis) {
-        return Malformed("a fill axis or stride out of range");
+
+  absl::Status Fills() {
+    for (const v1::FillSpec& in : request_.fills()) {
+      auto dtype = spec::ToDType(in.dtype());
+      if (!dtype.ok() || in.tensor() < 0 || in.tensor() >= request_.tensor_names_size() ||
+          in.shape_size() != in.strides_size() || in.shape_size() > planner::kMaxAxes) {
+        return Malformed("fill");
       }
+      for (int k = 0; k < in.shape_size(); ++k) {
+        if (in.shape(k) < 0 || in.shape(k) > planner::kMaxSegmentAxis || in.strides(k) < 0 ||
+            in.strides(k) > planner::kMaxSegmentAxis) {
+          return Malformed("a fill axis or stride out of range");
+        }
+      }
+      planner::Fill fill{planner::Holder{rank_, IdOf(in.buffer())}, in.base(),
+                         planner::Index(in.shape().begin(), in.shape().end()),
+                         planner::Index(in.strides().begin(), in.strides().end())};
+      local_.plan.fills.push_back(planner::FillOp{in.tensor(), fill, *dtype});
+      local_.schedule.fills.push_back(static_cast<int32_t>(local_.plan.fills.size()) - 1);
     }
-    planner::Fill fill{planner::Holder{rank, id_of(in.buffer())}, in.base(),
-                       planner::Index(in.shape().begin(), in.shape().end()),
-                       planner::Index(in.strides().begin(), in.strides().end())};
-    local.plan.fills.push_back(planner::FillOp{in.tensor(), fill, *dtype});
-    local.schedule.fills.push_back(static_cast<int32_t>(local.plan.fills.size()) - 1);
+    return absl::OkStatus();
   }
-  if (request.stages_size() < 1 || request.stages_size() > planner::kMaxStages) {
-    return Malformed(absl::StrCat(request.stages_size(), " stages"));
-  }
-  const int32_t segments = static_cast<int32_t>(local.plan.segments.size());
-  int32_t next_round = 0;  // where a stage may start: after every round of the one before
-  for (int32_t k = 0; k < request.stages_size(); ++k) {
-    const v1::StageSpec& in_stage = request.stages(k);
-    planner::Stage& stage = local.schedule.stages.emplace_back();
-    if (in_stage.rounds() < 0 || in_stage.first_round() < next_round ||
-        in_stage.first_round() > INT32_MAX - in_stage.rounds()) {
-      return Malformed(absl::StrCat("stage ", k, " rounds"));
+
+  absl::Status Stages() {
+    if (request_.stages_size() < 1 || request_.stages_size() > planner::kMaxStages) {
+      return Malformed(absl::StrCat(request_.stages_size(), " stages"));
     }
-    stage.rounds = in_stage.rounds();
-    stage.first_round = in_stage.first_round();
-    next_round = stage.first_round + stage.rounds;
-    const auto of_stage = [&](int32_t index) { return local.plan.segments[index].stage == k; };
+    int32_t next_round = 0;  // where a stage may start: after every round of the one before
+    for (int32_t k = 0; k < request_.stages_size(); ++k) {
+      const v1::StageSpec& in = request_.stages(k);
+      if (in.rounds() < 0 || in.first_round() < next_round || in.first_round() > INT32_MAX - in.rounds()) {
+        return Malformed(absl::StrCat("stage ", k, " rounds"));
+      }
+      planner::Stage& stage = local_.schedule.stages.emplace_back();
+      stage.rounds = in.rounds();
+      stage.first_round = in.first_round();
+      next_round = stage.first_round + stage.rounds;
+      SHARDSYNC_RETURN_IF_ERROR(StageSegments(k, in, stage));
+    }
+    return absl::OkStatus();
+  }
+
+  // Stage `k`'s local segments and streams: each segment of that stage, with this
+  // rank at the end the list says.
+  absl::Status StageSegments(int32_t k, const v1::StageSpec& in_stage, planner::Stage& stage) {
+    const int32_t segments = static_cast<int32_t>(local_.plan.segments.size());
+    const auto of_stage = [&](int32_t index) { return local_.plan.segments[index].stage == k; };
     for (int32_t index : in_stage.local_segments()) {
       if (index < 0 || index >= segments) return Malformed("local segment index");
-      const planner::Segment& s = local.plan.segments[index];
-      if (s.src.rank != rank || s.dst.rank != rank) return Malformed("a local segment that is not local");
+      const planner::Segment& s = local_.plan.segments[index];
+      if (s.src.rank != rank_ || s.dst.rank != rank_) return Malformed("a local segment that is not local");
       if (!of_stage(index)) return Malformed(absl::StrCat("a local segment listed in stage ", k, " is not of it"));
       stage.local_segments.push_back(index);
     }
     for (const auto& [in, out, sending] : {std::make_tuple(&in_stage.sends(), &stage.sends, true),
                                            std::make_tuple(&in_stage.receives(), &stage.receives, false)}) {
       for (const v1::PeerStreamSpec& spec : *in) {
-        SHARDSYNC_ASSIGN_OR_RETURN(auto stream, DecodeStream(spec, local.plan));
+        SHARDSYNC_ASSIGN_OR_RETURN(auto stream, DecodeStream(spec, local_.plan));
         for (int32_t index : stream.segments) {
-          const planner::Segment& s = local.plan.segments[index];
-          if ((sending ? s.src.rank : s.dst.rank) != rank || (sending ? s.dst.rank : s.src.rank) != stream.peer) {
+          const planner::Segment& s = local_.plan.segments[index];
+          if ((sending ? s.src.rank : s.dst.rank) != rank_ || (sending ? s.dst.rank : s.src.rank) != stream.peer) {
             return Malformed(absl::StrCat("a segment in the stream with rank ", stream.peer, " has other ends"));
           }
           if (!of_stage(index)) return Malformed(absl::StrCat("a segment streamed in stage ", k, " is not of it"));
@@ -396,54 +435,73 @@ absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, 
         out->push_back(std::move(stream));
       }
     }
+    return absl::OkStatus();
   }
-  for (const v1::QuantizeSpec& in : request.quantizes()) {
-    if (in.tensor() < 0 || in.tensor() >= tensors) return Malformed("quantize tensor index");
-    const std::string& tensor = request.tensor_names(in.tensor());
-    if (in.stage() < 0 || in.stage() >= request.stages_size()) {
-      return Malformed(absl::StrCat("tensor '", tensor, "': quantize stage ", in.stage()));
+
+  absl::Status Quantizes() {
+    for (const v1::QuantizeSpec& in : request_.quantizes()) {
+      if (in.tensor() < 0 || in.tensor() >= request_.tensor_names_size()) return Malformed("quantize tensor index");
+      const std::string& tensor = request_.tensor_names(in.tensor());
+      if (in.stage() < 0 || in.stage() >= request_.stages_size()) {
+        return Malformed(absl::StrCat("tensor '", tensor, "': quantize stage ", in.stage()));
+      }
+      if (in.rows() < 1 || in.cols() < 1 || in.rows() > planner::kMaxSegmentAxis ||
+          in.cols() > planner::kMaxSegmentAxis || in.scratch_base() < 0 || in.target_base() < 0 ||
+          in.scale_base() < 0 || in.target_row_stride() < in.cols() ||
+          in.scale_row_stride() < planner::ScaleBlocks(in.cols()) ||
+          in.target_row_stride() > planner::kMaxSegmentAxis || in.scale_row_stride() > planner::kMaxSegmentAxis) {
+        return Malformed(absl::StrCat("tensor '", tensor, "': a quantize's extent, base or stride"));
+      }
+      planner::QuantizeOp q;
+      int32_t* ids[] = {&q.scratch.buffer, &q.target.buffer, &q.scale.buffer};
+      const int32_t indices[] = {in.scratch_buffer(), in.target_buffer(), in.scale_buffer()};
+      for (int k = 0; k < 3; ++k) {
+        if (!Named(rank_, indices[k], ids[k])) {
+          return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
+        }
+      }
+      q.scratch.rank = q.target.rank = q.scale.rank = rank_;
+      q.tensor = in.tensor();
+      q.stage = static_cast<int8_t>(in.stage());
+      q.scratch_base = in.scratch_base();
+      q.target_base = in.target_base();
+      q.target_row_stride = in.target_row_stride();
+      q.scale_base = in.scale_base();
+      q.scale_row_stride = in.scale_row_stride();
+      q.rows = in.rows();
+      q.cols = in.cols();
+      local_.schedule.stages[q.stage].quantizes.push_back(static_cast<int32_t>(local_.plan.quantizes.size()));
+      local_.plan.quantizes.push_back(q);
     }
-    if (in.rows() < 1 || in.cols() < 1 || in.rows() > planner::kMaxSegmentAxis ||
-        in.cols() > planner::kMaxSegmentAxis || in.scratch_base() < 0 || in.target_base() < 0 || in.scale_base() < 0 ||
-        in.target_row_stride() < in.cols() || in.scale_row_stride() < planner::ScaleBlocks(in.cols()) ||
-        in.target_row_stride() > planner::kMaxSegmentAxis || in.scale_row_stride() > planner::kMaxSegmentAxis) {
-      return Malformed(absl::StrCat("tensor '", tensor, "': a quantize's extent, base or stride"));
-    }
-    planner::QuantizeOp q;
-    int32_t* ids[] = {&q.scratch.buffer, &q.target.buffer, &q.scale.buffer};
-    const int32_t indices[] = {in.scratch_buffer(), in.target_buffer(), in.scale_buffer()};
-    for (int k = 0; k < 3; ++k) {
-      if (!named(rank, indices[k], ids[k])) return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
-    }
-    q.scratch.rank = q.target.rank = q.scale.rank = rank;
-    q.tensor = in.tensor();
-    q.stage = static_cast<int8_t>(in.stage());
-    q.scratch_base = in.scratch_base();
-    q.target_base = in.target_base();
-    q.target_row_stride = in.target_row_stride();
-    q.scale_base = in.scale_base();
-    q.scale_row_stride = in.scale_row_stride();
-    q.rows = in.rows();
-    q.cols = in.cols();
-    local.schedule.stages[q.stage].quantizes.push_back(static_cast<int32_t>(local.plan.quantizes.size()));
-    local.plan.quantizes.push_back(q);
+    if (request_.scratch_bytes() < 0) return Malformed("scratch bytes");
+    local_.scratch_bytes = request_.scratch_bytes();
+    local_.schedule.scratch_handoff = request_.scratch_handoff();
+    return absl::OkStatus();
   }
-  if (request.scratch_bytes() < 0) return Malformed("scratch bytes");
-  local.scratch_bytes = request.scratch_bytes();
-  local.schedule.scratch_handoff = request.scratch_handoff();
+
   // Peer buffers take the ids after this rank's.
-  const int32_t own = static_cast<int32_t>(local.buffer_names.size());
-  for (planner::Segment& s : local.plan.segments) {
-    if (s.dst.buffer < -1) s.dst.buffer = own + (-2 - s.dst.buffer);
+  absl::Status PeerBuffers() {
+    const int32_t own = static_cast<int32_t>(local_.buffer_names.size());
+    for (planner::Segment& s : local_.plan.segments) {
+      if (s.dst.buffer < -1) s.dst.buffer = own + (-2 - s.dst.buffer);
+    }
+    for (const v1::PeerBuffer& peer : request_.peer_buffers()) {
+      if (peer.scratch_bytes() < 0) return Malformed("a peer's scratch bytes");
+      local_.peer_buffers.push_back({peer.rank(), peer.name(), peer.scratch_bytes()});
+    }
+    return absl::OkStatus();
   }
-  for (const v1::PeerBuffer& peer : request.peer_buffers()) {
-    if (peer.scratch_bytes() < 0) return Malformed("a peer's scratch bytes");
-    local.peer_buffers.push_back({peer.rank(), peer.name(), peer.scratch_bytes()});
-  }
-  local.schedule.rank = rank;
-  local.plan.num_ranks = 0;
-  local.plan.stages = request.stages_size();
-  return local;
+
+  const v1::PrepareRequest& request_;
+  const int32_t rank_;
+  LocalSchedule local_;
+  std::map<std::string, int32_t> ids_;  // buffer name -> local id
+};
+
+}  // namespace
+
+absl::StatusOr<LocalSchedule> DecodeSchedule(const v1::PrepareRequest& request, int32_t rank) {
+  return ScheduleDecoder(request, rank).Decode();
 }
 
 }  // namespace shardsync::daemon
