@@ -33,17 +33,20 @@ planner::Segment TargetView(const planner::Segment& s) {
   return view;
 }
 
-}  // namespace
+// What a rank reads to verify: every segment it sends, receives or copies (both sides of
+// a local copy) and every fill, as segments of one plan of reads, each with its region.
+struct Reads {
+  planner::Plan plan;
+  std::vector<Region> regions;  // by segment of `plan`
+};
 
-absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& plan, const planner::Schedule& schedule,
-                                           const BufferTable& buffers, int64_t scratch_bytes) {
+Reads ReadsOf(const planner::Plan& plan, const planner::Schedule& schedule) {
   const int32_t rank = schedule.rank;
-  planner::Plan reads;
-  std::vector<Region> regions;
+  Reads reads;
   const auto add = [&](const planner::Segment& segment, const planner::Segment& original, bool target_side,
                        uint64_t place, bool fill) {
-    reads.segments.push_back(segment);
-    regions.push_back({target_side, original.tensor, original.dst.rank, place, fill});
+    reads.plan.segments.push_back(segment);
+    reads.regions.push_back({target_side, original.tensor, original.dst.rank, place, fill});
   };
   // A relayed segment's source side is the relay's target: the relay's own check
   // compares that with the sources, and a failed check invalidates every target.
@@ -71,26 +74,31 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
   for (size_t i = 0; i < schedule.fills.size(); ++i) {
     const planner::Segment view = planner::FillRegion(plan.fills[schedule.fills[i]]);
     add(view, view, true, Place(rank, rank, static_cast<int64_t>(i), 0, true), true);
-    regions.back().target_rank = rank;
+    reads.regions.back().target_rank = rank;
   }
+  return reads;
+}
 
-  // Batches of parts in the scratch buffer. A part starts at a multiple of kPieceBytes
-  // of its region (so its words are numbered from there) and at a 16-byte aligned
-  // offset of the scratch (so the device reads whole words).
+// The sum of the word hashes of every segment of `reads` (numbered from its start),
+// packed on the device into batches of a scratch of at least `scratch_bytes`.
+absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner::Plan& reads,
+                                                   const BufferTable& buffers, int64_t scratch_bytes) {
+  // A part starts at a multiple of kPieceBytes of its segment (so its words are numbered
+  // from there) and at a 16-byte aligned offset of the scratch (so the device reads
+  // whole words).
   constexpr int64_t kPieceBytes = 64 << 10;
   scratch_bytes = std::max<int64_t>(scratch_bytes, 1 << 20);
   SHARDSYNC_ASSIGN_OR_RETURN(auto scratch, device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, scratch_bytes));
   struct Part {
     planner::ChunkPart elements;  // of reads.segments[elements.segment]
     int64_t offset;               // in the scratch
-    int64_t region_byte;          // where it starts in its region
+    int64_t segment_byte;         // where it starts in its segment
     int64_t bytes;
   };
-  std::vector<uint64_t> region_sums(regions.size(), 0);
   std::vector<Part> batch;
   int64_t used = 0;
   std::vector<HashPiece> pieces;
-  std::vector<int32_t> piece_region;  // of every piece queued, in order
+  std::vector<int32_t> piece_segment;  // of every piece queued, in order
   const auto flush = [&]() -> absl::Status {
     // One Pack for each run of parts that lie back to back.
     for (size_t first = 0; first < batch.size();) {
@@ -104,8 +112,8 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     pieces.clear();
     for (const Part& part : batch) {
       for (int64_t at = 0; at < part.bytes; at += kPieceBytes) {
-        pieces.push_back({part.offset + at, std::min(kPieceBytes, part.bytes - at), (part.region_byte + at) / 8});
-        piece_region.push_back(part.elements.segment);
+        pieces.push_back({part.offset + at, std::min(kPieceBytes, part.bytes - at), (part.segment_byte + at) / 8});
+        piece_segment.push_back(part.elements.segment);
       }
     }
     // Queued behind this batch's packs and before the next batch's: no wait here.
@@ -114,19 +122,17 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
     used = 0;
     return absl::OkStatus();
   };
-  std::vector<int64_t> region_bytes(regions.size());
-  for (size_t r = 0; r < regions.size(); ++r) {
+  for (size_t r = 0; r < reads.segments.size(); ++r) {
     const planner::Segment& s = reads.segments[r];
     const int64_t element = planner::ElementBytes(s.dst_dtype);
     const int64_t elements = planner::SegmentElements(s);
-    region_bytes[r] = elements * element;
     for (int64_t begin = 0; begin < elements;) {
       int64_t offset = (used + 15) / 16 * 16;
       if (offset + kPieceBytes > scratch_bytes) {  // room for at least one piece, or flush
         SHARDSYNC_RETURN_IF_ERROR(flush());
         offset = 0;
       }
-      // Whole pieces while they fit; the region's last piece may be short.
+      // Whole pieces while they fit; the segment's last piece may be short.
       const int64_t room = (scratch_bytes - offset) / kPieceBytes * kPieceBytes;
       const int64_t end = std::min(elements, begin + room / element);
       batch.push_back({{static_cast<int32_t>(r), begin, end}, offset, begin * element, (end - begin) * element});
@@ -136,22 +142,34 @@ absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& 
   }
   SHARDSYNC_RETURN_IF_ERROR(flush());
   SHARDSYNC_ASSIGN_OR_RETURN(const std::vector<uint64_t> sums, device.CollectHashes());
-  if (sums.size() != piece_region.size()) {
-    return absl::InternalError(absl::StrCat("the device hashed ", sums.size(), " pieces of ", piece_region.size()));
+  if (sums.size() != piece_segment.size()) {
+    return absl::InternalError(absl::StrCat("the device hashed ", sums.size(), " pieces of ", piece_segment.size()));
   }
-  for (size_t k = 0; k < sums.size(); ++k) region_sums[piece_region[k]] += sums[k];
+  std::vector<uint64_t> segment_sums(reads.segments.size(), 0);
+  for (size_t k = 0; k < sums.size(); ++k) segment_sums[piece_segment[k]] += sums[k];
   // The scratch is extra device memory only while verifying: give it back.
   SHARDSYNC_RETURN_IF_ERROR(device.ReleaseStaging(/*peer=*/-1, /*send=*/true));
+  return segment_sums;
+}
 
+}  // namespace
+
+absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& plan, const planner::Schedule& schedule,
+                                           const BufferTable& buffers, int64_t scratch_bytes) {
+  const Reads reads = ReadsOf(plan, schedule);
+  SHARDSYNC_ASSIGN_OR_RETURN(const std::vector<uint64_t> region_sums,
+                             HashSegments(device, reads.plan, buffers, scratch_bytes));
   Checksums sums_by_key;
-  for (size_t r = 0; r < regions.size(); ++r) {
-    const Region& region = regions[r];
+  for (size_t r = 0; r < reads.regions.size(); ++r) {
+    const Region& region = reads.regions[r];
+    const planner::Segment& s = reads.plan.segments[r];
+    const int64_t region_bytes = planner::SegmentElements(s) * planner::ElementBytes(s.dst_dtype);
     SideSums& side = sums_by_key[{plan.tensor_names[region.tensor], region.target_rank}];
-    const auto hash = [&](uint64_t word_sum) { return Mix64(word_sum ^ Mix64(region_bytes[r])) ^ region.place; };
+    const auto hash = [&](uint64_t word_sum) { return Mix64(word_sum ^ Mix64(region_bytes)) ^ region.place; };
     (region.target_side ? side.targets : side.sources) += Mix64(hash(region_sums[r]));
     if (region.expect_zeros) {
       uint64_t zeros = 0;
-      for (int64_t word = 0; word * 8 < region_bytes[r]; ++word) zeros += WordHash(static_cast<uint64_t>(word), 0);
+      for (int64_t word = 0; word * 8 < region_bytes; ++word) zeros += WordHash(static_cast<uint64_t>(word), 0);
       side.sources += Mix64(hash(zeros));
     }
   }
