@@ -98,7 +98,7 @@ std::vector<Case> AllCases(const Config& config) {
       {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
       {"qwen3-8b zero3x8 -> tp8", 0, [] { return Qwen8B(8); }},
       {"qwen3-8b zero3x8 -> tp1x8", 0, [] { return Qwen8B(1); }},
-      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, direct", 0, Qwen8BTwoNodes, planner::RelayMode::kNever},
+      {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, unrelayed", 0, Qwen8BTwoNodes, planner::RelayMode::kNever},
       {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, relayed", 0, Qwen8BTwoNodes, planner::RelayMode::kAlways},
       {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, cheaper of both", 0, Qwen8BTwoNodes, planner::RelayMode::kAuto},
       {absl::StrCat("moe-1t experts ep64xdp16 -> 8x(ep32xtp4), ", experts.layers, " of 61 layers"), 1,

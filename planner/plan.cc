@@ -258,6 +258,66 @@ absl::StatusOr<std::vector<TensorLayouts>> MatchTensors(const std::vector<Tensor
 
 namespace {
 
+// The source placements of `t` whose boxes meet `box`, clipped to it, into `out`: only
+// those whose first-axis range can reach it (`index` orders them by their start).
+void GatherCandidates(const TensorLayouts& t, const SourceIndex& index, const Box& box, std::vector<Candidate>& out) {
+  out.clear();
+  auto first = index.order.begin();
+  auto last = index.order.end();
+  if (!t.shape.empty()) {
+    const auto lo0 = [&](int32_t i) { return t.source.placements[i].box.lo[0]; };
+    first = std::partition_point(first, last, [&](int32_t i) { return lo0(i) < box.lo[0] - index.max_span; });
+    last = std::partition_point(first, last, [&](int32_t i) { return lo0(i) < box.hi[0]; });
+  }
+  for (auto it = first; it != last; ++it) {
+    Box clip = Intersect(t.source.placements[*it].box, box);
+    if (!IsEmpty(clip)) out.push_back(Candidate{*it, std::move(clip)});
+  }
+}
+
+// Phase 2: pieces held by several sources, chosen by the policy in canonical order, with
+// every forced load already counted in `sent`; each fills the segment it reserved.
+void ChoosePending(const PlanInput& input, const std::vector<Pending>& pending, const std::vector<int32_t>& pool,
+                   const ReplicaPolicy& policy, const std::vector<int8_t>& first_stage, std::vector<int64_t>& sent,
+                   Plan& plan) {
+  std::vector<int32_t> ranks;
+  for (const Pending& p : pending) {
+    const TensorLayouts& t = input.tensors[p.tensor];
+    const Placement& target = t.target.placements[p.target];
+    ranks.clear();
+    for (uint32_t i = 0; i < p.sources_count; ++i)
+      ranks.push_back(t.source.placements[pool[p.sources_begin + i]].holder.rank);
+    const size_t pick = policy.Choose(target.holder.rank, ranks, sent);
+    if (ranks[pick] != target.holder.rank) sent[ranks[pick]] += Volume(p.box) * ElementBytes(t.target_dtype);
+    plan.segments[p.segment] =
+        MakeSegment(p.tensor, t.source.placements[pool[p.sources_begin + pick]], t.source_dtype, target, t.target_dtype,
+                    p.box, first_stage.empty() ? 0 : first_stage[p.tensor]);
+  }
+}
+
+// Contiguous runs that continue each other become one segment (forced ones are merged
+// as they are made; this pass is for those phase 2 made). Segments move only after the
+// first merge: writing a large plan again costs as much as making it.
+void MergeRuns(Plan& plan) {
+  size_t kept = 0;
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    if (kept > 0 && TryMergeRuns(plan.segments[kept - 1], plan.segments[i])) continue;
+    if (kept != i) plan.segments[kept] = plan.segments[i];
+    ++kept;
+  }
+  plan.segments.resize(kept);
+}
+
+// Every target fill with elements, as the plan's fill ops.
+void AddFills(const PlanInput& input, Plan& plan) {
+  for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
+    const TensorLayouts& t = input.tensors[ti];
+    for (const Fill& f : t.target.fills) {
+      if (NumElements(f.shape) > 0) plan.fills.push_back(FillOp{static_cast<int32_t>(ti), f, t.target_dtype});
+    }
+  }
+}
+
 // MakePlan on validated input. `first_stage` gives each tensor's first stage (see
 // Segment), `quantized` the tensors that are never relayed; both empty: every tensor
 // starts in stage 0 and may be relayed.
@@ -296,20 +356,7 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
       Box uncovered;
       const CoverCache::Pieces* pieces = covers.Find(target.box);
       if (pieces == nullptr) {
-        std::vector<Candidate>& cands = coverer.candidates();
-        cands.clear();
-        auto first = index.order.begin();
-        auto last = index.order.end();
-        if (!t.shape.empty()) {
-          const auto lo0 = [&](int32_t i) { return t.source.placements[i].box.lo[0]; };
-          first =
-              std::partition_point(first, last, [&](int32_t i) { return lo0(i) < target.box.lo[0] - index.max_span; });
-          last = std::partition_point(first, last, [&](int32_t i) { return lo0(i) < target.box.hi[0]; });
-        }
-        for (auto it = first; it != last; ++it) {
-          Box clip = Intersect(t.source.placements[*it].box, target.box);
-          if (!IsEmpty(clip)) cands.push_back(Candidate{*it, std::move(clip)});
-        }
+        GatherCandidates(t, index, target.box, coverer.candidates());
         pieces = covers.Cover(coverer, target.box, &uncovered);
       }
       const int32_t me = static_cast<int32_t>(pi);
@@ -388,40 +435,9 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
     }
   }
 
-  // Phase 2: pieces held by several sources, chosen by the policy in canonical order,
-  // with every forced load already counted.
-  std::vector<int32_t> ranks;
-  for (const Pending& p : pending) {
-    const TensorLayouts& t = input.tensors[p.tensor];
-    const Placement& target = t.target.placements[p.target];
-    ranks.clear();
-    for (uint32_t i = 0; i < p.sources_count; ++i)
-      ranks.push_back(t.source.placements[pool[p.sources_begin + i]].holder.rank);
-    const size_t pick = policy.Choose(target.holder.rank, ranks, sent);
-    if (ranks[pick] != target.holder.rank) sent[ranks[pick]] += Volume(p.box) * ElementBytes(t.target_dtype);
-    plan.segments[p.segment] = MakeSegment(p.tensor, t.source.placements[pool[p.sources_begin + pick]], t.source_dtype,
-                                           target, t.target_dtype, p.box, first_stage_of(p.tensor));
-  }
-
-  // Contiguous runs that continue each other become one segment: forced ones as they
-  // are made, and, where phase 2 made some, in a pass over the plan (segments move only
-  // after its first merge: writing a large plan again costs as much as making it).
-  if (!pending.empty()) {
-    size_t kept = 0;
-    for (size_t i = 0; i < plan.segments.size(); ++i) {
-      if (kept > 0 && TryMergeRuns(plan.segments[kept - 1], plan.segments[i])) continue;
-      if (kept != i) plan.segments[kept] = plan.segments[i];
-      ++kept;
-    }
-    plan.segments.resize(kept);
-  }
-
-  for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
-    const TensorLayouts& t = input.tensors[ti];
-    for (const Fill& f : t.target.fills) {
-      if (NumElements(f.shape) > 0) plan.fills.push_back(FillOp{static_cast<int32_t>(ti), f, t.target_dtype});
-    }
-  }
+  ChoosePending(input, pending, pool, policy, first_stage, sent, plan);
+  if (!pending.empty()) MergeRuns(plan);
+  AddFills(input, plan);
   return plan;
 }
 
