@@ -1,5 +1,6 @@
 #include "planner/model_layout.h"
 
+#include <functional>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -93,19 +94,15 @@ ModelTensor MakeTensor(std::string name, Index shape, DType dtype, TpStyle style
   return t;
 }
 
-absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
-  if (spec.zero_stage < 1 || spec.zero_stage > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("zero_stage must be 1, 2 or 3, got ", spec.zero_stage));
-  }
-  if (spec.dp_ranks.empty()) return absl::InvalidArgumentError("a model layout needs at least one DP rank");
-  std::map<std::string, const ModelTensor*> by_name;
-  std::vector<const ModelTensor*> sourced;
-  // Sizes are checked before any offset is summed from them (found by the fuzzer: a
-  // huge extent overflowed the arena's offsets). 2^50 bytes is far beyond any model and
-  // far from int64's end.
+namespace {
+
+// Sizes are checked before any offset is summed from them (found by the fuzzer: a huge
+// extent overflowed the arena's offsets). 2^50 bytes is far beyond any model and far
+// from int64's end.
+absl::Status CheckSizes(const std::vector<ModelTensor>& tensors) {
   constexpr int64_t kMaxModelBytes = int64_t{1} << 50;
   int64_t model_bytes = 0;
-  for (const ModelTensor& t : spec.tensors) {
+  for (const ModelTensor& t : tensors) {
     if (t.shape.size() > static_cast<size_t>(kMaxAxes)) return Bad(t.name, "has more axes than are supported");
     int64_t numel = 1;
     for (int64_t extent : t.shape) {
@@ -116,20 +113,15 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
     model_bytes += numel * ElementBytes(t.dtype);
     if (model_bytes > kMaxModelBytes) return Bad(t.name, "makes the model larger than 2^50 bytes");
   }
-  for (const ModelTensor& t : spec.tensors) {
-    if (!by_name.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
-    if (t.tied_to.empty()) sourced.push_back(&t);
-  }
-  // Float8 targets are the linear layers: 2-D split tensors only.
-  const bool float8 = spec.target_dtype == DType::kFloat8E4M3;
-  const auto quantized = [&](const ModelTensor& t) {
-    return float8 && t.shape.size() == 2 && (t.style == TpStyle::kColumn || t.style == TpStyle::kRow);
-  };
-  const auto target_dtype = [&](const ModelTensor& t) {
-    return quantized(t) ? DType::kFloat8E4M3 : float8 ? t.dtype : spec.target_dtype.value_or(t.dtype);
-  };
-  PlanInput input;
-  std::map<std::string, size_t> index;  // tensor name -> PlanInput::tensors
+  return absl::OkStatus();
+}
+
+// The trainer's side: the `sourced` tensors back to back in one ZeRO flat on every DP
+// rank (ZeRO-3 partitions or ZeRO-1/2 replicas), each as a PlanInput tensor (`index`
+// gets its position) whose target dtype is `target_dtype`'s, and the flat's buffers.
+absl::Status AddSources(const ModelLayoutSpec& spec, const std::vector<const ModelTensor*>& sourced,
+                        const std::function<DType(const ModelTensor&)>& target_dtype, PlanInput& input,
+                        std::map<std::string, size_t>& index) {
   std::vector<int64_t> numels;
   for (const ModelTensor* t : sourced) {
     if (t->dtype != sourced[0]->dtype) {
@@ -153,6 +145,34 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
           Buffer{Holder{rank, spec.source_buffer}, offsets.back() * ElementBytes(sourced[0]->dtype), {}});
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
+  if (spec.zero_stage < 1 || spec.zero_stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("zero_stage must be 1, 2 or 3, got ", spec.zero_stage));
+  }
+  if (spec.dp_ranks.empty()) return absl::InvalidArgumentError("a model layout needs at least one DP rank");
+  SHARDSYNC_RETURN_IF_ERROR(CheckSizes(spec.tensors));
+  std::map<std::string, const ModelTensor*> by_name;
+  std::vector<const ModelTensor*> sourced;
+  for (const ModelTensor& t : spec.tensors) {
+    if (!by_name.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
+    if (t.tied_to.empty()) sourced.push_back(&t);
+  }
+  // Float8 targets are the linear layers: 2-D split tensors only.
+  const bool float8 = spec.target_dtype == DType::kFloat8E4M3;
+  const auto quantized = [&](const ModelTensor& t) {
+    return float8 && t.shape.size() == 2 && (t.style == TpStyle::kColumn || t.style == TpStyle::kRow);
+  };
+  const auto target_dtype = [&](const ModelTensor& t) {
+    return quantized(t) ? DType::kFloat8E4M3 : float8 ? t.dtype : spec.target_dtype.value_or(t.dtype);
+  };
+  PlanInput input;
+  std::map<std::string, size_t> index;  // tensor name -> PlanInput::tensors
+  SHARDSYNC_RETURN_IF_ERROR(AddSources(spec, sourced, target_dtype, input, index));
 
   // Which fused group each member belongs to, checked up front.
   std::map<std::string, const FusedQkvGroup*> qkv_of;
