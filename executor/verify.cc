@@ -80,18 +80,18 @@ Reads ReadsOf(const planner::Plan& plan, const planner::Schedule& schedule) {
 }
 
 // The sum of the word hashes of every segment of `reads` (numbered from its start),
-// packed on the device into batches of a scratch of at least `scratch_bytes`.
+// packed on the device into batches of a staging buffer of at least `staging_bytes`.
 absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner::Plan& reads,
-                                                   const BufferTable& buffers, int64_t scratch_bytes) {
+                                                   const BufferTable& buffers, int64_t staging_bytes) {
   // A part starts at a multiple of kPieceBytes of its segment (so its words are numbered
-  // from there) and at a 16-byte aligned offset of the scratch (so the device reads
+  // from there) and at a 16-byte aligned offset of the staging buffer (so the device reads
   // whole words).
   constexpr int64_t kPieceBytes = 64 << 10;
-  scratch_bytes = std::max<int64_t>(scratch_bytes, 1 << 20);
-  SHARDSYNC_ASSIGN_OR_RETURN(auto scratch, device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, scratch_bytes));
+  staging_bytes = std::max<int64_t>(staging_bytes, 1 << 20);
+  SHARDSYNC_ASSIGN_OR_RETURN(auto staging, device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, staging_bytes));
   struct Part {
     planner::ChunkPart elements;  // of reads.segments[elements.segment]
-    int64_t offset;               // in the scratch
+    int64_t offset;               // in the staging
     int64_t segment_byte;         // where it starts in its segment
     int64_t bytes;
   };
@@ -106,7 +106,7 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
       while (last < batch.size() && batch[last].offset == batch[last - 1].offset + batch[last - 1].bytes) ++last;
       std::vector<planner::ChunkPart> run;
       for (size_t k = first; k < last; ++k) run.push_back(batch[k].elements);
-      SHARDSYNC_RETURN_IF_ERROR(device.Pack(reads, run, buffers, scratch + batch[first].offset, /*slot=*/0));
+      SHARDSYNC_RETURN_IF_ERROR(device.Pack(reads, run, buffers, staging + batch[first].offset, /*slot=*/0));
       first = last;
     }
     pieces.clear();
@@ -117,7 +117,7 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
       }
     }
     // Queued behind this batch's packs and before the next batch's: no wait here.
-    SHARDSYNC_RETURN_IF_ERROR(device.QueueHashes(scratch, pieces));
+    SHARDSYNC_RETURN_IF_ERROR(device.QueueHashes(staging, pieces));
     batch.clear();
     used = 0;
     return absl::OkStatus();
@@ -128,12 +128,12 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
     const int64_t elements = planner::SegmentElements(s);
     for (int64_t begin = 0; begin < elements;) {
       int64_t offset = (used + 15) / 16 * 16;
-      if (offset + kPieceBytes > scratch_bytes) {  // room for at least one piece, or flush
+      if (offset + kPieceBytes > staging_bytes) {  // room for at least one piece, or flush
         SHARDSYNC_RETURN_IF_ERROR(flush());
         offset = 0;
       }
       // Whole pieces while they fit; the segment's last piece may be short.
-      const int64_t room = (scratch_bytes - offset) / kPieceBytes * kPieceBytes;
+      const int64_t room = (staging_bytes - offset) / kPieceBytes * kPieceBytes;
       const int64_t end = std::min(elements, begin + room / element);
       batch.push_back({{static_cast<int32_t>(r), begin, end}, offset, begin * element, (end - begin) * element});
       used = offset + (end - begin) * element;
@@ -147,7 +147,7 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
   }
   std::vector<uint64_t> segment_sums(reads.segments.size(), 0);
   for (size_t k = 0; k < sums.size(); ++k) segment_sums[piece_segment[k]] += sums[k];
-  // The scratch is extra device memory only while verifying: give it back.
+  // The staging buffer is extra device memory only while verifying: give it back.
   SHARDSYNC_RETURN_IF_ERROR(device.ReleaseStaging(/*peer=*/-1, /*send=*/true));
   return segment_sums;
 }
@@ -155,10 +155,10 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
 }  // namespace
 
 absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& plan, const planner::Schedule& schedule,
-                                           const BufferTable& buffers, int64_t scratch_bytes) {
+                                           const BufferTable& buffers, int64_t staging_bytes) {
   const Reads reads = ReadsOf(plan, schedule);
   SHARDSYNC_ASSIGN_OR_RETURN(const std::vector<uint64_t> region_sums,
-                             HashSegments(device, reads.plan, buffers, scratch_bytes));
+                             HashSegments(device, reads.plan, buffers, staging_bytes));
   Checksums sums_by_key;
   for (size_t r = 0; r < reads.regions.size(); ++r) {
     const Region& region = reads.regions[r];

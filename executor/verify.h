@@ -26,9 +26,9 @@ struct SideSums {
 // By (tensor name, target rank).
 using Checksums = std::map<std::pair<std::string, int32_t>, SideSums>;
 
-// Packs through `device` into one staging buffer of `scratch_bytes` (at least 1 MiB
+// Packs through `device` into one staging buffer of `staging_bytes` (at least 1 MiB
 // is used, freed at the end) and hashes it there.
 absl::StatusOr<Checksums> ComputeChecksums(Device& device, const planner::Plan& plan, const planner::Schedule& schedule,
-                                           const BufferTable& buffers, int64_t scratch_bytes);
+                                           const BufferTable& buffers, int64_t staging_bytes);
 
 }  // namespace shardsync::executor
