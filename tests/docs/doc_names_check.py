@@ -1,4 +1,5 @@
-"""Every flag and code symbol the docs name is one the code has.
+"""Every flag and code symbol the docs name is one the code has, and every link to a
+heading reaches one.
 
 Reads README.md and docs/*.md; takes each `--flag` they name (in backticks or code
 blocks) and each CamelCase symbol in backticks (`SyncLedger`, `PeerTargets::Map`), and
@@ -24,7 +25,8 @@ OTHER_PROGRAMS = {"--config", "--test_output", "--system-site-packages", "--no-b
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_]*(?:-[a-z0-9_]+)*")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
-SYMBOL = re.compile(r"^(?:[A-Z][a-z0-9]+){2,}(?:::[A-Z][A-Za-z0-9]*)?$")
+# CamelCase with two capitals at least (`SyncLedger`, `Coordinator::Sync`), not a word.
+SYMBOL = re.compile(r"^[A-Z][A-Za-z0-9]*(?:::[A-Z][A-Za-z0-9]*)?$")
 
 
 def code_text(root):
@@ -59,9 +61,35 @@ def named_in(path):
                     names.append((number, "flag", flag))
                 if not fenced:
                     for word in re.findall(r"[A-Za-z_][A-Za-z0-9_:]*", span):
-                        if SYMBOL.match(word):
+                        if SYMBOL.match(word) and sum(c.isupper() for c in word) >= 2 and not word.isupper():
                             names.append((number, "symbol", word))
     return names
+
+
+LINK = re.compile(r"\]\(([^)#\s]*\.md)?#([a-z0-9-]+)\)")
+
+
+def anchors(path):
+    """The anchors of the headings of the doc at `path`, as GitHub makes them."""
+    found = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#"):
+                title = line.lstrip("#").strip().lower()
+                found.add(re.sub(r"[^a-z0-9 -]", "", title).replace(" ", "-"))
+    return found
+
+
+def broken_links(doc):
+    """Each `[..](file.md#anchor)` or `[..](#anchor)` of `doc` whose heading is not there."""
+    broken = []
+    with open(doc, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            for target, anchor in LINK.findall(line):
+                path = os.path.normpath(os.path.join(os.path.dirname(doc), target)) if target else doc
+                if not os.path.exists(path) or anchor not in anchors(path):
+                    broken.append(f"{doc}:{number}: link {target}#{anchor} reaches no heading")
+    return broken
 
 
 def main(root):
@@ -78,6 +106,10 @@ def main(root):
                 if kind == "flag" else all(part in code for part in name.split("::"))
             if not found:
                 missing.append(f"{os.path.relpath(doc, root)}:{number}: {kind} {name} is in no code")
+    for doc in docs:
+        links = broken_links(doc)
+        checked += len(LINK.findall(open(doc, encoding="utf-8").read()))
+        missing += [os.path.relpath(line, root) if line.startswith(root) else line for line in links]
     for line in missing:
         print(line)
     print(f"{checked - len(missing)} passed, {len(missing)} failed")
