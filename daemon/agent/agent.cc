@@ -13,8 +13,8 @@ Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, exec
       preparer_(PreparerConfig{config_.rank, config_.max_staging_bytes, config_.rpc_deadline}, registry, transport,
                 direct),
       peers_(config_.rank, registry),
-      clients_(ClientDeskConfig{config_.rank, config_.rpc_deadline, config_.source_uids, config_.target_uids}, registry,
-               link, device, ledger_),
+      clients_(ClientDeskConfig{config_.rpc_deadline, config_.source_uids, config_.target_uids}, registry, link, device,
+               ledger_),
       syncs_(config_.rank, config_.rpc_deadline,
              SyncParts{registry, ledger_, preparer_, peers_, device, transport, mailbox, direct}) {}
 

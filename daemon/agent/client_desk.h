@@ -19,7 +19,6 @@
 namespace shardsync::agent {
 
 struct ClientDeskConfig {
-  int32_t rank = 0;
   absl::Duration rpc_deadline = absl::Seconds(5);  // for the coordinator to take a registration
   // Who may register sources and targets: the uids of the unix socket's peers; empty:
   // the agent's own uid alone.
