@@ -181,15 +181,19 @@ class IntegrationsTest(unittest.TestCase):
         for rank, engine in enumerate(engines):
             self.assertEqual(differences(engine, loaded_engine(DENSE, rank, 2, checkpoint)), [])
 
-    def test_zero12_fp32_masters_into_bf16_targets_the_sender_converting(self):
-        """ZeRO-2 (stand-in, round-robin order) fp32 master partitions into the bf16
-        stand-in at TP 2: equal to the stand-in loading the masters converted by torch."""
+    def check_masters(self, make_optimizer, frozen=()):
+        """fp32 master partitions from `make_optimizer(module, rank, masters)` (a stand-in
+        of DeepSpeed's ZeRO-1/2 optimizers) on every DP rank into the bf16 stand-in at TP
+        2, parameters named in `frozen` not trained: equal to the stand-in loading the
+        masters converted by torch, the frozen ones from their bf16 memory."""
         shapes = vllm_qwen3.checkpoint_shapes(DENSE)
         generator = torch.Generator().manual_seed(6)
         masters = {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
         for rank in range(WORLD):
             module = CheckpointModule(shapes)
-            optimizer = deepspeed_zero.Zero12Optimizer(module, rank, WORLD, masters, round_robin=True)
+            for name in frozen:
+                module.get_parameter(name).requires_grad_(False)
+            optimizer = make_optimizer(module, rank, masters)
             self.handles.append(TrainerSource(
                 self.agent(rank), f"trainer-{rank}",
                 lambda o=optimizer, m=module: zero12_master_sources(o, m, rank_of=lambda g: g.rank)))
@@ -198,6 +202,39 @@ class IntegrationsTest(unittest.TestCase):
         converted = {name: value.to(torch.bfloat16) for name, value in masters.items()}
         for rank, engine in enumerate(engines):
             self.assertEqual(differences(engine, loaded_engine(DENSE, rank, 2, converted)), [])
+
+    def test_zero12_fp32_masters_into_bf16_targets_the_sender_converting(self):
+        """ZeRO-2 in round-robin order, ``partition_size`` a float as DeepSpeed holds it."""
+        self.check_masters(lambda module, rank, masters: deepspeed_zero.Zero12Optimizer(
+            module, rank, WORLD, masters, round_robin=True))
+
+    def test_zero12_frozen_parameters_come_from_their_bf16_memory(self):
+        """Two parameter groups, the norms and an embedding frozen: DeepSpeed keeps no
+        master of them, so their bf16 weights are the source."""
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        frozen = ["model.embed_tokens.weight"] + [name for name in shapes if "norm" in name]
+        trained = [name for name in shapes if name not in frozen]
+        groups = [[name for name in trained if "mlp" in name], [name for name in trained if "mlp" not in name]]
+        self.check_masters(lambda module, rank, masters: deepspeed_zero.Zero12Optimizer(
+            module, rank, WORLD, masters, round_robin=True, param_groups=groups), frozen=frozen)
+
+    def test_bf16_optimizer_masters_into_bf16_targets(self):
+        """ZeRO-1 with bf16 and fp32 gradient accumulation runs BF16_Optimizer, whose flat
+        and partitions have other names and no partition_size."""
+        self.check_masters(lambda module, rank, masters: deepspeed_zero.Bf16Optimizer(
+            module, rank, WORLD, masters), frozen=["model.norm.weight"])
+
+    def test_an_optimizer_without_fp32_partitions_is_refused_by_name(self):
+        module = CheckpointModule({"w": (4,)})
+        with self.assertRaisesRegex(ValueError, "optimizer SGD holds no ZeRO-1/2 fp32 partitions"):
+            zero12_master_sources(torch.optim.SGD(module.parameters(), lr=0.1), module, rank_of=lambda g: 0)
+
+    def test_a_parameter_outside_its_groups_flat_is_refused_by_name(self):
+        module = CheckpointModule({"a": (4,), "b": (6,)})
+        optimizer = deepspeed_zero.Zero12Optimizer(module, 0, 1, {"a": torch.ones(4), "b": torch.ones(6)})
+        module.b.data = module.b.data.clone()  # moved out of the flat
+        with self.assertRaisesRegex(ValueError, "parameter 'b' is not a view of its group's bit16 flat"):
+            zero12_master_sources(optimizer, module, rank_of=lambda g: 0)
 
     def test_an_engine_whose_memory_moved_registers_again_and_says_its_version(self):
         shapes = vllm_qwen3.checkpoint_shapes(DENSE)

@@ -13,7 +13,8 @@ registers them and registers again when the memory moved.
   the parameter's process group holds elements [r*P, min((r+1)*P, ds_numel)) of its
   row-major elements, P the partition's size.
 - ``zero12_master_sources``: DeepSpeed ZeRO-1/2's fp32 master partitions instead of the
-  bf16 copy (targets in bf16: the sender converts).
+  bf16 copy (targets in bf16: the sender converts), frozen parameters from their bf16
+  memory.
 """
 
 
@@ -154,32 +155,69 @@ def namespaced(buffers: Mapping[str, Any], layouts: List[layout_pb2.TensorLayout
     return renamed, layouts
 
 
+def _zero12_groups(optimizer: Any) -> List[Tuple[List[torch.nn.Parameter], torch.Tensor, torch.Tensor]]:
+    """(parameters, bit16 flat, this rank's fp32 partition) per parameter group, from
+    either optimizer DeepSpeed's ZeRO-1/2 runs: ``DeepSpeedZeroOptimizer``
+    (stage_1_and_2.py) or ``BF16_Optimizer`` (ZeRO-1 with bf16 weights and fp32 gradient
+    accumulation). Another object is refused by name."""
+    if hasattr(optimizer, "single_partition_of_fp32_groups"):
+        return list(zip(optimizer.round_robin_bit16_groups, optimizer.bit16_groups_flat,
+                        optimizer.single_partition_of_fp32_groups))
+    if hasattr(optimizer, "fp32_groups_flat_partition"):
+        return list(zip(optimizer.bf16_groups, optimizer.bf16_groups_flat, optimizer.fp32_groups_flat_partition))
+    raise ValueError(f"optimizer {type(optimizer).__name__} holds no ZeRO-1/2 fp32 partitions (neither "
+                     "single_partition_of_fp32_groups nor fp32_groups_flat_partition)")
+
+
 def zero12_master_sources(optimizer: Any, module: torch.nn.Module, rename: Rename = None,
                           rank_of: Optional[Callable[[Any], int]] = None) -> Described:
     """DeepSpeed ZeRO-1/2's fp32 master partitions (synced into bf16 targets, the sender
-    converting): parameter group g's flat is its parameters back to back in the order of
-    ``round_robin_bit16_groups[g]`` (padded at its end only), and this rank holds
-    elements [r*P, (r+1)*P) of it in ``single_partition_of_fp32_groups[g]``, P =
-    ``partition_size[g]``, r this rank's index in ``real_dp_process_group[g]`` (``rank_of``,
-    as for zero3_sources)."""
+    converting). Parameter group g's trainable parameters are views of one bit16 flat,
+    each where its memory says (its address minus the flat's); this rank holds flat
+    elements [r*P, (r+1)*P) as fp32, P the partition's length, r this rank's index in
+    ``real_dp_process_group[g]`` (``rank_of``, as for zero3_sources). Parameters in no
+    group (frozen ones: DeepSpeed keeps no master of them) come whole from their own
+    memory, as module_sources reads them."""
     if rank_of is None:
         import torch.distributed as dist
         rank_of = lambda group: dist.get_rank(group=group)  # noqa: E731
     names = {id(param): name for name, param in module.named_parameters()}
     out = Layouts()
-    for g, params in enumerate(optimizer.round_robin_bit16_groups):
+    mastered = set()
+    for g, (params, flat, partition) in enumerate(_zero12_groups(optimizer)):
         # Group g is partitioned over its own group (MoE expert groups differ from the DP group).
         rank = rank_of(optimizer.real_dp_process_group[g])
-        partition, size = optimizer.single_partition_of_fp32_groups[g], optimizer.partition_size[g]
-        first, offset = rank * size, 0
+        size = partition.numel()
+        first = rank * size
         for param in params:
-            ckpt = checkpoint_name(names[id(param)], rename)
+            if id(param) not in names:
+                raise ValueError(f"parameter group {g} holds a parameter that is not in the module")
+            name = names[id(param)]
+            mastered.add(id(param))
+            if param.numel() == 0:
+                continue
+            offset = _offset_in(param.data, flat, name)
             lo, hi = max(offset, first), min(offset + param.numel(), first + size)
             if lo < hi:
+                ckpt = checkpoint_name(name, rename)
                 out.add_stretch(f"fp32-group-{g}", partition, ckpt, param.shape, lo - offset, hi - offset,
                                 base=lo - first)
-            offset += param.numel()
+    for name, param in module.named_parameters():
+        if id(param) not in mastered:
+            ckpt = checkpoint_name(name, rename)
+            out.add_stretch(ckpt, param.data, ckpt, param.shape, 0, param.numel())
     return out.result()
+
+
+def _offset_in(view: torch.Tensor, flat: torch.Tensor, name: str) -> int:
+    """The element of `flat` where contiguous `view` (parameter `name`) starts; a
+    parameter that is not a view of the flat is refused by name."""
+    size = flat.element_size()
+    start = view.data_ptr() - flat.data_ptr()
+    if (view.dtype != flat.dtype or not view.is_contiguous() or start < 0 or start % size or
+            start // size + view.numel() > flat.numel()):
+        raise ValueError(f"parameter '{name}' is not a view of its group's bit16 flat")
+    return start // size
 
 
 class Registered:
