@@ -118,8 +118,10 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   }
   SHARDSYNC_RETURN_IF_ERROR(CheckLimits(request.client_id(), peer));
   for (const auto& [name, entry] : opened) {
-    if (buffers_.count(name)) {
-      return absl::AlreadyExistsError(absl::StrCat("buffer '", name, "' is already registered on rank ", rank_));
+    if (const auto held = buffers_.find(name); held != buffers_.end()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("client '", request.client_id(), "' buffer '", name, "' is already registered on rank ", rank_,
+                       " by client '", held->second->client_id, "': buffer names are unique among an agent's clients"));
     }
   }
   Client client;

@@ -487,6 +487,37 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   CHECK(agent0_status->target_valid());
 }
 
+TEST_CASE("an agent killed between syncs: the next sync is refused naming it, every target valid and unchanged") {
+  for (const std::string direct : {"auto", "never"}) {
+    INFO("--direct " << direct);
+    ClusterOptions options;
+    options.direct = direct;
+    options.sync_timeout_ms = 5000;
+    Cluster cluster(options);
+    Deployment deployment(cluster, "between", ModelJson(3, kLayouts[0].replicas), 31);
+    RequireReady(deployment);
+    for (int i = 0; i < 2; ++i) REQUIRE(SyncOnce(cluster, absl::Seconds(60)).ok());
+    deployment.Refill(32);
+    cluster.agent(2).Signal(SIGKILL);
+    cluster.agent(2).Wait(absl::Seconds(5));
+    auto sync = SyncOnce(cluster, absl::Seconds(120));
+    REQUIRE_FALSE(sync.ok());
+    INFO(sync.status().message());
+    CHECK(absl::IsFailedPrecondition(sync.status()));
+    CHECK_THAT(std::string(sync.status().message()), Contains("refused, no byte moved"));
+    CHECK_THAT(std::string(sync.status().message()), Contains("rank 2 did not answer Prepare"));
+    auto status = cluster.coordinator_client().Status(absl::Seconds(5));
+    REQUIRE(status.ok());
+    CHECK(status->targets_valid());
+    CHECK(deployment.CheckTargets(31, {0, 1, 3}).empty());  // the last sync's bytes
+    RestartAgent(cluster, deployment, 2);
+    auto again = SyncOnce(cluster, absl::Seconds(60));
+    INFO(again.status().message());
+    REQUIRE(again.ok());
+    CHECK(deployment.CheckTargets(32).empty());
+  }
+}
+
 TEST_CASE("the direct path: an agent killed after its copies, before it says done, fails the sync named; then exact") {
   ClusterOptions options;
   options.sync_timeout_ms = 5000;

@@ -442,6 +442,45 @@ class PythonClientTest(unittest.TestCase):
                 agent.register("trainer-0", role, {"flat": (shardsync.shardsync_pb2.MemoryHandle(), 120)}, [layout])
         self.assertFalse(any(c.client_id == "trainer-0" for c in agent.status().clients))
 
+    def test_two_clients_arenas_with_default_names_register_on_one_agent(self):
+        agent = shardsync.AgentClient(self.cluster.socket(0))
+        arenas = [shardsync.WeightArena([("w", (4, 4), "bfloat16")]) for _ in range(2)]
+        self.buffers += [arena.memory for arena in arenas]
+        self.assertNotEqual(arenas[0].buffer_name, arenas[1].buffer_name)
+        for i, arena in enumerate(arenas):
+            layout = shardsync.tensor_layout("w", (4, 4), "bfloat16", placements=[arena.placement("w", (0, 0), (4, 4))])
+            self.registrations.append(agent.register(f"rollout-{i}", "target", arena.buffers(), [layout]))
+
+    def test_a_buffer_name_another_client_holds_is_refused_naming_that_client(self):
+        agent = shardsync.AgentClient(self.cluster.socket(0))
+        arenas = [shardsync.WeightArena([("w", (4, 4), "bfloat16")], buffer_name="weights") for _ in range(2)]
+        self.buffers += [arena.memory for arena in arenas]
+        layout = shardsync.tensor_layout("w", (4, 4), "bfloat16", placements=[arenas[0].placement("w", (0, 0), (4, 4))])
+        self.registrations.append(agent.register("rollout-0", "target", arenas[0].buffers(), [layout]))
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            agent.register("rollout-1", "target", arenas[1].buffers(), [layout])
+        self.assertEqual(refused.exception.code.name, "ALREADY_EXISTS")
+        self.assertIn("buffer 'weights' is already registered on rank 0 by client 'rollout-0'", refused.exception.message)
+
+    def test_a_shared_buffer_is_unlinked_on_close_even_while_views_live(self):
+        buffer = shardsync.SharedBuffer(64)
+        path = "/dev/shm" + buffer.handle()[0].shm_name
+        view = numpy.frombuffer(buffer.buf, dtype=numpy.uint8)
+        with self.assertRaisesRegex(BufferError, "is unlinked, but views of it are alive"):
+            buffer.close()
+        self.assertFalse(os.path.exists(path))
+        del view
+        buffer.close()  # now unmapped
+        with self.assertRaises(ValueError):
+            buffer.buf[0]
+
+    def test_a_stopped_local_cluster_leaves_no_folder(self):
+        folder = self.cluster.dir
+        self.assertTrue(os.path.isdir(folder))
+        self.cluster.stop()
+        self.assertFalse(os.path.exists(folder))
+        self.cluster = start_cluster()  # for tearDown
+
 
 if __name__ == "__main__":
     result = unittest.main(exit=False, verbosity=2).result

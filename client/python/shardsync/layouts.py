@@ -2,7 +2,9 @@
 arena, and TensorLayout messages for ZeRO partitions and TP shards. Sizes, offsets and
 boxes are in elements unless a name says bytes."""
 
+import itertools
 import math
+import os
 from multiprocessing import shared_memory
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -25,22 +27,32 @@ ALIGNMENT = 256  # bytes: every arena view starts on this boundary
 
 class SharedBuffer:
     """Host memory this process owns as a POSIX shared memory object (CPU mode); the
-    agent maps it by name. Unlinked on close()."""
+    agent maps it by name. close() unlinks it."""
 
     def __init__(self, nbytes: int, name: Optional[str] = None) -> None:
         self._shm = shared_memory.SharedMemory(name=name, create=True, size=max(nbytes, 1))
         self.nbytes = nbytes
         self.buf = self._shm.buf[:nbytes]
+        self._unlinked = False
 
     def handle(self) -> Tuple[shardsync_pb2.MemoryHandle, int]:
         """The registration handle and size of this buffer."""
         return shardsync_pb2.MemoryHandle(shm_name="/" + self._shm.name, device=-1), self.nbytes
 
     def close(self) -> None:
-        """Releases the mapping and unlinks the object; views into it must be gone."""
-        self.buf.release()
-        self._shm.close()
-        self._shm.unlink()
+        """Unlinks the object, then releases this process's mapping. Views into `buf`
+        (memoryviews, numpy arrays) that are still alive keep the mapping: BufferError
+        names the object, which is unlinked all the same; close() again once they are
+        gone."""
+        if not self._unlinked:
+            self._unlinked = True
+            self._shm.unlink()
+        try:
+            self.buf.release()
+            self._shm.close()
+        except BufferError:
+            raise BufferError(f"shared memory /{self._shm.name} is unlinked, but views of it are alive: drop them "
+                              "and close() again to unmap it") from None
 
 
 def tensor_layout(name: str, shape: Sequence[int], dtype: str, placements: Iterable[Sequence[Any]] = (),
@@ -104,11 +116,14 @@ class WeightArena:
     a 256-byte boundary. `shards` are (name, shard_shape, dtype), the dtype a name of
     DTYPE_BYTES or, with a device, a torch dtype. Without `device` the arena is host
     shared memory (CPU agents); with a CUDA `device` (needs torch) it is one CUDA
-    allocation, registered by its CUDA IPC handle."""
+    allocation, registered by its CUDA IPC handle. `buffer_name` must be unique among
+    all clients of one agent; by default it is "arena-<pid>-<n>", unique per process."""
+
+    _made = itertools.count()
 
     def __init__(self, shards: Iterable[Tuple[str, Sequence[int], Any]], device: Any = None,
-                 buffer_name: str = "arena") -> None:
-        self.buffer_name = buffer_name
+                 buffer_name: Optional[str] = None) -> None:
+        self.buffer_name = buffer_name or f"arena-{os.getpid()}-{next(WeightArena._made)}"
         self.offsets: Dict[str, Tuple[int, Tuple[int, ...], str]] = {}  # name -> (byte offset, shape, dtype name)
         used = 0
         for name, shard_shape, dtype in shards:

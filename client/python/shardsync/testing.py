@@ -13,6 +13,7 @@ under Bazel; this one runs where only dist/ and Python are (the GPU machines).
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -112,7 +113,8 @@ class LocalCluster:
 
     def stop(self, clients=()):
         """Asks `clients` (processes reading commands on stdin) to exit, then stops every
-        daemon; a process that does not end in time is killed."""
+        daemon (a process that does not end in time is killed) and removes the folder of
+        sockets and port files; the logs stay."""
         for p in clients:
             if p.poll() is None and p.stdin:
                 p.stdin.write("exit\n")
@@ -126,3 +128,5 @@ class LocalCluster:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -246,8 +246,9 @@ class Registered:
 
 
 class TrainerSource(Registered):
-    """A trainer's shards registered with its agent as sources: `describe()` is e.g.
-    ``lambda: fsdp2_sources(model)``; ``reregister()`` after the trainer's memory moved
+    """A trainer's shards registered with its agent as sources, from construction until
+    ``close()``: `describe()` is e.g. ``lambda: fsdp2_sources(model)``; ``reregister()``
+    after the trainer's memory moved
     (offload and reload, ``load_state_dict(assign=True)``). `ready_event`: as
     ``AgentClient.register``'s."""
 

@@ -223,28 +223,32 @@ def module_targets(module: torch.nn.Module, rename: Optional[Callable[[str], str
 
 
 class EngineTarget(Registered):
-    """An engine's weights registered with the agent of its device as targets.
+    """An engine's weights registered with the agent of its device as targets, from
+    construction until ``close()``.
 
     `describe()` returns (buffers, layouts), e.g. ``lambda: loader_targets(model,
     model.load_weights, shapes)``. Around each sync the orchestrator calls ``pause()``
-    (no forward pass reads the weights while they change) and, once the sync succeeded,
-    ``resume(version)``: it runs `post_load` (the engine's step after loading weights,
-    where it has one), records `version` and calls `resume_engine`. ``reregister()`` after
-    the engine's memory moved. ``weight_version()`` is the agent's word: the last sync
-    that completed into these targets, None while they are invalid."""
+    (runs `pause_engine`: no forward pass reads the weights while they change) and, once
+    the sync succeeded, ``resume(version)`` with the sync's id (``SyncResponse.sync_id``):
+    it runs `post_load` (the engine's step after loading weights, where it has one),
+    keeps `version` in ``self.version`` and runs `resume_engine`. Without those callables
+    both do nothing else, and the caller must keep forward passes off the weights during
+    the sync itself. ``reregister()`` after the engine's memory moved.
+    ``weight_version()`` is the agent's word: the id of the last sync that completed
+    into these targets, None while they are invalid."""
 
     def __init__(self, agent: AgentClient, client_id: str, describe: Callable[[], Described], *,
                  pause_engine: Optional[Callable[[], Any]] = None, resume_engine: Optional[Callable[[], Any]] = None,
                  post_load: Optional[Callable[[], Any]] = None) -> None:
         self._pause, self._resume, self._post_load = pause_engine, resume_engine, post_load
-        self.version: Optional[int] = None
+        self.version: Optional[str] = None
         super().__init__(agent, client_id, "target", describe)
 
     def pause(self) -> None:
         if self._pause:
             self._pause()
 
-    def resume(self, version: int) -> None:
+    def resume(self, version: str) -> None:
         if self._post_load:
             self._post_load()
         self.version = version

@@ -68,7 +68,7 @@ class WorkerExtension:
     def shardsync_pause(self) -> None:
         self._shardsync.pause()
 
-    def shardsync_resume(self, version: int) -> None:
+    def shardsync_resume(self, version: str) -> None:
         self._shardsync.resume(version)
 
     def shardsync_weight_version(self) -> Optional[str]:
