@@ -92,7 +92,7 @@ else:
         lo, hi = boxes[name]
         if name in float8:
             layouts.append(shardsync.tensor_layout(name, shape, "float8_e4m3", placements=[arena.placement(name, lo, hi)],
-                                                   block_scales=[arena.placement(name + ".scales", [0, 0], [0, 0])[2:4]]))
+                                                   block_scales=[arena.block_scales(name + ".scales")]))
             continue
         row_elements = math.prod(hi[k] - lo[k] for k in range(1, len(shape)))
         base = arena.offsets[key][0] // 2 + row * row_elements

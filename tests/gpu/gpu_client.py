@@ -117,9 +117,8 @@ class Rollout:
             if name in self.pad:
                 placement += ([self.arena.view(name).shape[1], 1],)
             if name in self.float8:
-                scales = self.arena.placement(name + ".scales", [0, 0], [0, 0])[2:4]
                 layouts.append(shardsync.tensor_layout(name, shape, "float8_e4m3", placements=[placement],
-                                                       block_scales=[scales]))
+                                                       block_scales=[self.arena.block_scales(name + ".scales")]))
             else:
                 layouts.append(shardsync.tensor_layout(name, shape, "bfloat16", placements=[placement]))
         return layouts

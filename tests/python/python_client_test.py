@@ -237,9 +237,8 @@ class PythonClientTest(unittest.TestCase):
                                            ("q.scales", ((rows + 127) // 128, (cols + 127) // 128), "float32")])
             self.buffers.append(arena.memory)
             arena.memory.buf[:] = b"\xab" * arena.memory.nbytes  # poison
-            scales = arena.placement("q.scales", [0, 0], [0, 0])[2:4]
             layout = shardsync.tensor_layout("q", shape, "float8_e4m3", placements=[arena.placement("q", lo, hi)],
-                                             block_scales=[scales])
+                                             block_scales=[arena.block_scales("q.scales")])
             agent = shardsync.AgentClient(self.cluster.socket(rank))
             self.registrations.append(agent.register(f"rollout-{rank}", "target", arena.buffers(), [layout]))
             arenas.append((arena, lo, hi))

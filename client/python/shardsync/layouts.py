@@ -153,6 +153,14 @@ class WeightArena:
         start, _, dtype = self.offsets[name]
         return (box_lo, box_hi, self.buffer_name, start // DTYPE_BYTES[dtype])
 
+    def block_scales(self, name: str) -> Tuple[str, int]:
+        """(buffer, base) of float32 shard `name` holding a float8 placement's scales, one
+        per 128 x 128 block row-major, for ``tensor_layout(..., block_scales=[...])``."""
+        start, _, dtype = self.offsets[name]
+        if dtype != "float32":
+            raise ValueError(f"arena shard '{name}' is {dtype}; block scales are float32")
+        return self.buffer_name, start // DTYPE_BYTES[dtype]
+
     def buffers(self) -> Dict[str, Any]:
         """The arena's one buffer, for AgentClient.register."""
         if self.device is None:
