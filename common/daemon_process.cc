@@ -27,6 +27,7 @@ void AddDaemonFlags(CLI::App& app, DaemonFlags& flags) {
   flags::AddLogLevel(app, flags.log_level);
   flags::AddConfigFile(app);
   AddTlsFlags(app, flags.tls);
+  AddKeepaliveFlags(app, flags.keepalive);
   app.footer(
       "The standard gRPC health service (grpc.health.v1.Health) answers on every gRPC port. The unix socket "
       "of an agent is never encrypted.");

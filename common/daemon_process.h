@@ -15,6 +15,7 @@ struct DaemonFlags {
   std::string metrics_listen;     // HOST:PORT of /metrics; empty: not served
   std::string metrics_port_file;  // where the bound metrics port is written
   TlsConfig tls;
+  Keepalive keepalive;
 };
 // Adds them, with --config FILE (common/flags.h).
 void AddDaemonFlags(CLI::App& app, DaemonFlags& flags);

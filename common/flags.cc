@@ -103,6 +103,16 @@ const CLI::Validator kPositive(
     },
     "", "positive");
 
+CLI::Option* AddMilliseconds(CLI::App& app, const std::string& name, absl::Duration& value, const std::string& help,
+                             int64_t min_ms, int64_t max_ms) {
+  return app
+      .add_option_function<int64_t>(
+          name, [&value](int64_t ms) { value = absl::Milliseconds(ms); }, help)
+      ->check(kDecimal)
+      ->check(CLI::Range(min_ms, max_ms))
+      ->default_str(std::to_string(absl::ToInt64Milliseconds(value)));
+}
+
 CLI::Option* AddPositive(CLI::App& app, const std::string& name, double& value, const std::string& help) {
   return app.add_option(name, value, help)->check(kPositive)->capture_default_str();
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/time/time.h"
 
 namespace shardsync::flags {
 
@@ -30,6 +31,10 @@ CLI::Option* AddInt(CLI::App& app, const std::string& name, T& value, const std:
                     T max = std::numeric_limits<T>::max()) {
   return app.add_option(name, value, help)->check(kDecimal)->check(CLI::Range(min, max))->capture_default_str();
 }
+
+// A duration flag given in whole milliseconds inside [min_ms, max_ms].
+CLI::Option* AddMilliseconds(CLI::App& app, const std::string& name, absl::Duration& value, const std::string& help,
+                             int64_t min_ms, int64_t max_ms);
 
 // A finite real number above 0.
 CLI::Option* AddPositive(CLI::App& app, const std::string& name, double& value, const std::string& help);

@@ -10,14 +10,18 @@ namespace shardsync::agent {
 
 absl::Status GrpcTransport::Setup(const executor::PeerSetup& setup, absl::Time) {
   absl::MutexLock lock(&mu_);
-  for (const auto& [rank, address] : setup.addresses) {
-    addresses_[rank] = address;
-    if (stubs_.count(address)) continue;
+  for (const auto& [rank, address] : setup.addresses) addresses_[rank] = address;
+  return absl::OkStatus();
+}
+
+std::shared_ptr<v1::AgentControl::Stub> GrpcTransport::StubLocked(const std::string& address) {
+  std::shared_ptr<v1::AgentControl::Stub>& stub = stubs_[address];
+  if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
-    stubs_[address] = v1::AgentControl::NewStub(MakeChannel(address, credentials_, args));
+    stub = v1::AgentControl::NewStub(MakeChannel(address, credentials_, args));
   }
-  return absl::OkStatus();
+  return stub;
 }
 
 absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
@@ -25,6 +29,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
   mailbox_.Post(sync_id, round, receives);
   struct Call {
     int32_t peer;
+    std::shared_ptr<v1::AgentControl::Stub> stub;  // kept while the call runs
     grpc::ClientContext context;
     v1::TransferRequest request;
     v1::TransferResponse response;
@@ -52,14 +57,14 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
       call->request.set_round(round);
       call->request.set_data(send.data, send.bytes);
       in_flight_.push_back(&call->context);
+      call->stub = StubLocked(address->second);
       Call* raw = call.get();
-      stubs_.at(address->second)
-          ->async()
-          ->Transfer(&raw->context, &raw->request, &raw->response, [raw, &done_mu, &done](grpc::Status status) {
-            absl::MutexLock done_lock(&done_mu);
-            raw->status = std::move(status);
-            ++done;
-          });
+      raw->stub->async()->Transfer(&raw->context, &raw->request, &raw->response,
+                                   [raw, &done_mu, &done](grpc::Status status) {
+                                     absl::MutexLock done_lock(&done_mu);
+                                     raw->status = std::move(status);
+                                     ++done;
+                                   });
       calls.push_back(std::move(call));
     }
   }
@@ -79,6 +84,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
       failed.push_back(absl::StrCat("rank ", call->peer, " (", call->status.error_message(), ")"));
   }
   if (!failed.empty()) {
+    DropChannels();
     return absl::UnavailableError(absl::StrCat("sending round ", round, " failed to ", absl::StrJoin(failed, ", ")));
   }
   return mailbox_.Wait(deadline);
@@ -91,6 +97,12 @@ void GrpcTransport::Abort(absl::string_view sync_id, absl::string_view reason) {
   aborted_reason_ = std::string(reason);
   if (running_sync_ != sync_id) return;  // a late abort must not cancel a later sync's calls
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  stubs_.clear();
+}
+
+void GrpcTransport::DropChannels() {
+  absl::MutexLock lock(&mu_);
+  stubs_.clear();
 }
 
 void GrpcTransport::Reset() { mailbox_.Reset(); }

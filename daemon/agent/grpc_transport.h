@@ -1,6 +1,9 @@
 // The host transport between agents over their own gRPC channels: a round posts its
 // receives in the mailbox (AgentControl.Transfer from peers lands there), then sends
-// every chunk to its peer with one Transfer call each, in parallel.
+// every chunk to its peer with one Transfer call each, in parallel. A failed or aborted
+// sync drops every channel, so the next sync connects afresh: a connection that lived
+// through a cut link may still hold lost packets whose retransmission, backed off, would
+// fail it after the link healed.
 #pragma once
 
 #include <map>
@@ -23,7 +26,7 @@ class GrpcTransport final : public executor::Transport {
 
   absl::string_view name() const override { return "grpc-host"; }
   bool device_memory() const override { return false; }
-  // Keeps the peers' AgentControl addresses (channels are kept per address).
+  // Keeps the peers' AgentControl addresses (channels are made per address when first used).
   absl::Status Setup(const executor::PeerSetup& setup, absl::Time deadline) override;
   absl::Status RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
                         absl::Span<const executor::RecvOp> receives, absl::Time deadline) override;
@@ -31,12 +34,15 @@ class GrpcTransport final : public executor::Transport {
   void Reset() override;
 
  private:
+  std::shared_ptr<v1::AgentControl::Stub> StubLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropChannels();
+
   const int32_t rank_;
   executor::Mailbox& mailbox_;
   const Credentials credentials_;
   absl::Mutex mu_;
   std::map<int32_t, std::string> addresses_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   // The calls of the round running now (a rank runs one at a time); Abort cancels them.
   std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
   std::string running_sync_ ABSL_GUARDED_BY(mu_);  // whose calls they are

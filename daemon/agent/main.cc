@@ -134,7 +134,7 @@ void RaiseFileLimit() {
 std::unique_ptr<grpc::Server> StartControlServer(const agent::AgentFlags& c, const Credentials& credentials,
                                                  std::initializer_list<grpc::Service*> services, int* port) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(c.listen, credentials.server, port);
+  AddListeningPort(builder, c.listen, credentials, port);
   // The largest message a peer sends is one chunk (a staging slot) and its header.
   // As a coordinator, also the layouts of a large model (64 MiB).
   const int64_t largest_message = std::max<int64_t>(planner::MaxChunkBytes(c.agent.max_staging_bytes) + (1 << 20),
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
   agent::AddAgentFlags(app, c);
   if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
   if (const std::string error = agent::FinishAgentFlags(app, c); !error.empty()) return flags::UsageError(app, error);
-  const absl::StatusOr<Credentials> credentials = LoadCredentials(c.daemon.tls);
+  const absl::StatusOr<Credentials> credentials = LoadCredentials(c.daemon.tls, c.daemon.keepalive);
   if (!credentials.ok()) return flags::UsageError(app, std::string(credentials.status().message()));
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));  // stdout is not the log
   spdlog::set_level(spdlog::level::from_str(c.daemon.log_level));

@@ -27,6 +27,9 @@ PeerTargets::Ask PeerTargets::OverGrpc(Credentials credentials) {
         }
         grpc::ClientContext context;
         context.set_deadline(absl::ToChronoTime(deadline));
+        // A peer that restarted on its port may find this channel still backing off from
+        // the refused connections while it was down: wait for it, within the deadline.
+        context.set_wait_for_ready(true);
         v1::TargetMemoryResponse response;
         const grpc::Status status = stub->TargetMemory(&context, request, &response);
         if (!status.ok()) return FromGrpcStatus(status);

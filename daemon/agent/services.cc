@@ -1,7 +1,9 @@
 #include "daemon/agent/services.h"
 
 #include <algorithm>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -25,9 +27,24 @@ grpc::Status LocalService::Register(grpc::ServerContext* context, const v1::Regi
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::Execute(grpc::ServerContext*, const v1::ExecuteRequest* request,
+grpc::Status ControlService::Execute(grpc::ServerContext* context, const v1::ExecuteRequest* request,
                                      v1::ExecuteResponse* response) {
+  // The coordinator's call ended early (its connection dropped: keepalive finds a cut
+  // link within seconds): nobody can abort this sync any more, so it aborts itself.
+  absl::Notification done;
+  std::thread watcher([&] {
+    while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+      if (!context->IsCancelled()) continue;
+      v1::AbortRequest abort;
+      abort.set_sync_id(request->sync_id());
+      abort.set_reason("the coordinator's Execute call ended (its connection was lost)");
+      agent_.Abort(abort);
+      return;
+    }
+  });
   auto executed = agent_.Execute(*request);
+  done.Notify();
+  watcher.join();
   if (!executed.ok()) return ToGrpcStatus(executed.status());
   *response = *std::move(executed);
   return grpc::Status::OK;

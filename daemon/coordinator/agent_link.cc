@@ -35,8 +35,11 @@ class GrpcLink : public AgentLink {
         poll_for_(poll ? std::chrono::steady_clock::duration(kPollBeforeSleep)
                        : std::chrono::steady_clock::duration::zero()) {}
 
+  // Prepare, the first call of a sync, waits (within its deadline) for a connection
+  // that is being made again, as after a cut link healed; the other calls fail at once.
   absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) override {
-    return Call<v1::PrepareResponse>(&v1::AgentControl::Stub::PrepareAsyncPrepare, request, deadline);
+    return Call<v1::PrepareResponse>(&v1::AgentControl::Stub::PrepareAsyncPrepare, request, deadline,
+                                     /*wait_for_ready=*/true);
   }
   std::unique_ptr<StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time deadline) override {
     return std::make_unique<GrpcStartedExecute>(
@@ -62,11 +65,13 @@ class GrpcLink : public AgentLink {
 
  private:
   template <typename Response, typename Request, typename Method>
-  absl::StatusOr<Response> Call(Method prepare_async, const Request& request, absl::Time deadline) {
+  absl::StatusOr<Response> Call(Method prepare_async, const Request& request, absl::Time deadline,
+                                bool wait_for_ready = false) {
     Response response;
     const grpc::Status status = UnaryCall(
         absl::ToChronoTime(deadline),
         [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
+          context->set_wait_for_ready(wait_for_ready);
           return (stub_.get()->*prepare_async)(context, request, queue);
         },
         &response, poll_for_);

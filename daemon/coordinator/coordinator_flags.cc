@@ -28,12 +28,8 @@ std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& 
                                   "bfloat16 scratch per agent for block-quantized float8 targets, bytes: their "
                                   "tensors are synced in groups that fit it",
                                   int64_t{64} << 10));
-  options.push_back(app.add_option_function<int64_t>(
-                           "--sync-timeout-ms", [&config](int64_t ms) { config.sync_timeout = absl::Milliseconds(ms); },
-                           "default deadline of a sync's Execute")
-                        ->check(flags::kDecimal)
-                        ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
-                        ->default_str(std::to_string(absl::ToInt64Milliseconds(config.sync_timeout))));
+  options.push_back(flags::AddMilliseconds(app, "--sync-timeout-ms", config.sync_timeout,
+                                           "default deadline of a sync's Execute", 1, 86400000));
   const std::map<std::string, planner::RelayMode> relay_modes{{"auto", planner::RelayMode::kAuto},
                                                               {"always", planner::RelayMode::kAlways},
                                                               {"never", planner::RelayMode::kNever}};

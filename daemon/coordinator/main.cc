@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   shardsync::AddDaemonFlags(app, daemon);
   if (const int code = shardsync::flags::Parse(app, argc, argv); code >= 0) return code;
   config.rpc_deadline = absl::Milliseconds(rpc_deadline_ms);
-  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(daemon.tls);
+  const absl::StatusOr<shardsync::Credentials> credentials = shardsync::LoadCredentials(daemon.tls, daemon.keepalive);
   if (!credentials.ok()) return shardsync::flags::UsageError(app, std::string(credentials.status().message()));
   config.credentials = *credentials;
   spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));  // stdout is not the log
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, credentials->server, &port);
+  shardsync::AddListeningPort(builder, listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(64 << 20);  // layouts of large models; nothing bigger
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -11,7 +11,6 @@ deepspeed_zero.py); the plain-module trainer is a real torch module named as Hug
 names a checkpoint.
 """
 
-import math
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from shardsync.layouts import tensor_layout
 from shardsync.testing import LocalCluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_oracle import CheckpointModule, differences, loaded_engine, random_checkpoint, random_masters  # noqa: E402
 from standins import deepspeed_zero, vllm_qwen3  # noqa: E402
 
 AGENT = "daemon/agent/shardsync-agent"
@@ -44,45 +44,10 @@ TIED = vllm_qwen3.Qwen3Config(**{**DENSE.__dict__, "tie_word_embeddings": True})
 MOE = vllm_qwen3.Qwen3Config(**{**DENSE.__dict__, "num_experts": 4, "moe_intermediate_size": 16})
 
 
-class CheckpointModule(torch.nn.Module):
-    """A module whose parameters are a checkpoint's tensors, under their names (as a
-    Hugging Face model's are)."""
-
-    def __init__(self, shapes, dtype=torch.bfloat16):
-        super().__init__()
-        for name, shape in shapes.items():
-            *path, leaf = name.split(".")
-            owner = self
-            for part in path:
-                if not hasattr(owner, part):
-                    owner.add_module(part, torch.nn.Module())
-                owner = getattr(owner, part)
-            owner.register_parameter(leaf, torch.nn.Parameter(torch.empty(shape, dtype=dtype)))
-
-
 def private_dir(prefix):
     """A new folder under Bazel's $TEST_TMPDIR (outside Bazel, the system's temporary
     folder). LocalCluster keeps the unix sockets in a short folder of its own."""
     return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
-
-
-def random_checkpoint(shapes, seed):
-    generator = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(shape, generator=generator).to(torch.bfloat16) for name, shape in shapes.items()}
-
-
-def loaded_engine(config, tp_rank, tp, checkpoint, load_weights=None, **options):
-    """The oracle: a stand-in engine rank loaded by its own loader from the full checkpoint."""
-    engine = vllm_qwen3.Qwen3ForCausalLM(config, tp_rank=tp_rank, tp_size=tp, **options)
-    (load_weights or engine.load_weights)(checkpoint.items())
-    return engine
-
-
-def differences(engine, oracle):
-    """Parameters whose bytes differ between two engine instances."""
-    theirs = dict(oracle.named_parameters())
-    return [name for name, param in engine.named_parameters()
-            if not torch.equal(param.data.view(torch.int16), theirs[name].data.view(torch.int16))]
 
 
 class IntegrationsTest(unittest.TestCase):
@@ -187,8 +152,7 @@ class IntegrationsTest(unittest.TestCase):
         2, parameters named in `frozen` not trained: equal to the stand-in loading the
         masters converted by torch, the frozen ones from their bf16 memory."""
         shapes = vllm_qwen3.checkpoint_shapes(DENSE)
-        generator = torch.Generator().manual_seed(6)
-        masters = {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+        masters = random_masters(shapes, 6)
         for rank in range(WORLD):
             module = CheckpointModule(shapes)
             for name in frozen:

@@ -1,0 +1,299 @@
+"""Three nodes on one machine (tests/nodes/testbed.py: network namespaces, a bridge,
+real TCP under mutual TLS with a certificate per node), eight CPU agents: a ZeRO-3 (or
+ZeRO-1/2 fp32-master) trainer over DP ranks 0-3 on nodes a and b, two TP=2 replicas of
+the vLLM stand-in on ranks 4-7 of node c. The coordinator runs on node a; shardsyncctl
+is called there. Every engine is checked against its own loader after every sync that
+succeeded; a sync that failed must leave every target the coordinator calls valid
+exactly as the last good sync wrote it. Without root (or `ip`, `tc`, `unshare`,
+`nsenter`) it says "skipped" and runs nothing."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testbed  # noqa: E402
+
+AGENT = os.path.abspath("daemon/agent/shardsync-agent")
+COORDINATOR = os.path.abspath("daemon/coordinator/shardsync-coordinator")
+CTL = os.path.abspath("client/cli/shardsyncctl")
+CLIENT = os.path.abspath("tests/nodes/node_client.py")
+NODES = {"a": [0, 1], "b": [2, 3], "c": [4, 5, 6, 7]}
+WORLD = 8
+TRAINERS, ENGINES = [0, 1, 2, 3], [4, 5, 6, 7]
+SYNC_TIMEOUT_MS = 60000  # the coordinator's: only a hang reaches it
+
+
+def node_of(rank):
+    return next(node for node, ranks in NODES.items() if rank in ranks)
+
+
+def certificates(folder, bed):
+    """A CA and, per node, a certificate naming its address: {node: (ca, cert, key)}."""
+    quiet = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ca = os.path.join(folder, "ca")
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "1", "-subj",
+                    "/CN=bed-ca"], **quiet)
+    out = {}
+    for node in NODES:
+        base = os.path.join(folder, node)
+        subprocess.run(["openssl", "req", *ec, "-keyout", base + ".key", "-out", base + ".csr", "-subj",
+                        f"/CN={node}"], **quiet)
+        with open(base + ".ext", "w") as f:
+            f.write(f"subjectAltName=IP:{bed.address(node)}\n")
+        subprocess.run(["openssl", "x509", "-req", "-in", base + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+                        "-CAcreateserial", "-out", base + ".pem", "-days", "1", "-extfile", base + ".ext"], **quiet)
+        out[node] = (ca + ".pem", base + ".pem", base + ".key")
+    return out
+
+
+class NodeClient:
+    """tests/nodes/node_client.py on one node."""
+
+    def __init__(self, bed, node, log):
+        env = dict(os.environ, PYTHONPATH=os.path.abspath("client/python"))
+        self.process = bed.spawn(node, ["/usr/bin/python3", CLIENT], log, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)
+
+    def send(self, op, **args):
+        self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.process.stdin.flush()
+
+    def answer(self):
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the node client ended")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply["ok"]
+
+    def call(self, op, **args):
+        self.send(op, **args)
+        return self.answer()
+
+
+@unittest.skipIf(testbed.missing(), f"skipped: {testbed.missing()}")
+class NodesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.folder = tempfile.mkdtemp(prefix="ss-nodes-", dir=os.environ.get("TEST_TMPDIR"))
+        cls.bed = testbed.TestBed(list(NODES))
+        cls.tls = certificates(cls.folder, cls.bed)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.bed.close()
+
+    def setUp(self):
+        self.cluster = None
+        self.clients = {}
+
+    def tearDown(self):
+        for client in self.clients.values():
+            if client.process.poll() is None:
+                client.send("exit")
+        for client in self.clients.values():
+            try:
+                client.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                client.process.kill()
+                client.process.wait(timeout=30)
+            client.process.stdin.close()
+            client.process.stdout.close()
+        if self.cluster:
+            self.cluster.stop()
+        for node in NODES:
+            self.bed.heal(node)
+            self.bed.clear_rate(node)
+
+    def start(self, kind, seed, relay="auto", agent_flags=()):
+        """The daemons and every node's clients, registered and published."""
+        from shardsync.testing import Host, LocalCluster
+        hosts = [Host(self.bed.enter(node_of(r)), self.bed.address(node_of(r)), self.tls[node_of(r)])
+                 for r in range(WORLD)]
+        logs = tempfile.mkdtemp(prefix="logs-", dir=self.folder)
+        self.cluster = LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, hosts=hosts,
+                                    coordinator_host=Host(self.bed.enter("a"), self.bed.address("a"), self.tls["a"]),
+                                    nodes=[node_of(r) for r in range(WORLD)], relay=relay,
+                                    sync_timeout_ms=SYNC_TIMEOUT_MS, agent_flags=list(agent_flags))
+        for node in NODES:
+            self.clients[node] = NodeClient(self.bed, node, os.path.join(logs, f"client-{node}.log"))
+        for node in ("a", "b"):
+            self.clients[node].call(kind, agents={str(r): self.cluster.socket(r) for r in NODES[node]}, dp=4, seed=seed)
+        for first in (4, 6):
+            self.clients["c"].call("engines", agents={str(r): self.cluster.socket(r) for r in (first, first + 1)},
+                                   tp=2, first=first)
+        self.wait_published()
+
+    def wait_published(self):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            code, status = self.ctl("status")
+            if code == 0 and len(status["agents"]) == WORLD and all(a["clients"] >= 1 for a in status["agents"]):
+                return
+            time.sleep(0.1)
+        self.fail(f"not every client published within 60 s: {status}")
+
+    def ctl(self, command, *args, timeout=120):
+        """shardsyncctl COMMAND --json on node a: (exit code, the JSON or stderr)."""
+        ca, cert, key = self.tls["a"]
+        done = subprocess.run(self.bed.enter("a") + [CTL, command, "--coordinator", self.cluster.joins, "--tls-ca", ca,
+                                                     "--tls-cert", cert, "--tls-key", key, "--json", *args],
+                              capture_output=True, text=True, timeout=timeout)
+        return done.returncode, (json.loads(done.stdout) if done.returncode == 0 else done.stderr + done.stdout)
+
+    def check_engines(self, kind, seed, ranks=ENGINES):
+        self.assertEqual(self.clients["c"].call("check", kind=kind, seed=seed, ranks=list(ranks)), [])
+
+    def test_exact_over_three_nodes_with_and_without_relay_bytes_on_the_wire_as_planned(self):
+        for kind, relay in (("zero3", "always"), ("masters", "never")):
+            with self.subTest(kind=kind, relay=relay):
+                self.start(kind, 1, relay=relay)
+                code, response = self.ctl("sync", "--verify")
+                self.assertEqual(code, 0, response)
+                self.check_engines(kind, 1)
+                for node in ("a", "b"):
+                    self.clients[node].call("refill", seed=2)
+                code, plan = self.ctl("explain")
+                self.assertEqual(code, 0, plan)
+                planned = sum(int(r.get("network_received_bytes", 0)) for r in plan["ranks"] if r["rank"] in ENGINES)
+                into_c = self.bed.link_bytes("c")[0]
+                code, response = self.ctl("sync")
+                self.assertEqual(code, 0, response)
+                moved = self.bed.link_bytes("c")[0] - into_c
+                self.check_engines(kind, 2)
+                self.assertGreater(planned, 0)
+                print(f"{kind}, relay {relay}: {moved} bytes into node c, {planned} planned: {moved / planned:.4f}x")
+                self.assertGreaterEqual(moved, planned)
+                self.assertLessEqual(moved, planned * 1.01)
+                self.tearDown()
+                self.setUp()
+
+    def agents_idle(self, deadline):
+        """Waits until no agent is inside a sync; the ranks still inside one at `deadline`."""
+        import shardsync
+        while True:
+            busy = [r for r in range(WORLD)
+                    if shardsync.AgentClient(self.cluster.socket(r)).status().running_sync_id]
+            if not busy or time.monotonic() > deadline:
+                return busy
+            time.sleep(0.1)
+
+    def check_validity_holds(self, kind, seed):
+        """Every target the coordinator calls valid holds the sync of `seed` exactly, and
+        each agent says the same of its own; returns the ranks called invalid."""
+        import shardsync
+        code, status = self.ctl("status")
+        self.assertEqual(code, 0, status)
+        invalid = set(status.get("invalid_target_ranks", []))
+        self.assertLessEqual(invalid, set(ENGINES))
+        for rank in ENGINES:
+            self.assertEqual(shardsync.AgentClient(self.cluster.socket(rank)).status().target_valid,
+                             rank not in invalid, f"rank {rank}")
+        self.check_engines(kind, seed, sorted(set(ENGINES) - invalid))
+        return invalid
+
+    def test_a_link_cut_mid_sync_is_named_by_liveness_and_the_next_sync_after_healing_succeeds(self):
+        self.start("zero3", 1, relay="always")
+        code, response = self.ctl("sync")
+        self.assertEqual(code, 0, response)
+        for node in ("a", "b"):
+            self.clients[node].call("refill", seed=2)
+        self.bed.set_rate("c", 8)  # about 5 s for the 5 MB into node c
+        into_c = self.bed.link_bytes("c")[0]
+        ca, cert, key = self.tls["a"]
+        started = time.monotonic()
+        sync = subprocess.Popen(self.bed.enter("a") + [CTL, "sync", "--coordinator", self.cluster.joins, "--tls-ca", ca,
+                                                       "--tls-cert", cert, "--tls-key", key],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while self.bed.link_bytes("c")[0] - into_c < 1 << 20 and time.monotonic() - started < 60:
+            time.sleep(0.01)
+        self.bed.cut("c")
+        cut = time.monotonic()
+        output = sync.communicate(timeout=SYNC_TIMEOUT_MS / 1000 + 60)[0]
+        named = time.monotonic() - cut
+        print(f"cut mid-sync: the sync ended {named:.2f} s after the cut: {output.strip()}")
+        self.assertEqual(sync.returncode, 4, output)
+        self.assertRegex(output, r"rank [4-7]")
+        # Named by the connections' liveness, not by the sync's deadline.
+        self.assertLess(named, SYNC_TIMEOUT_MS / 1000 / 2)
+        busy = self.agents_idle(started + SYNC_TIMEOUT_MS / 1000 + 10)
+        print(f"every agent left the failed sync {time.monotonic() - cut:.2f} s after the cut")
+        self.assertEqual(busy, [])
+        invalid = self.check_validity_holds("zero3", 1)
+        print(f"targets reported invalid after the cut: ranks {sorted(invalid)}")
+        self.bed.heal("c")
+        self.bed.clear_rate("c")
+        healed = time.monotonic()
+        code, response = self.ctl("sync", "--verify")
+        print(f"the first sync after healing: exit {code} after {time.monotonic() - healed:.2f} s")
+        self.assertEqual(code, 0, response)
+        self.check_engines("zero3", 2)
+
+    def test_a_link_down_before_a_sync_is_refused_by_name_and_nothing_is_written(self):
+        self.start("zero3", 1)
+        code, response = self.ctl("sync")
+        self.assertEqual(code, 0, response)
+        for node in ("a", "b"):
+            self.clients[node].call("refill", seed=2)
+        self.bed.cut("c")
+        cut = time.monotonic()
+        code, response = self.ctl("sync")
+        print(f"link down before a sync: exit {code} after {time.monotonic() - cut:.2f} s: {response.strip()}")
+        self.assertEqual(code, 3, response)
+        self.assertRegex(response, r"rank [4-7]")
+        self.assertEqual(self.check_validity_holds("zero3", 1), set())
+        self.bed.heal("c")
+        code, response = self.ctl("sync", "--verify")
+        self.assertEqual(code, 0, response)
+        self.check_engines("zero3", 2)
+
+    def test_a_whole_node_lost_and_restarted_rejoins_and_the_next_sync_is_exact(self):
+        self.start("zero3", 1)
+        code, response = self.ctl("sync")
+        self.assertEqual(code, 0, response)
+        self.bed.kill_all([self.cluster.agents[r] for r in NODES["c"]])
+        for node in ("a", "b"):
+            self.clients[node].call("refill", seed=2)
+        code, response = self.ctl("sync")
+        self.assertEqual(code, 3, response)  # refused: nothing of node c answers
+        for rank in NODES["c"]:
+            self.cluster.start_agent(rank)
+        self.clients["c"].call("reregister")
+        self.wait_published()
+        code, response = self.ctl("sync", "--verify")
+        self.assertEqual(code, 0, response)
+        self.check_engines("zero3", 2)
+
+    def test_a_bed_leaves_nothing_behind_also_when_its_user_fails(self):
+        with self.assertRaises(RuntimeError):
+            with testbed.TestBed(["x", "y"]) as bed:
+                made = [bed.namespace("x"), bed.namespace("y")]
+                self.assertTrue(set(made) <= set(testbed.namespaces()))
+                sleeper = bed.spawn("x", ["sleep", "600"], os.path.join(self.folder, "sleeper.log"))
+                holders = [holder.pid for holder in bed._holders.values()]
+                raise RuntimeError("the user's code failed")
+        self.assertEqual(set(made) & set(testbed.namespaces()), set())
+        self.assertIsNotNone(sleeper.poll())
+        for pid in holders:
+            self.assertFalse(os.path.exists(f"/proc/{pid}"), pid)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # Bazel's timeout: the bed still closes
+    why = testbed.missing()
+    if why:
+        print(f"skipped: {why}")
+        sys.exit(0)
+    result = unittest.main(exit=False, verbosity=2).result
+    failed = len(result.failures) + len(result.errors)
+    print(f"{result.testsRun - failed} passed, {failed} failed")
+    sys.exit(1 if failed or result.testsRun == 0 else 0)
