@@ -53,6 +53,21 @@ std::string TargetsValidity(const v1::CoordinatorStatus& status) {
                       " until a sync writes them (shardsyncctl sync, or sync --target-ranks ", ranks, ")");
 }
 
+// A line per agent: where it is, whether it is heard from (a heartbeat about every
+// second; "silent" after 3 s without one) and when it last was, its clients.
+void PrintAgents(const v1::CoordinatorStatus& status, std::ostream& out) {
+  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-8s %10s %s\n", "rank", "address", "host", "node", "device",
+                         "state", "last seen", "clients");
+  for (const v1::AgentInfo& a : status.agents()) {
+    out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-8s %8.1fs %d\n", a.rank(), a.address(), a.host(), a.node(),
+                           a.device(), a.reachable() ? "joined" : "silent", a.seconds_since_seen(), a.clients());
+  }
+  if (status.agents_size() < status.world_size()) {
+    out << absl::StrFormat("%d of %d agents have not joined\n", status.world_size() - status.agents_size(),
+                           status.world_size());
+  }
+}
+
 }  // namespace
 
 // Prints each rank's progress every 100 ms until `done` is set.
@@ -113,12 +128,7 @@ int RunStatusCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
       "last sync %s: %s%s; targets %s\n\n", status->last_sync_id().empty() ? "-" : status->last_sync_id(),
       status->last_sync_id().empty() ? "none yet" : (status->last_sync_ok() ? "ok" : "failed"),
       status->last_sync_error().empty() ? "" : " (" + status->last_sync_error() + ")", TargetsValidity(*status));
-  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-10s %s\n", "rank", "address", "host", "node", "device", "state",
-                         "clients");
-  for (const v1::AgentInfo& a : status->agents()) {
-    out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-10s %d\n", a.rank(), a.address(), a.host(), a.node(),
-                           a.device(), a.reachable() ? "joined" : "silent", a.clients());
-  }
+  PrintAgents(*status, out);
   return 0;
 }
 
@@ -148,16 +158,7 @@ int RunAgentsCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream&
     PrintJson(*status, out);  // the whole status: a part of it would print others' defaults as values
     return 0;
   }
-  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-8s %10s %s\n", "rank", "address", "host", "node", "device",
-                         "state", "last seen", "clients");
-  for (const v1::AgentInfo& a : status->agents()) {
-    out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-8s %8.1fs %d\n", a.rank(), a.address(), a.host(), a.node(),
-                           a.device(), a.reachable() ? "joined" : "silent", a.seconds_since_seen(), a.clients());
-  }
-  if (status->agents_size() < status->world_size()) {
-    out << absl::StrFormat("%d of %d agents have not joined\n", status->world_size() - status->agents_size(),
-                           status->world_size());
-  }
+  PrintAgents(*status, out);
   return 0;
 }
 

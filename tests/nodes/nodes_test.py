@@ -34,26 +34,6 @@ def node_of(rank):
     return next(node for node, ranks in NODES.items() if rank in ranks)
 
 
-def certificates(folder, bed):
-    """A CA and, per node, a certificate naming its address: {node: (ca, cert, key)}."""
-    quiet = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    ca = os.path.join(folder, "ca")
-    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "1", "-subj",
-                    "/CN=bed-ca"], **quiet)
-    out = {}
-    for node in NODES:
-        base = os.path.join(folder, node)
-        subprocess.run(["openssl", "req", *ec, "-keyout", base + ".key", "-out", base + ".csr", "-subj",
-                        f"/CN={node}"], **quiet)
-        with open(base + ".ext", "w") as f:
-            f.write(f"subjectAltName=IP:{bed.address(node)}\n")
-        subprocess.run(["openssl", "x509", "-req", "-in", base + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
-                        "-CAcreateserial", "-out", base + ".pem", "-days", "1", "-extfile", base + ".ext"], **quiet)
-        out[node] = (ca + ".pem", base + ".pem", base + ".key")
-    return out
-
-
 class NodeClient:
     """tests/nodes/node_client.py on one node."""
 
@@ -86,7 +66,7 @@ class NodesTest(unittest.TestCase):
     def setUpClass(cls):
         cls.folder = tempfile.mkdtemp(prefix="ss-nodes-", dir=os.environ.get("TEST_TMPDIR"))
         cls.bed = testbed.TestBed(list(NODES))
-        cls.tls = certificates(cls.folder, cls.bed)
+        cls.tls = cls.bed.certificates(cls.folder)
 
     @classmethod
     def tearDownClass(cls):
@@ -251,6 +231,17 @@ class NodesTest(unittest.TestCase):
         self.assertEqual(code, 3, response)
         self.assertRegex(response, r"rank [4-7]")
         self.assertEqual(self.check_validity_holds("zero3", 1), set())
+        # Status names the silent agents, and how long since each was heard from.
+        while True:
+            code, status = self.ctl("status")
+            self.assertEqual(code, 0, status)
+            silent = {a["rank"] for a in status["agents"] if not a["reachable"]}
+            if silent == set(NODES["c"]) or time.monotonic() - cut > 30:
+                break
+            time.sleep(0.1)
+        print(f"status: node c's agents silent {time.monotonic() - cut:.2f} s after the cut")
+        self.assertEqual(silent, set(NODES["c"]))
+        self.assertTrue(all(a["seconds_since_seen"] >= 3 for a in status["agents"] if a["rank"] in silent))
         self.bed.heal("c")
         code, response = self.ctl("sync", "--verify")
         self.assertEqual(code, 0, response)

@@ -1,8 +1,8 @@
 """Nodes on one machine: each node a Linux network, mount and UTS namespace of its own
 (its own addresses, links, host name and a private /dev/shm), joined by veth pairs to a
 bridge in a namespace of its own. Only namespaces and addresses (198.18.0.0/15) this bed
-made are touched, never the host's interfaces. Needs root, `ip`, `tc`, `unshare` and
-`nsenter`; `missing()` says what is not there.
+made are touched, never the host's interfaces. Needs root, `ip`, `tc`, `unshare`,
+`nsenter` and `openssl` (for the nodes' certificates); `missing()` says what is not there.
 
     with TestBed(["a", "b"]) as bed:
         bed.spawn("a", ["/bin/true"], "log.txt")
@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["TestBed", "missing"]
 
-TOOLS = ("ip", "tc", "unshare", "nsenter")
+TOOLS = ("ip", "tc", "unshare", "nsenter", "openssl")
 PREFIX = "ssbed"  # every namespace a bed makes: ssbed<pid>-<bed>-<name>
 
 
@@ -141,6 +141,27 @@ class TestBed:
 
     def address(self, name: str) -> str:
         return f"198.18.0.{10 + self.names.index(name)}"
+
+    def certificates(self, folder: str) -> Dict[str, Tuple[str, str, str]]:
+        """A CA and, per node, a certificate naming the node's address, made with openssl
+        in `folder`: {node: (ca, cert, key)} PEM paths."""
+        quiet = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 60}
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        ca = os.path.join(folder, "ca")
+        subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "1",
+                        "-subj", "/CN=bed-ca"], **quiet)
+        out = {}
+        for name in self.names:
+            base = os.path.join(folder, name)
+            subprocess.run(["openssl", "req", *ec, "-keyout", base + ".key", "-out", base + ".csr", "-subj",
+                            f"/CN={name}"], **quiet)
+            with open(base + ".ext", "w") as f:
+                f.write(f"subjectAltName=IP:{self.address(name)}\n")
+            subprocess.run(["openssl", "x509", "-req", "-in", base + ".csr", "-CA", ca + ".pem", "-CAkey",
+                            ca + ".key", "-CAcreateserial", "-out", base + ".pem", "-days", "1", "-extfile",
+                            base + ".ext"], **quiet)
+            out[name] = (ca + ".pem", base + ".pem", base + ".key")
+        return out
 
     def enter(self, name: str) -> List[str]:
         """The argv prefix that runs a command on node `name`."""
