@@ -1,8 +1,9 @@
 """Three nodes on one machine (tests/nodes/testbed.py: network namespaces, a bridge,
 real TCP under mutual TLS with a certificate per node), eight CPU agents: a ZeRO-3 (or
 ZeRO-1/2 fp32-master) trainer over DP ranks 0-3 on nodes a and b, two TP=2 replicas of
-the vLLM stand-in on ranks 4-7 of node c. The coordinator runs on node a; shardsyncctl
-is called there. Every engine is checked against its own loader after every sync that
+the vLLM stand-in on ranks 4-7 of node c. The coordinator runs on a node of its own,
+d, and shardsyncctl is called there, so that the links of a, b and c carry only what
+their agents send and receive. Every engine is checked against its own loader after every sync that
 succeeded; a sync that failed must leave every target the coordinator calls valid
 exactly as the last good sync wrote it. Without root (or `ip`, `tc`, `unshare`,
 `nsenter`) it says "skipped" and runs nothing."""
@@ -24,7 +25,7 @@ AGENT = os.path.abspath("daemon/agent/shardsync-agent")
 COORDINATOR = os.path.abspath("daemon/coordinator/shardsync-coordinator")
 CTL = os.path.abspath("client/cli/shardsyncctl")
 CLIENT = os.path.abspath("tests/nodes/node_client.py")
-NODES = {"a": [0, 1], "b": [2, 3], "c": [4, 5, 6, 7]}
+NODES = {"a": [0, 1], "b": [2, 3], "c": [4, 5, 6, 7], "d": []}  # d: the coordinator
 WORLD = 8
 TRAINERS, ENGINES = [0, 1, 2, 3], [4, 5, 6, 7]
 SYNC_TIMEOUT_MS = 60000  # the coordinator's: only a hang reaches it
@@ -101,10 +102,10 @@ class NodesTest(unittest.TestCase):
                  for r in range(WORLD)]
         logs = tempfile.mkdtemp(prefix="logs-", dir=self.folder)
         self.cluster = LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR, hosts=hosts,
-                                    coordinator_host=Host(self.bed.enter("a"), self.bed.address("a"), self.tls["a"]),
+                                    coordinator_host=Host(self.bed.enter("d"), self.bed.address("d"), self.tls["d"]),
                                     nodes=[node_of(r) for r in range(WORLD)], relay=relay,
                                     sync_timeout_ms=SYNC_TIMEOUT_MS, agent_flags=list(agent_flags))
-        for node in NODES:
+        for node in ("a", "b", "c"):
             self.clients[node] = NodeClient(self.bed, node, os.path.join(logs, f"client-{node}.log"))
         for node in ("a", "b"):
             self.clients[node].call(kind, agents={str(r): self.cluster.socket(r) for r in NODES[node]}, dp=4, seed=seed)
@@ -123,9 +124,9 @@ class NodesTest(unittest.TestCase):
         self.fail(f"not every client published within 60 s: {status}")
 
     def ctl(self, command, *args, timeout=120):
-        """shardsyncctl COMMAND --json on node a: (exit code, the JSON or stderr)."""
-        ca, cert, key = self.tls["a"]
-        done = subprocess.run(self.bed.enter("a") + [CTL, command, "--coordinator", self.cluster.joins, "--tls-ca", ca,
+        """shardsyncctl COMMAND --json on node d: (exit code, the JSON or stderr)."""
+        ca, cert, key = self.tls["d"]
+        done = subprocess.run(self.bed.enter("d") + [CTL, command, "--coordinator", self.cluster.joins, "--tls-ca", ca,
                                                      "--tls-cert", cert, "--tls-key", key, "--json", *args],
                               capture_output=True, text=True, timeout=timeout)
         return done.returncode, (json.loads(done.stdout) if done.returncode == 0 else done.stderr + done.stdout)
@@ -144,16 +145,27 @@ class NodesTest(unittest.TestCase):
                     self.clients[node].call("refill", seed=2)
                 code, plan = self.ctl("explain")
                 self.assertEqual(code, 0, plan)
-                planned = sum(int(r.get("network_received_bytes", 0)) for r in plan["ranks"] if r["rank"] in ENGINES)
-                into_c = self.bed.link_bytes("c")[0]
+                # Per node link: planned bytes in (c) and out (a, b); what crossed it in the sync.
+                planned = {("c", 0): 0, ("a", 1): 0, ("b", 1): 0}
+                for r in plan["ranks"]:
+                    node = node_of(r["rank"])
+                    if (node, 0) in planned:
+                        planned[(node, 0)] += int(r.get("network_received_bytes", 0))
+                    if (node, 1) in planned:
+                        planned[(node, 1)] += int(r.get("network_sent_bytes", 0))
+                before = {node: self.bed.link_bytes(node) for node in "abc"}
                 code, response = self.ctl("sync")
                 self.assertEqual(code, 0, response)
-                moved = self.bed.link_bytes("c")[0] - into_c
+                after = {node: self.bed.link_bytes(node) for node in "abc"}
                 self.check_engines(kind, 2)
-                self.assertGreater(planned, 0)
-                print(f"{kind}, relay {relay}: {moved} bytes into node c, {planned} planned: {moved / planned:.4f}x")
-                self.assertGreaterEqual(moved, planned)
-                self.assertLessEqual(moved, planned * 1.01)
+                for (node, direction), bytes_planned in planned.items():
+                    moved = after[node][direction] - before[node][direction]
+                    way = "into" if direction == 0 else "out of"
+                    print(f"{kind}, relay {relay}: {moved} bytes {way} node {node}, {bytes_planned} planned: "
+                          f"{moved / bytes_planned:.4f}x")
+                    self.assertGreater(bytes_planned, 0)
+                    self.assertGreaterEqual(moved, bytes_planned)
+                    self.assertLessEqual(moved, bytes_planned * 1.01, f"{way} node {node}")
                 self.tearDown()
                 self.setUp()
 
@@ -189,9 +201,9 @@ class NodesTest(unittest.TestCase):
             self.clients[node].call("refill", seed=2)
         self.bed.set_rate("c", 8)  # about 5 s for the 5 MB into node c
         into_c = self.bed.link_bytes("c")[0]
-        ca, cert, key = self.tls["a"]
+        ca, cert, key = self.tls["d"]
         started = time.monotonic()
-        sync = subprocess.Popen(self.bed.enter("a") + [CTL, "sync", "--coordinator", self.cluster.joins, "--tls-ca", ca,
+        sync = subprocess.Popen(self.bed.enter("d") + [CTL, "sync", "--coordinator", self.cluster.joins, "--tls-ca", ca,
                                                        "--tls-cert", cert, "--tls-key", key],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         while self.bed.link_bytes("c")[0] - into_c < 1 << 20 and time.monotonic() - started < 60:

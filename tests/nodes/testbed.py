@@ -181,7 +181,7 @@ class TestBed:
     def set_rate(self, name: str, mbit: float) -> None:
         """Shapes node `name`'s link to `mbit` Mbit/s in each direction (token buckets on
         both ends of its veth pair)."""
-        burst = max(int(mbit * 1e6 / 8 / 100), 64 * 1024)  # 10 ms of the rate, at least 64 KiB
+        burst = max(int(mbit * 1e6 / 8 / 100), 256 * 1024)  # 10 ms of the rate, at least 4 packets
         for ns, dev in ((self.namespace(name), "eth0"), (self._bridge, self._port(name))):
             _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
                  "burst", str(burst), "latency", "1s")
