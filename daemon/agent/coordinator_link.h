@@ -16,6 +16,11 @@
 
 namespace shardsync::agent {
 
+// A new agent process's incarnation: 128 random bits in hex. It is the credential its
+// Join and Publish carry (the coordinator takes a rank's layouts only with it), so it is
+// never logged, echoed nor used in a name others can see.
+std::string NewIncarnation();
+
 struct LinkConfig {
   std::string coordinator;  // host:port; empty: this agent's own (it serves the coordinator)
   v1::JoinRequest join;     // rank, host, address, device

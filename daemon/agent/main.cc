@@ -190,10 +190,12 @@ int main(int argc, char** argv) {
   executor::Mailbox mailbox;
   absl::StatusOr<DataPath> path = OpenDataPath(c, mailbox, *credentials);
   if (!path.ok()) return fail(path.status());
-  const std::string incarnation = absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  const std::string incarnation = agent::NewIncarnation();
   RemoveOrphans();
   static_assert(executor::kBoardRanks >= kMaxWorld, "a board holds every rank");
-  auto board = executor::SignalBoard::Create(executor::SignalBoard::NameFor(incarnation));
+  // The board's name is seen by every user of the host: this process's, not its incarnation.
+  auto board = executor::SignalBoard::Create(
+      executor::SignalBoard::NameFor(absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()))));
   if (!board.ok()) return fail(board.status());
   std::unique_ptr<executor::Transport> signals = HostMessages(c, **board, *path);
   agent::Registry registry(c.agent.rank, {path->memory.get()}, c.registrations);

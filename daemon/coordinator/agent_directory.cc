@@ -85,10 +85,10 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
   const absl::Duration silent = absl::Now() - entry.last_seen;
   const bool new_incarnation = entry.link && entry.join.incarnation() != request.incarnation();
   if (new_incarnation && silent < kAgentLiveness) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "rank ", request.rank(), " belongs to a live agent (incarnation ", entry.join.incarnation(), " at ",
-        entry.join.address(), ", seen ", absl::FormatDuration(silent),
-        " ago); another may take it once that one has been silent for ", absl::FormatDuration(kAgentLiveness)));
+    return absl::AlreadyExistsError(absl::StrCat("rank ", request.rank(), " belongs to a live agent (at ",
+                                                 entry.join.address(), ", seen ", absl::FormatDuration(silent),
+                                                 " ago); another may take it once that one has been silent for ",
+                                                 absl::FormatDuration(kAgentLiveness)));
   }
   Joined joined;
   if (new_incarnation) {
@@ -125,9 +125,9 @@ absl::StatusOr<int64_t> AgentDirectory::Publish(const v1::PublishRequest& reques
     return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " published before it joined"));
   }
   if (agent->second.join.incarnation() != request.incarnation()) {
-    return absl::PermissionDeniedError(absl::StrCat("rank ", request.rank(), " belongs to incarnation ",
-                                                    agent->second.join.incarnation(), ", not to ",
-                                                    request.incarnation(), ", the publisher"));
+    // Neither incarnation is named: the live one is a credential, the other a guess.
+    return absl::PermissionDeniedError(
+        absl::StrCat("rank ", request.rank(), " belongs to another incarnation than the publisher's"));
   }
   // Swapped in whole, not assigned: assigning keeps the old message's cleared repeated
   // fields allocated, and a publication can hold 100k tensors.
