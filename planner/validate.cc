@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "planner/box.h"
 #include "planner/plan.h"
@@ -240,6 +241,10 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
     if (b.holder.rank < 0 || b.holder.buffer < 0 || b.bytes < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(BufferLabel(input, b.holder), " has a negative rank, id or size (", b.bytes, " bytes)"));
+    }
+    if (b.holder.rank >= kMaxWorld) {
+      return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder), " is on rank ", b.holder.rank,
+                                                     ", outside the ", kMaxWorld, " ranks one coordinator serves"));
     }
     if (!input.node_of_rank.empty() && b.holder.rank >= static_cast<int32_t>(input.node_of_rank.size())) {
       return absl::InvalidArgumentError(absl::StrCat(BufferLabel(input, b.holder), " has no node (nodes are given for ",

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/box.h"
@@ -49,6 +50,15 @@ absl::StatusOr<planner::ModelLayoutSpec> ToModel(const v1::ModelLayout& m, Buffe
   model.zero_stage = m.zero_stage();
   model.dp_ranks.assign(m.dp_ranks().begin(), m.dp_ranks().end());
   for (const v1::Replica& r : m.replicas()) model.replicas.emplace_back(r.ranks().begin(), r.ranks().end());
+  // Layouts are built per rank: a rank past the world's limit would size them by it.
+  std::vector<int32_t> ranks = model.dp_ranks;
+  for (const std::vector<int32_t>& replica : model.replicas) ranks.insert(ranks.end(), replica.begin(), replica.end());
+  for (int32_t rank : ranks) {
+    if (rank < 0 || rank >= kMaxWorld) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: rank ", rank, " is outside 0..", kMaxWorld - 1, ", the ranks one coordinator serves"));
+    }
+  }
   if (m.target_dtype() != v1::DTYPE_UNSPECIFIED) {
     SHARDSYNC_ASSIGN_OR_RETURN(model.target_dtype, ToDType(m.target_dtype()));
   }

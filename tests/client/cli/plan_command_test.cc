@@ -145,5 +145,33 @@ TEST_CASE("plan refuses a spec it cannot read: exit 3, naming the file, nothing 
   CHECK_THAT(err.str(), StartsWith("shardsyncctl plan: ") && Contains("/nonexistent/spec.json"));
 }
 
+TEST_CASE("plan refuses a rank past the world's limit, naming it, in a model and in a buffer") {
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::pair<std::string, std::string> specs[] = {
+      {R"({"model": {"tensors": [{"name": "w", "shape": [8, 8], "style": "COLUMN"}], "zero_stage": 3,
+           "dp_ranks": [0, 2147483647], "replicas": [{"ranks": [1]}]}})",
+       "rank 2147483647 is outside 0..8191"},
+      {R"({"model": {"tensors": [{"name": "w", "shape": [8, 8], "style": "COLUMN"}], "zero_stage": 3,
+           "dp_ranks": [0], "replicas": [{"ranks": [16777216]}]}})",
+       "rank 16777216 is outside 0..8191"},
+      {R"({"buffers": [{"rank": 8192, "name": "s", "bytes": 32}, {"rank": 8192, "name": "t", "bytes": 32}],
+           "sources": [{"name": "w", "shape": [8], "dtype": "FLOAT32",
+                        "flat_placements": [{"rank": 8192, "buffer": "s", "begin": 0, "end": 8}]}],
+           "targets": [{"name": "w", "shape": [8], "dtype": "FLOAT32",
+                        "flat_placements": [{"rank": 8192, "buffer": "t", "begin": 0, "end": 8}]}]})",
+       "is on rank 8192, outside the 8192 ranks"},
+  };
+  for (const auto& [json, why] : specs) {
+    INFO(json);
+    const std::string path = dir + "/big-rank.json";
+    std::ofstream(path) << json;
+    PlanCommandConfig config;
+    config.spec_path = path;
+    std::ostringstream out, err;
+    CHECK(RunPlanCommand(config, out, err) == 3);
+    CHECK_THAT(err.str(), Contains(why));
+  }
+}
+
 }  // namespace
 }  // namespace shardsync::cli
