@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 namespace shardsync::flags {
 namespace {
@@ -38,6 +39,7 @@ class ConfigFile : public CLI::Config {
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
     std::vector<CLI::ConfigItem> items;
     std::string line;
+    std::map<std::string, int> first_line;  // of each name: a name given twice is an error
     for (int number = 1; std::getline(input, line); ++number) {
       line = Trim(line.substr(0, line.find('#')));
       if (line.empty()) continue;
@@ -48,6 +50,10 @@ class ConfigFile : public CLI::Config {
       if (item.name.empty() || item.name.find_first_of(" \t[]") != std::string::npos || item.name[0] == '-' ||
           value.empty() || value == "{}") {
         throw CLI::ConfigError("line " + std::to_string(number) + ": expected 'name = value', got '" + line + "'");
+      }
+      if (const auto [it, fresh] = first_line.emplace(item.name, number); !fresh) {
+        throw CLI::ConfigError("line " + std::to_string(number) + ": '" + item.name + "' is set again (first on line " +
+                               std::to_string(it->second) + ")");
       }
       item.inputs = {value};
       items.push_back(std::move(item));
@@ -109,6 +115,12 @@ CLI::Option* AddMilliseconds(CLI::App& app, const std::string& name, absl::Durat
       .add_option_function<int64_t>(
           name, [&value](int64_t ms) { value = absl::Milliseconds(ms); }, help)
       ->check(kDecimal)
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            int64_t ms = 0;
+            return absl::SimpleAtoi(text, &ms) ? std::string() : "takes milliseconds, got '" + text + "'";
+          },
+          "", "fits"))
       ->check(CLI::Range(min_ms, max_ms))
       ->default_str(std::to_string(absl::ToInt64Milliseconds(value)));
 }

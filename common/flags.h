@@ -11,6 +11,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 
 namespace shardsync::flags {
@@ -29,7 +30,20 @@ extern const CLI::Validator kAddress;
 template <typename T>
 CLI::Option* AddInt(CLI::App& app, const std::string& name, T& value, const std::string& help, T min,
                     T max = std::numeric_limits<T>::max()) {
-  return app.add_option(name, value, help)->check(kDecimal)->check(CLI::Range(min, max))->capture_default_str();
+  // Before the range: a number past the type's limits must not saturate into it.
+  const CLI::Validator fits(
+      [min, max](std::string& text) {
+        T parsed{};
+        return absl::SimpleAtoi(text, &parsed)
+                   ? std::string()
+                   : "takes a number in " + std::to_string(min) + ".." + std::to_string(max) + ", got '" + text + "'";
+      },
+      "", "fits");
+  return app.add_option(name, value, help)
+      ->check(kDecimal)
+      ->check(fits)
+      ->check(CLI::Range(min, max))
+      ->capture_default_str();
 }
 
 // A duration flag given in whole milliseconds inside [min_ms, max_ms].

@@ -101,6 +101,15 @@ TEST_CASE("a config file sets flags the command line has not; insecure = false t
   CHECK(whole_lines.daemon.tls.ca_file == "/etc/my certs/ca.pem");
 }
 
+TEST_CASE("a config file that sets a name twice is refused, whichever value comes first") {
+  for (const char* text : {"world = 1\ninsecure = true\ninsecure = false\n", "world = 1\nworld = 2\ninsecure\n",
+                           "insecure\nworld = 1\ninsecure = false\n"}) {
+    CoordinatorFlags f;
+    INFO(text);
+    CHECK(f.Parse({"--config", WriteFile("twice", text)}) == 2);
+  }
+}
+
 TEST_CASE("numbers are whole, decimal and in range; addresses have a real port; names are known") {
   const std::vector<std::vector<std::string>> refused = {{"--world", "1.9"},
                                                          {"--world", "0x10"},
@@ -122,6 +131,11 @@ TEST_CASE("numbers are whole, decimal and in range; addresses have a real port; 
                                                          {"--world", "1", "--link-gbps", "0"},
                                                          {"--world", "1", "--relay", "sometimes"},
                                                          {"--world", "1", "--sync-timeout-ms", "1e3"},
+                                                         // past int64: refused, not saturated into range
+                                                         {"--world", "1", "--staging-bytes", "99999999999999999999"},
+                                                         {"--world", "1", "--scratch-bytes", "9223372036854775808"},
+                                                         {"--world", "1", "--sync-timeout-ms", "9223372036854775808"},
+                                                         {"--world", "1", "--keepalive-ms", "99999999999999999999"},
                                                          {"--world", "1", "--bogus", "1"},
                                                          {"--world", "1", "stray"}};
   for (const std::vector<std::string>& args : refused) {
