@@ -51,7 +51,8 @@ class Node:
             deepspeed_zero.partition_zero3(module, int(rank), dp, checkpoint)
             self.trainers.append(("zero3", module, None, int(rank), dp))
             self.handles.append(TrainerSource(AgentClient(socket), f"trainer-{rank}",
-                                              lambda m=module: zero3_sources(m, rank_of=lambda g: g.rank)))
+                                              lambda m=module: zero3_sources(m, rank_of=lambda g: g.rank,
+                                                                               world_of=lambda g: g.world)))
 
     def masters(self, agents, dp, seed):
         masters = self.values("masters", seed)

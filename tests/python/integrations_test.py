@@ -79,7 +79,8 @@ class IntegrationsTest(unittest.TestCase):
             module = CheckpointModule(shapes)
             deepspeed_zero.partition_zero3(module, rank, dp, checkpoint)
             self.handles.append(TrainerSource(self.agent(rank), f"trainer-{rank}",
-                                              lambda m=module: zero3_sources(m, rank_of=lambda g: g.rank)))
+                                              lambda m=module: zero3_sources(m, rank_of=lambda g: g.rank,
+                                                                               world_of=lambda g: g.world)))
             modules.append(module)
         return modules
 
@@ -187,6 +188,30 @@ class IntegrationsTest(unittest.TestCase):
         and partitions have other names and no partition_size."""
         self.check_masters(lambda module, rank, masters: deepspeed_zero.Bf16Optimizer(
             module, rank, WORLD, masters), frozen=["model.norm.weight"])
+
+    def test_zero3_partitions_that_cannot_be_read_are_refused_naming_the_parameter(self):
+        shapes = {"a.w": (3, 5), "b": (7,)}
+        module = CheckpointModule(shapes)
+        deepspeed_zero.partition_zero3(module, 1, 2, random_checkpoint(shapes, 9))
+        rank, world = (lambda g: g.rank), (lambda g: g.world)
+        self.assertEqual(len(zero3_sources(module, rank_of=rank, world_of=world)[1]), 2)
+        with self.assertRaisesRegex(ValueError, "parameter 'b': rank 5 is outside its process group of 2"):
+            zero3_sources(module, rank_of=lambda g: 5, world_of=world)
+        with self.assertRaisesRegex(ValueError, "parameter 'b': 1 partitions of 4 elements cannot hold its 7"):
+            zero3_sources(module, rank_of=lambda g: 0, world_of=lambda g: 1)
+        module.a.w.ds_shape = (-3, -5)
+        with self.assertRaisesRegex(ValueError, r"parameter 'a.w': ds_shape \[-3, -5\] does not hold ds_numel 15"):
+            zero3_sources(module, rank_of=rank, world_of=world)
+        module.a.w.ds_shape = (3, 5)
+        del module.b.ds_process_group
+        with self.assertRaisesRegex(ValueError, "parameter 'b' has a ds_tensor but no ds_process_group"):
+            zero3_sources(module, rank_of=rank, world_of=world)
+
+    def test_zero12_masters_of_a_rank_outside_the_group_are_refused(self):
+        module = CheckpointModule({"a": (4,), "b": (6,)})
+        optimizer = deepspeed_zero.Zero12Optimizer(module, 0, 2, {"a": torch.ones(4), "b": torch.ones(6)})
+        with self.assertRaisesRegex(ValueError, "parameter group 0: rank 7 holds no partition of 6 elements"):
+            zero12_master_sources(optimizer, module, rank_of=lambda g: 7)
 
     def test_an_optimizer_without_fp32_partitions_is_refused_by_name(self):
         module = CheckpointModule({"w": (4,)})

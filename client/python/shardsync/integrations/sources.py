@@ -18,6 +18,7 @@ registers them and registers again when the memory moved.
 """
 
 
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -121,26 +122,39 @@ def fsdp2_sources(module: torch.nn.Module, rename: Rename = None) -> Described:
     return out.result()
 
 
-def zero3_sources(module: torch.nn.Module, rename: Rename = None, rank_of: Optional[Callable[[Any], int]] = None) -> Described:
+def zero3_sources(module: torch.nn.Module, rename: Rename = None, rank_of: Optional[Callable[[Any], int]] = None,
+                  world_of: Optional[Callable[[Any], int]] = None) -> Described:
     """Each parameter's ZeRO-3 partition (``ds_tensor``), placed by DeepSpeed's own
-    partition arithmetic: the partition's size P and this rank's index in the
-    parameter's ``ds_process_group`` (``rank_of(group)``; default
-    ``torch.distributed.get_rank(group=group)``)."""
-    if rank_of is None:
+    partition arithmetic: the partition's size P, and this rank's index and the size of
+    the parameter's ``ds_process_group`` (``rank_of(group)`` and ``world_of(group)``;
+    default ``torch.distributed.get_rank``/``get_world_size`` of the group). What cannot
+    be read so (attributes missing, a shape unlike ``ds_numel``, a rank outside the
+    group, partitions too small for the parameter) is refused naming the parameter."""
+    if rank_of is None or world_of is None:
         import torch.distributed as dist
-        rank_of = lambda group: dist.get_rank(group=group)  # noqa: E731
+        rank_of = rank_of or (lambda group: dist.get_rank(group=group))
+        world_of = world_of or (lambda group: dist.get_world_size(group=group))
     out = Layouts()
     for name, param in module.named_parameters():
         ckpt = checkpoint_name(name, rename)
         partition = getattr(param, "ds_tensor", None)
         if partition is None:
             raise ValueError(f"parameter '{name}' has no ds_tensor: not partitioned by ZeRO-3")
-        size = partition.numel()
-        rank = rank_of(param.ds_process_group)
+        try:
+            shape, numel, group = tuple(int(d) for d in param.ds_shape), int(param.ds_numel), param.ds_process_group
+        except AttributeError as error:
+            raise ValueError(f"parameter '{name}' has a ds_tensor but no {error.name}") from None
+        if any(d < 0 for d in shape) or math.prod(shape) != numel:
+            raise ValueError(f"parameter '{name}': ds_shape {list(shape)} does not hold ds_numel {numel} elements")
+        size, rank, world = partition.numel(), rank_of(group), world_of(group)
+        if not 0 <= rank < world:
+            raise ValueError(f"parameter '{name}': rank {rank} is outside its process group of {world}")
+        if size * world < numel:
+            raise ValueError(f"parameter '{name}': {world} partitions of {size} elements cannot hold its {numel}")
         begin = rank * size
-        end = min(begin + size, param.ds_numel)
+        end = min(begin + size, numel)
         if end > begin:
-            out.add_stretch(ckpt, partition.narrow(0, 0, end - begin), ckpt, tuple(param.ds_shape), begin, end)
+            out.add_stretch(ckpt, partition.narrow(0, 0, end - begin), ckpt, shape, begin, end)
     return out.result()
 
 
@@ -189,6 +203,9 @@ def zero12_master_sources(optimizer: Any, module: torch.nn.Module, rename: Renam
         rank = rank_of(optimizer.real_dp_process_group[g])
         size = partition.numel()
         first = rank * size
+        if rank < 0 or first + size > flat.numel():
+            raise ValueError(f"parameter group {g}: rank {rank} holds no partition of {size} elements of its "
+                             f"{flat.numel()}-element flat")
         for param in params:
             if id(param) not in names:
                 raise ValueError(f"parameter group {g} holds a parameter that is not in the module")
