@@ -453,6 +453,30 @@ class ProbeTest(unittest.TestCase):
         "a 1-D tensor inside a 2-D parameter": ((2, 3), {"b": (6,)}, lambda p, c: p.view(-1).copy_(c["b"])),
     }
 
+    def test_a_loader_that_replaces_a_parameter_is_refused_and_the_model_restored(self):
+        """Some engines' post-load steps assign a new Parameter instead of writing into the
+        old one: the probe cannot see where that one's elements go."""
+        class Replacing(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+                self.b = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+
+            def load_weights(self, weights):
+                for name, tensor in weights:
+                    if name == "w":
+                        self.w = torch.nn.Parameter(tensor.clone())
+                    else:
+                        self.b.data.copy_(tensor)
+
+        model = Replacing()
+        w, b = model.w, model.b
+        with self.assertRaisesRegex(ProbeError, "the loader replaces parameter\\(s\\) 'w' with new tensors"):
+            loader_targets(model, model.load_weights, {"w": (4,), "b": (3,)})
+        self.assertIs(model.w, w)
+        self.assertIs(model.b, b)
+        self.assertEqual([p.dtype for p in model.parameters()], [torch.bfloat16, torch.bfloat16])
+
     def test_the_pieces_rebuild_what_the_loader_writes(self):
         from shardsync.integrations import probe
         for case, (shape, shapes, fill) in self.LOADERS.items():

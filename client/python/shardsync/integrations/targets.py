@@ -52,8 +52,12 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
                 raise ProbeError(f"parameter '{name}' is {_described(live[name])} in the engine but was created "
                                  f"{_described(param)}: its memory no longer has the layout its loader writes")
         params.update(created)
-    with _installed(model, params, live):
+    with _installed(model, params, live) as replaced:
         result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()))
+    if replaced:
+        raise ProbeError(f"the loader replaces parameter(s) {', '.join(repr(n) for n in sorted(replaced))} with new "
+                         "tensors instead of writing into them: shardsync cannot learn where their elements go "
+                         "(the model's own parameters are back in place)")
     for piece in result.pieces:
         if piece.param not in live:
             raise ProbeError(f"the loader puts checkpoint tensor '{piece.tensor}' into parameter '{piece.param}', "
@@ -90,22 +94,32 @@ def _described(tensor: torch.Tensor) -> str:
 
 @contextlib.contextmanager
 def _installed(model: torch.nn.Module, params: Mapping[str, torch.Tensor], live: Mapping[str, torch.Tensor]) -> Any:
-    """`params` ({name: parameter}) in their modules' places for a `with` block; then the
-    `live` ones back, and those with no live one removed, also on error."""
-    def put(name: str, param: torch.Tensor) -> None:
+    """`params` ({name: parameter}) in their modules' places for a `with` block, which
+    gets a list: the names whose parameter the block replaced with another object. Then
+    the `live` ones back, those with no live one removed, and the replaced ones too,
+    also on error."""
+    def module_of(name: str) -> Tuple[torch.nn.Module, str]:
         owner, _, leaf = name.rpartition(".")
-        module = model.get_submodule(owner)
+        return model.get_submodule(owner), leaf
+
+    def put(name: str, param: Optional[torch.Tensor]) -> None:
+        module, leaf = module_of(name)
         if param is None:
-            del module._parameters[leaf]
+            module._parameters.pop(leaf, None)
         else:
             module._parameters[leaf] = param
     swapped = [name for name, param in params.items() if live.get(name) is not param]
+    replaced: List[str] = []
     try:
         for name in swapped:
             put(name, params[name])
-        yield
+        yield replaced
     finally:
-        for name in swapped:
+        for name, param in params.items():
+            module, leaf = module_of(name)
+            if module._parameters.get(leaf) is not param:
+                replaced.append(name)
+        for name in sorted(set(swapped) | set(replaced)):
             put(name, live.get(name))
 
 
