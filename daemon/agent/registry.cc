@@ -95,8 +95,8 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
     }
     auto memory = backend->Open(handle, b.bytes());
     if (!memory.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("client '", request.client_id(), "' buffer '", b.name(), "': ", memory.status().message()));
+      return absl::Status(memory.status().code(), absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                               "': ", memory.status().message()));
     }
     // A client registers only its own memory: host shared memory of another user is
     // refused even where the agent could open it.

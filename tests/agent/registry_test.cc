@@ -27,13 +27,14 @@ class FakeBuffer final : public executor::MappedBuffer {
   std::optional<uint32_t> owner_;
 };
 
-// Takes handles named "uid:N" (owned by N) or "any" (no owner).
+// Takes handles named "uid:N" (owned by N) or "any" (no owner); "full" cannot be backed.
 class FakeBackend final : public executor::MemoryBackend {
  public:
   absl::string_view name() const override { return "fake"; }
   bool Accepts(const executor::MemoryHandle& handle) const override { return !handle.shm_name.empty(); }
   absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Open(const executor::MemoryHandle& handle,
                                                                int64_t bytes) override {
+    if (handle.shm_name == "full") return absl::ResourceExhaustedError("cannot back 64 bytes: No space left on device");
     std::optional<uint32_t> owner;
     if (handle.shm_name.rfind("uid:", 0) == 0) owner = static_cast<uint32_t>(std::stoul(handle.shm_name.substr(4)));
     return std::unique_ptr<executor::MappedBuffer>(new FakeBuffer(bytes, owner));
@@ -69,6 +70,15 @@ TEST_CASE("a client registers only memory its own uid owns") {
     CHECK(c.pid() == 1234);
     CHECK(c.uid() == 1000);
   }
+}
+
+TEST_CASE("memory the backend cannot back is refused with its code kept, naming client and buffer") {
+  FakeBackend backend;
+  Registry registry(0, {&backend});
+  const absl::Status full = registry.Add(Request("rollout", "full"), Peer{1, 1000});
+  CHECK(absl::IsResourceExhausted(full));  // a full /dev/shm, not a bad request
+  CHECK_THAT(std::string(full.message()),
+             Contains("client 'rollout' buffer 'arena-rollout'") && Contains("No space left on device"));
 }
 
 TEST_CASE("a tensor naming a buffer its registration lacks is refused by that buffer's name") {
