@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 
@@ -48,6 +49,9 @@ int WaitForStopSignal() {
 // Plain stdio, not iostreams: a GPU agent also loads the shared libstdc++ (NCCL needs
 // it) beside the static one of a portable build, and their iostreams do not mix.
 bool WritePortFile(const std::string& path, int port) {
+  // The rename would replace whatever is there: a device (/dev/null) or a directory is
+  // not a port file.
+  if (struct stat existing{}; lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) return false;
   const std::string temporary = path + ".tmp";
   FILE* file = std::fopen(temporary.c_str(), "w");
   if (file == nullptr) return false;

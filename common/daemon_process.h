@@ -26,7 +26,8 @@ void BlockStopSignals();
 // Waits for SIGINT or SIGTERM; returns its number.
 int WaitForStopSignal();
 // Writes `port` to `path` through a rename, so a reader never sees half a file.
-// Returns false when it could not.
+// Returns false when it could not, or when `path` is something else than a regular file
+// (the rename would replace it).
 bool WritePortFile(const std::string& path, int port);
 
 }  // namespace shardsync

@@ -2,6 +2,8 @@
 // config files that cannot turn a switch on by accident, unknown names refused.
 #include "common/flags.h"
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <string>
@@ -99,6 +101,24 @@ TEST_CASE("a config file sets flags the command line has not; insecure = false t
   CHECK(whole_lines.config.world_size == 1);
   CHECK(whole_lines.daemon.metrics_listen == "[::]:9470");
   CHECK(whole_lines.daemon.tls.ca_file == "/etc/my certs/ca.pem");
+}
+
+TEST_CASE("a port file is written whole, and never replaces a device or a directory") {
+  const std::string path = WriteFile("port", "");
+  REQUIRE(WritePortFile(path, 4321));
+  std::ifstream written(path);
+  int port = 0;
+  written >> port;
+  CHECK(port == 4321);
+  // A daemon run with --port-file /dev/null once replaced it with a regular file; a FIFO
+  // stands in for the device here.
+  const std::string fifo = std::string(std::getenv("TEST_TMPDIR")) + "/fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_FALSE(WritePortFile(fifo, 1));
+  struct stat kept {};
+  REQUIRE(stat(fifo.c_str(), &kept) == 0);
+  CHECK(S_ISFIFO(kept.st_mode));
+  CHECK_FALSE(WritePortFile(std::getenv("TEST_TMPDIR"), 1));
 }
 
 TEST_CASE("a config file that sets a name twice is refused, whichever value comes first") {
