@@ -39,6 +39,10 @@ void AddAgentFlags(CLI::App& app, AgentFlags& c) {
                 "registrations this agent holds at once (each holds a call open); one more is refused", 1, 65536);
   flags::AddInt(app, "--max-registrations-per-uid", c.registrations.clients_per_uid,
                 "registrations from the processes of one uid at once", 1, 65536);
+  flags::AddInt(app, "--max-scratch-bytes", c.registrations.scratch_bytes,
+                "largest scratch this agent allocates for float8 targets, asked by the coordinator or a peer "
+                "(the coordinator's --scratch-bytes must fit)",
+                int64_t{0});
   app.add_option("--source-uids", c.agent.source_uids,
                  "uids whose processes may register sources (the trainer's weights), comma-separated (default: the "
                  "agent's own uid)")

@@ -222,6 +222,10 @@ absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Registry::OpenPeer(const
 }
 
 absl::Status Registry::ProvideScratch(int64_t bytes) {
+  if (bytes < 0 || bytes > limits_.scratch_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a scratch of ", bytes, " bytes is outside this agent's --max-scratch-bytes (", limits_.scratch_bytes, ")"));
+  }
   absl::MutexLock one_at_a_time(&scratch_mu_);
   {
     absl::MutexLock lock(&mu_);

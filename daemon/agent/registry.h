@@ -32,8 +32,9 @@ struct BufferEntry {
 
 // How many registrations an agent holds: each holds a call (a server thread) open.
 struct RegistryLimits {
-  int32_t clients = 256;         // in all
-  int32_t clients_per_uid = 64;  // from processes of one uid
+  int32_t clients = 256;                     // in all
+  int32_t clients_per_uid = 64;              // from processes of one uid
+  int64_t scratch_bytes = int64_t{2} << 30;  // the largest scratch allocated (float8 targets)
 };
 
 class Registry {

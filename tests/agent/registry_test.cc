@@ -154,6 +154,21 @@ TEST_CASE("a peer gets a target's registration by name, never a source's; a new 
 namespace shardsync::agent {
 namespace {
 
+TEST_CASE("a scratch above the agent's limit is refused naming it, and nothing is allocated") {
+  executor::HostShmBackend backend;
+  RegistryLimits limits;
+  limits.scratch_bytes = 8192;
+  Registry registry(3, {&backend}, limits);
+  REQUIRE(registry.ProvideScratch(8192).ok());
+  // Any caller of TargetMemory could ask for this: 3 GiB were allocated in 0.33 s before.
+  const absl::Status refused = registry.ProvideScratch(int64_t{3} << 30);
+  CHECK(absl::IsResourceExhausted(refused));
+  CHECK_THAT(std::string(refused.message()), Contains("--max-scratch-bytes (8192)"));
+  const std::shared_ptr<const BufferEntry> kept = registry.Find(planner::kScratchBufferName);
+  REQUIRE(kept);
+  CHECK(kept->memory->bytes() == 8192);  // the scratch it had stays
+}
+
 TEST_CASE("the agent's scratch: found and handed to peers as a target, replaced by size, never published") {
   executor::HostShmBackend backend;
   Registry registry(3, {&backend});
