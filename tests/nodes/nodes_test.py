@@ -165,7 +165,12 @@ class NodesTest(unittest.TestCase):
                           f"{moved / bytes_planned:.4f}x")
                     self.assertGreater(bytes_planned, 0)
                     self.assertGreaterEqual(moved, bytes_planned)
-                    self.assertLessEqual(moved, bytes_planned * 1.01, f"{way} node {node}")
+                    # 1.005-1.008x on a quiet machine (framing: TLS records, HTTP/2 frames,
+                    # TCP/IP headers). Heartbeats and keepalive pings, about one per
+                    # connection a second, cross the same links: beside a whole test suite
+                    # the sync takes longer and they reached 1.012x. Hence 2%, a bound any
+                    # second copy of a piece (1.5x or more here) still breaks.
+                    self.assertLessEqual(moved, bytes_planned * 1.02, f"{way} node {node}")
                 self.tearDown()
                 self.setUp()
 
