@@ -17,22 +17,26 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "executor/sigbus_guard.h"
 
 namespace shardsync::executor {
 namespace {
 
 class HostShmBuffer final : public MappedBuffer {
  public:
-  // Owns `fd` (kept to check the object's size) and the mapping.
-  HostShmBuffer(std::string name, int fd, void* mapping, size_t mapped, uint8_t* data, int64_t bytes, uint32_t owner)
+  // Owns `fd` (kept to check the object's size), the mapping and its watch.
+  HostShmBuffer(std::string name, int fd, void* mapping, size_t mapped, int watch, uint8_t* data, int64_t bytes,
+                uint32_t owner)
       : name_(std::move(name)),
         fd_(fd),
         mapping_(mapping),
         mapped_(mapped),
+        watch_(watch),
         data_(data),
         bytes_(bytes),
         owner_(owner) {}
   ~HostShmBuffer() override {
+    SigbusGuard::Unwatch(watch_);
     munmap(mapping_, mapped_);
     close(fd_);
   }
@@ -41,6 +45,10 @@ class HostShmBuffer final : public MappedBuffer {
   bool on_device() const override { return false; }
   std::optional<uint32_t> owner_uid() const override { return owner_; }
   absl::Status CheckIntact() const override {
+    if (SigbusGuard::Faulted(watch_)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shm '", name_, "' was shrunk while in use; this mapping no longer shows it: register it again"));
+    }
     struct stat info {};
     if (fstat(fd_, &info) != 0)
       return absl::InternalError(absl::StrCat("fstat('", name_, "'): ", std::strerror(errno)));
@@ -56,6 +64,7 @@ class HostShmBuffer final : public MappedBuffer {
   int fd_;
   void* mapping_;
   size_t mapped_;
+  int watch_;
   uint8_t* data_;
   int64_t bytes_;
   uint32_t owner_;
@@ -67,10 +76,11 @@ constexpr char kScratchPrefix[] = "shardsync-scratch-";
 // when destroyed; its lock goes with the descriptor.
 class OwnedShmBuffer final : public MappedBuffer {
  public:
-  OwnedShmBuffer(std::string name, int fd, void* mapping, int64_t bytes)
-      : name_(std::move(name)), fd_(fd), mapping_(mapping), bytes_(bytes) {}
+  OwnedShmBuffer(std::string name, int fd, void* mapping, int watch, int64_t bytes)
+      : name_(std::move(name)), fd_(fd), mapping_(mapping), watch_(watch), bytes_(bytes) {}
   ~OwnedShmBuffer() override {
     shm_unlink(name_.c_str());
+    SigbusGuard::Unwatch(watch_);
     munmap(mapping_, static_cast<size_t>(std::max<int64_t>(bytes_, 1)));
     close(fd_);
   }
@@ -78,11 +88,16 @@ class OwnedShmBuffer final : public MappedBuffer {
   int64_t bytes() const override { return bytes_; }
   bool on_device() const override { return false; }
   std::optional<uint32_t> owner_uid() const override { return geteuid(); }
+  absl::Status CheckIntact() const override {
+    if (!SigbusGuard::Faulted(watch_)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("scratch '", name_, "' was shrunk while in use"));
+  }
 
  private:
   std::string name_;
   int fd_;
   void* mapping_;
+  int watch_;
   int64_t bytes_;
 };
 
@@ -120,6 +135,14 @@ absl::StatusOr<MemoryBackend::Owned> HostShmBackend::AllocateOnce(int64_t bytes)
     mapping = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (mapping == MAP_FAILED) error = errno;
   }
+  absl::StatusOr<int> watch = absl::UnknownError("not mapped");
+  if (error == 0) {
+    watch = SigbusGuard::Watch(mapping, mapped);
+    if (!watch.ok()) {
+      munmap(mapping, mapped);
+      error = ENOMEM;
+    }
+  }
   if (error != 0) {
     shm_unlink(name.c_str());
     close(fd);
@@ -127,7 +150,7 @@ absl::StatusOr<MemoryBackend::Owned> HostShmBackend::AllocateOnce(int64_t bytes)
         absl::StrCat("shm '", name, "': cannot back ", bytes, " bytes of scratch: ", std::strerror(error)));
   }
   Owned owned;
-  owned.buffer = std::make_unique<OwnedShmBuffer>(name, fd, mapping, bytes);
+  owned.buffer = std::make_unique<OwnedShmBuffer>(name, fd, mapping, *watch, bytes);
   owned.handle.shm_name = name;
   return owned;
 }
@@ -185,8 +208,15 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryH
     close(fd);
     return absl::InternalError(absl::StrCat("mmap('", handle.shm_name, "'): ", std::strerror(error)));
   }
-  return std::unique_ptr<MappedBuffer>(new HostShmBuffer(
-      handle.shm_name, fd, mapping, mapped, static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes, info.st_uid));
+  const absl::StatusOr<int> watch = SigbusGuard::Watch(mapping, mapped);
+  if (!watch.ok()) {
+    munmap(mapping, mapped);
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("shm '", handle.shm_name, "': ", watch.status().message()));
+  }
+  return std::unique_ptr<MappedBuffer>(new HostShmBuffer(handle.shm_name, fd, mapping, mapped, *watch,
+                                                         static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes,
+                                                         info.st_uid));
 }
 
 }  // namespace shardsync::executor

@@ -34,8 +34,9 @@ class MappedBuffer {
   // for CUDA IPC, whose handle only the owning process can make.
   virtual std::optional<uint32_t> owner_uid() const { return std::nullopt; }
   // Whether the memory still holds what was mapped: a client can shrink host shared
-  // memory under the mapping, and touching the lost pages would kill the process
-  // (SIGBUS). Checked before every sync; OK for memory no client can shrink.
+  // memory under the mapping (touching the lost pages, SigbusGuard detaches the mapping
+  // instead of letting the process die). Checked before and after every sync; OK for
+  // memory no client can shrink.
   virtual absl::Status CheckIntact() const { return absl::OkStatus(); }
 };
 

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "executor/sigbus_guard.h"
 
 namespace shardsync::executor {
 namespace {
@@ -123,12 +124,19 @@ absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Create(const std::stri
     return absl::UnavailableError(absl::StrCat("sizing signal board ", name, ": ", strerror(error)));
   }
   // A fresh object reads as zeros: every ring empty. The magic is the last write.
+  const absl::StatusOr<int> watch = SigbusGuard::Watch(base, kBoardBytes);
+  if (!watch.ok()) {
+    munmap(base, kBoardBytes);
+    shm_unlink(name.c_str());
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("signal board ", name, ": ", watch.status().message()));
+  }
   auto* header = static_cast<Header*>(base);
   header->ranks = kBoardRanks;
   header->depth = kRingDepth;
   std::atomic_thread_fence(std::memory_order_release);
   header->magic = kMagic;
-  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, fd));
+  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, *watch, fd));
 }
 
 absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Open(const std::string& name) {
@@ -145,15 +153,22 @@ absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Open(const std::string
   close(fd);
   if (base == MAP_FAILED)
     return absl::UnavailableError(absl::StrCat("mapping signal board ", name, ": ", strerror(error)));
+  const absl::StatusOr<int> watch = SigbusGuard::Watch(base, kBoardBytes);
+  if (!watch.ok()) {
+    munmap(base, kBoardBytes);
+    return absl::ResourceExhaustedError(absl::StrCat("signal board ", name, ": ", watch.status().message()));
+  }
   const auto* header = static_cast<const Header*>(base);
   if (header->magic != kMagic || header->ranks != kBoardRanks || header->depth != kRingDepth) {
+    SigbusGuard::Unwatch(*watch);
     munmap(base, kBoardBytes);
     return absl::FailedPreconditionError(absl::StrCat(name, " is not a signal board of this version"));
   }
-  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, /*owner_fd=*/-1));
+  return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, *watch, /*owner_fd=*/-1));
 }
 
 SignalBoard::~SignalBoard() {
+  SigbusGuard::Unwatch(watch_);
   munmap(base_, kBoardBytes);
   if (owner_fd_ >= 0) {
     shm_unlink(name_.c_str());

@@ -76,12 +76,14 @@ class SignalBoard {
   struct Ring;  // in the .cc: the shared layout
 
  private:
-  SignalBoard(std::string name, void* base, int owner_fd) : name_(std::move(name)), base_(base), owner_fd_(owner_fd) {}
+  SignalBoard(std::string name, void* base, int watch, int owner_fd)
+      : name_(std::move(name)), base_(base), watch_(watch), owner_fd_(owner_fd) {}
   static absl::Status CheckSender(int32_t from);  // a rank with a ring on the board
   Ring& RingOf(int32_t from) const;
 
   std::string name_;
   void* base_;
+  int watch_;     // SigbusGuard's: a board shrunk by another process detaches, never kills
   int owner_fd_;  // the owner's descriptor, which holds the lock; -1 on a peer's board
 };
 

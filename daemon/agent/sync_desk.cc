@@ -104,22 +104,12 @@ absl::Status SyncDesk::HoldBuffers(const PreparedSync& prepared, std::vector<std
   table.assign(local.buffer_count(), nullptr);
   for (size_t k = 0; k < prepared.peer_memory.size(); ++k) {
     const std::shared_ptr<executor::MappedBuffer>& peer = prepared.peer_memory[k];
-    if (!peer) continue;
-    // A peer's client can shrink its shared memory too: writing past it would kill us.
-    if (const absl::Status intact = peer->CheckIntact(); !intact.ok()) {
-      const daemon::PeerBufferName& name = local.peer_buffers[k];
-      return absl::FailedPreconditionError(
-          absl::StrCat("buffer '", name.name, "' of rank ", name.rank, ": ", intact.message()));
-    }
-    table[held.size() + k] = peer->data();
+    if (peer) table[held.size() + k] = peer->data();
   }
   for (size_t id = 0; id < held.size(); ++id) {
     const std::string& name = local.buffer_names[id];
     held[id] = parts_.registry.Find(name);
     if (!held[id]) return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "' is no longer registered"));
-    if (const absl::Status intact = held[id]->memory->CheckIntact(); !intact.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "': ", intact.message()));
-    }
     table[id] = held[id]->memory->data();
     // The scratch changes size without a new registry version (a peer may ask for the
     // next plan's first): this plan's must be the one held.
@@ -128,12 +118,34 @@ absl::Status SyncDesk::HoldBuffers(const PreparedSync& prepared, std::vector<std
                                                         " bytes; this plan's is ", local.scratch_bytes));
     }
   }
+  SHARDSYNC_RETURN_IF_ERROR(CheckMappings(prepared, held));
   // The registry changed since the check: check the mappings held instead.
   if (parts_.registry.version() != prepared.checked_version) {
     SHARDSYNC_RETURN_IF_ERROR(parts_.preparer.CheckBuffers(local, held));
   }
   // Sources written by the device's other processes: read them after the writes.
   return parts_.device.WaitFor(parts_.registry.ReadyEvents());
+}
+
+absl::Status SyncDesk::CheckMappings(const PreparedSync& prepared,
+                                     const std::vector<std::shared_ptr<const BufferEntry>>& held) const {
+  const daemon::LocalSchedule& local = *prepared.local;
+  for (size_t id = 0; id < held.size(); ++id) {
+    if (const absl::Status intact = held[id]->memory->CheckIntact(); !intact.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("buffer '", local.buffer_names[id], "': ", intact.message()));
+    }
+  }
+  // A peer's client can shrink its shared memory too.
+  for (size_t k = 0; k < prepared.peer_memory.size(); ++k) {
+    const std::shared_ptr<executor::MappedBuffer>& peer = prepared.peer_memory[k];
+    if (!peer) continue;
+    if (const absl::Status intact = peer->CheckIntact(); !intact.ok()) {
+      const daemon::PeerBufferName& name = local.peer_buffers[k];
+      return absl::FailedPreconditionError(
+          absl::StrCat("buffer '", name.name, "' of rank ", name.rank, ": ", intact.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 executor::Transport& SyncDesk::DataTransport(const PreparedSync& prepared) const {
@@ -226,8 +238,12 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
                   executor::DirectLinks{prepared.direct_peers, parts_.direct.signals}});
   v1::ExecuteResponse response;
   const absl::Status verified = stats.ok() && request.verify() ? Verify(prepared, table, response) : absl::OkStatus();
-  parts_.ledger.Ran(request.sync_id(), writes_targets, stats);
+  // Memory shrunk under the run read as zeros or took writes that are lost.
+  const absl::Status intact = CheckMappings(prepared, held);
+  parts_.ledger.Ran(request.sync_id(), writes_targets,
+                    intact.ok() ? stats : absl::StatusOr<executor::ExecutionStats>(intact));
   if (!stats.ok()) return AfterWriting(stats.status());  // the coordinator names the rank
+  if (!intact.ok()) return AfterWriting(intact);
   if (!verified.ok()) return AfterWriting(verified);
   times.finished = absl::Now();
   response.mutable_stats()->MergeFrom(

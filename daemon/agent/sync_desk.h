@@ -64,6 +64,10 @@ class SyncDesk {
   // it), checks them again if the registry changed, and waits for the sources' writers.
   absl::Status HoldBuffers(const PreparedSync& prepared, std::vector<std::shared_ptr<const BufferEntry>>& held,
                            executor::BufferTable& table) const;
+  // Every mapping the run touches still shows its memory (no client shrank it): checked
+  // before the run and after it, naming the buffer.
+  absl::Status CheckMappings(const PreparedSync& prepared,
+                             const std::vector<std::shared_ptr<const BufferEntry>>& held) const;
   // Sets up the transport and, where needed, agrees with every rank that all are ready.
   absl::Status SetUpAndAgree(const v1::ExecuteRequest& request, const PreparedSync& prepared, const absl::Status& ready,
                              absl::Time deadline);

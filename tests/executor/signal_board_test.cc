@@ -306,5 +306,20 @@ TEST_CASE("a board carries one byte per message") {
   CHECK(absl::IsInvalidArgument(status));
 }
 
+TEST_CASE("a board another process shrinks costs its messages, not the process") {
+  auto board = SignalBoard::Create(TestBoardName("shrunk"));
+  REQUIRE(board.ok());
+  auto writer = SignalBoard::Open((*board)->name());
+  REQUIRE(writer.ok());
+  REQUIRE(truncate(("/dev/shm" + (*board)->name()).c_str(), 0) == 0);
+  const SignalKey key{SyncKey("s"), -2};
+  // Both mappings detach on their first touch: the post lands on the writer's own page,
+  // and the reader waits out its deadline.
+  CHECK((*writer)->Post(0, key, 1, Soon(), absl::ZeroDuration(), kNever, kNothing).ok());
+  const absl::Time start = absl::Now();
+  CHECK(absl::IsUnavailable(
+      (*board)->Take(0, key, start + absl::Milliseconds(50), absl::ZeroDuration(), kNever).status()));
+}
+
 }  // namespace
 }  // namespace shardsync::executor

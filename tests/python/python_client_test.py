@@ -117,6 +117,7 @@ class PythonClientTest(unittest.TestCase):
     def setUp(self):
         self.cluster = start_cluster()
         self.registrations, self.buffers = [], []
+        self.model = MODEL
 
     def tearDown(self):
         for r in self.registrations:
@@ -126,11 +127,11 @@ class PythonClientTest(unittest.TestCase):
         self.cluster.stop()
 
     @staticmethod
-    def partitions(rank):
+    def partitions(rank, model=MODEL):
         """(name, dtype, byte offset in the flat, flat begin, flat end) of each partition,
         256-byte aligned, as an allocator would place them."""
         out, at = [], 0
-        for name, shape, dtype in MODEL:
+        for name, shape, dtype in model:
             begin, end = shardsync.flat_partition(math.prod(shape), WORLD, rank)
             at = (at + 255) // 256 * 256
             out.append((name, dtype, at, begin, end))
@@ -138,32 +139,32 @@ class PythonClientTest(unittest.TestCase):
         return out, at
 
     @classmethod
-    def fill_partitions(cls, flat, rank, values):
-        for name, dtype, at, begin, end in cls.partitions(rank)[0]:
+    def fill_partitions(cls, flat, rank, values, model=MODEL):
+        for name, dtype, at, begin, end in cls.partitions(rank, model)[0]:
             element = shardsync.DTYPE_BYTES[dtype]
             flat.buf[at:at + (end - begin) * element] = values[name][begin * element:end * element]
 
     def register_trainer(self, rank, values):
-        parts, size = self.partitions(rank)
+        parts, size = self.partitions(rank, self.model)
         flat = shardsync.SharedBuffer(size)
         self.buffers.append(flat)
-        self.fill_partitions(flat, rank, values)
+        self.fill_partitions(flat, rank, values, self.model)
         layouts = [shardsync.zero3_partition(name, shape, dtype, WORLD, rank, "flat", at // shardsync.DTYPE_BYTES[dtype])
-                   for (name, shape, dtype), (_, _, at, _, _) in zip(MODEL, parts)]
+                   for (name, shape, dtype), (_, _, at, _, _) in zip(self.model, parts)]
         agent = shardsync.AgentClient(self.cluster.socket(rank))
         self.registrations.append(agent.register(f"trainer-{rank}", "source", {"flat": flat}, layouts))
         return flat
 
     def register_rollout(self, rank):
         shards = []
-        for name, shape, dtype in MODEL:
+        for name, shape, dtype in self.model:
             lo, hi = shard_box(name, shape, rank)
             shards.append((name, [h - l for l, h in zip(lo, hi)], dtype))
         arena = shardsync.WeightArena(shards)
         self.buffers.append(arena.memory)
         arena.memory.buf[:] = b"\xab" * arena.memory.nbytes  # poison
         layouts = [shardsync.tensor_layout(name, shape, dtype, placements=[arena.placement(name, *shard_box(name, shape, rank))])
-                   for name, shape, dtype in MODEL]
+                   for name, shape, dtype in self.model]
         agent = shardsync.AgentClient(self.cluster.socket(rank))
         self.registrations.append(agent.register(f"rollout-{rank}", "target", arena.buffers(), layouts))
         return arena
@@ -172,7 +173,7 @@ class PythonClientTest(unittest.TestCase):
         for rank, arena in enumerate(arenas):
             if ranks is not None and rank not in ranks:
                 continue
-            for name, shape, dtype in MODEL:
+            for name, shape, dtype in self.model:
                 lo, hi = shard_box(name, shape, rank)
                 expected = box_bytes(values[name], shape, lo, hi, shardsync.DTYPE_BYTES[dtype])
                 self.assertEqual(bytes(arena.view(name)), expected, f"{name} on rank {rank}")
@@ -394,6 +395,68 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("shrunk to 0 bytes", refused.exception.message)
         self.assertEqual(shardsync.AgentClient(self.cluster.socket(1)).status().rank, 1)  # alive
         self.assertIsNone(self.cluster.agents[1].poll())
+
+    def truncation_loop(self, syncs):
+        """`syncs` syncs, each with a buffer (a trainer's flat or a rollout's arena, in
+        turn) truncated at a random moment around it. Every sync moves every byte exactly
+        or fails naming the buffer; the truncated client then registers fresh memory."""
+        self.model = [("w", (256, 512), "bfloat16"), ("e", (3, 64, 50), "float32")]
+        rng = random.Random(12)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype])
+                  for name, shape, dtype in self.model}
+        trainers = {rank: self.register_trainer(rank, values) for rank in range(WORLD)}
+        arenas = [self.register_rollout(rank) for rank in range(WORLD)]
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
+        start = time.monotonic()
+        coordinator.sync(timeout=60)
+        took = time.monotonic() - start
+        failed, in_use = 0, 0
+        for attempt in range(syncs):
+            rank, source = attempt % WORLD, attempt % 4 < 2
+            memory = trainers[rank] if source else arenas[rank].memory
+            name = "flat" if source else arenas[rank].buffer_name
+            truncate = threading.Timer(rng.uniform(0, took),
+                                       lambda m=memory: os.truncate("/dev/shm/" + m._shm.name, 0))
+            truncate.start()
+            try:
+                start = time.monotonic()
+                coordinator.sync(timeout=60)
+                took = min(took, time.monotonic() - start)  # what a sync after a registration takes
+                truncate.join()
+                # A target truncated after its sync lost its bytes by its own client's hand.
+                self.check(arenas, values, ranks=[r for r in range(WORLD) if source or r != rank])
+            except shardsync.ShardsyncError as error:
+                truncate.join()
+                failed += 1
+                in_use += "while in use" in error.message
+                self.assertIn(f"'{name}'", error.message, f"sync {attempt}")
+                self.assertIn("shrunk", error.message, f"sync {attempt}")
+            for k, agent in self.cluster.agents.items():
+                self.assertIsNone(agent.poll(), f"agent {k} died in sync {attempt}")
+            # Fresh memory for the truncated client (its old pages are gone for it too).
+            client = f"trainer-{rank}" if source else f"rollout-{rank}"
+            gone = next(r for r in self.registrations if r._client_id == client)
+            gone.close()
+            self.registrations.remove(gone)
+            self.buffers.remove(memory)
+            memory.close()
+            if source:
+                trainers[rank] = self.register_trainer(rank, values)
+            else:
+                arenas[rank] = self.register_rollout(rank)
+        coordinator.sync(timeout=60)
+        self.check(arenas, values)
+        print(f"{syncs} syncs of {took * 1e3:.0f} ms: {syncs - failed} exact, {failed} refused naming the buffer"
+              f" ({in_use} of them touched it)", file=sys.stderr)
+        self.assertGreater(failed, 0)  # some truncations came before a sync's end
+
+    def test_memory_truncated_during_syncs_never_kills_an_agent_on_one_node(self):
+        self.truncation_loop(50)
+
+    def test_memory_truncated_during_syncs_never_kills_an_agent_between_nodes(self):
+        self.cluster.stop()
+        self.cluster = start_cluster(nodes=["node-a", "node-b"])
+        self.truncation_loop(50)
 
     def test_only_the_allowed_uids_register_sources_and_targets(self):
         self.cluster.stop()
