@@ -3,6 +3,14 @@
 #include "common/metrics_http.h"
 
 namespace shardsync::agent {
+namespace {
+
+DirectPath WithDesk(DirectPath direct, PeerDesk& desk) {
+  direct.desk = &desk;
+  return direct;
+}
+
+}  // namespace
 
 Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
              executor::Transport& transport, executor::Mailbox& mailbox, DirectPath direct)
@@ -10,9 +18,9 @@ Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, exec
       registry_(registry),
       link_(link),
       ledger_(config_.rank, link),
+      peers_(config_.rank, registry, config_.rpc_deadline),
       preparer_(PreparerConfig{config_.rank, config_.max_staging_bytes, config_.rpc_deadline}, registry, transport,
-                direct),
-      peers_(config_.rank, registry),
+                WithDesk(direct, peers_)),
       clients_(ClientDeskConfig{config_.rpc_deadline, config_.source_uids, config_.target_uids}, registry, link, device,
                ledger_),
       syncs_(config_.rank, config_.rpc_deadline,

@@ -70,8 +70,8 @@ class Agent {
   Registry& registry_;
   CoordinatorLink& link_;
   SyncLedger ledger_;
-  Preparer preparer_;
   PeerDesk peers_;
+  Preparer preparer_;
   ClientDesk clients_;
   SyncDesk syncs_;
 };

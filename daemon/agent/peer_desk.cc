@@ -8,16 +8,56 @@
 
 namespace shardsync::agent {
 
+void PeerDesk::Expect(const std::string& sync_id, PlannedWriters writers) {
+  absl::MutexLock lock(&mu_);
+  if (planned_.insert_or_assign(sync_id, std::move(writers)).second) planned_order_.push_back(sync_id);
+  while (planned_order_.size() > kSyncsKept) {
+    planned_.erase(planned_order_.front());
+    planned_order_.pop_front();
+  }
+}
+
+absl::StatusOr<std::set<std::string>> PeerDesk::PlannedFor(const std::string& sync_id, int32_t peer,
+                                                           int64_t* scratch_bytes) {
+  absl::MutexLock lock(&mu_);
+  const auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return planned_.count(sync_id) > 0; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&known), wait_)) {
+    return absl::PermissionDeniedError(absl::StrCat("rank ", rank_, " has not prepared sync '", sync_id, "' (rank ",
+                                                    peer, " asked for its target memory)"));
+  }
+  const PlannedWriters& planned = planned_.at(sync_id);
+  if (planned.refused) {
+    return absl::AbortedError(absl::StrCat("rank ", rank_, " refused sync '", sync_id, "'"));
+  }
+  const auto writes = planned.buffers.find(peer);
+  if (writes == planned.buffers.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("sync '", sync_id, "' has rank ", peer, " write no target of rank ", rank_));
+  }
+  *scratch_bytes = planned.scratch_bytes;
+  return writes->second;
+}
+
 absl::StatusOr<v1::TargetMemoryResponse> PeerDesk::TargetMemory(const v1::TargetMemoryRequest& request) {
   if (request.from_rank() < 0 || request.from_rank() == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("target memory asked for by rank ", request.from_rank()));
   }
-  if (std::count(request.buffers().begin(), request.buffers().end(), planner::kScratchBufferName) > 0) {
-    if (request.scratch_bytes() <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", request.from_rank(), " asked for the scratch of rank ", rank_, " without its size"));
+  int64_t scratch_bytes = 0;
+  SHARDSYNC_ASSIGN_OR_RETURN(const std::set<std::string> planned,
+                             PlannedFor(request.sync_id(), request.from_rank(), &scratch_bytes));
+  for (const std::string& name : request.buffers()) {
+    if (planned.count(name) == 0) {
+      return absl::PermissionDeniedError(absl::StrCat("sync '", request.sync_id(), "' has rank ", request.from_rank(),
+                                                      " write no buffer '", name, "' of rank ", rank_));
     }
-    SHARDSYNC_RETURN_IF_ERROR(registry_.ProvideScratch(request.scratch_bytes()));
+  }
+  if (std::count(request.buffers().begin(), request.buffers().end(), planner::kScratchBufferName) > 0) {
+    if (request.scratch_bytes() != scratch_bytes) {
+      return absl::PermissionDeniedError(absl::StrCat("rank ", request.from_rank(), " asked for a scratch of ",
+                                                      request.scratch_bytes(), " bytes; sync '", request.sync_id(),
+                                                      "' has ", scratch_bytes));
+    }
+    SHARDSYNC_RETURN_IF_ERROR(registry_.ProvideScratch(scratch_bytes));
   }
   v1::TargetMemoryResponse response;
   std::vector<std::pair<std::string, int64_t>> handed;

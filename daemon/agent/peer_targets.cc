@@ -38,10 +38,11 @@ PeerTargets::Ask PeerTargets::OverGrpc(Credentials credentials) {
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets::Map(
-    int32_t peer, const std::string& address, const std::vector<std::string>& names, int64_t scratch_bytes,
-    absl::Time deadline) {
+    int32_t peer, const std::string& address, const std::string& sync_id, const std::vector<std::string>& names,
+    int64_t scratch_bytes, absl::Time deadline) {
   v1::TargetMemoryRequest request;
   request.set_from_rank(rank_);
+  request.set_sync_id(sync_id);
   request.set_scratch_bytes(scratch_bytes);
   for (const std::string& name : names) request.add_buffers(name);
   const absl::StatusOr<v1::TargetMemoryResponse> response = ask_(address, request, deadline);

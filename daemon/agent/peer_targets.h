@@ -34,11 +34,13 @@ class PeerTargets {
   PeerTargets(int32_t rank, const Registry& registry, Ask ask)
       : rank_(rank), registry_(registry), ask_(std::move(ask)) {}
 
-  // The mappings of `names` (buffers registered on `peer`, at `address`), in order;
-  // `scratch_bytes`: the size of the peer's scratch where `names` holds it. Refuses
+  // The mappings of `names` (buffers registered on `peer`, at `address`, that sync
+  // `sync_id` has this rank write), in order; `scratch_bytes`: the size of the peer's
+  // scratch where `names` holds it. Refuses
   // what the peer refuses, an answer that is not for these names, and a handle this
   // agent cannot open (each naming the buffer and the peer).
   absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> Map(int32_t peer, const std::string& address,
+                                                                           const std::string& sync_id,
                                                                            const std::vector<std::string>& names,
                                                                            int64_t scratch_bytes, absl::Time deadline);
 

@@ -85,6 +85,24 @@ void NameSync(const v1::PrepareRequest& request, int32_t rank, PreparedSync& pre
 }  // namespace
 
 absl::StatusOr<PreparedSync> Preparer::Prepare(const v1::PrepareRequest& request) const {
+  absl::StatusOr<PreparedSync> prepared = PrepareAndMap(request);
+  if (!prepared.ok()) Refused(request.sync_id());
+  return prepared;
+}
+
+absl::Status Preparer::Renew(const v1::PrepareRequest& request, bool map_direct, PreparedSync& prepared) const {
+  const absl::Status renewed = RenewAndMap(request, map_direct, prepared);
+  if (!renewed.ok()) Refused(request.sync_id());
+  return renewed;
+}
+
+void Preparer::Refused(const std::string& sync_id) const {
+  PlannedWriters none;
+  none.refused = true;
+  if (direct_.desk != nullptr) direct_.desk->Expect(sync_id, std::move(none));
+}
+
+absl::StatusOr<PreparedSync> Preparer::PrepareAndMap(const v1::PrepareRequest& request) const {
   SHARDSYNC_RETURN_IF_ERROR(CheckRequest(request, config_.rank, config_.max_staging_bytes));
   const int64_t version = registry_.version();
   SHARDSYNC_ASSIGN_OR_RETURN(auto local, daemon::DecodeSchedule(request, config_.rank));
@@ -101,7 +119,7 @@ absl::StatusOr<PreparedSync> Preparer::Prepare(const v1::PrepareRequest& request
   return prepared;
 }
 
-absl::Status Preparer::Renew(const v1::PrepareRequest& request, bool map_direct, PreparedSync& prepared) const {
+absl::Status Preparer::RenewAndMap(const v1::PrepareRequest& request, bool map_direct, PreparedSync& prepared) const {
   SHARDSYNC_RETURN_IF_ERROR(CheckRequest(request, config_.rank, config_.max_staging_bytes));
   SHARDSYNC_RETURN_IF_ERROR(CheckStreams(prepared.local->schedule, request.world_size()));
   // A peer's ask for another plan's scratch may have replaced this plan's.
@@ -127,7 +145,10 @@ absl::Status Preparer::Renew(const v1::PrepareRequest& request, bool map_direct,
       }
     }
   }
-  return mapped ? absl::OkStatus() : MapDirect(request, prepared);
+  if (!mapped) return MapDirect(request, prepared);
+  // The peers map nothing anew, but one may ask (its mappings were dropped).
+  if (direct_.desk != nullptr) direct_.desk->Expect(request.sync_id(), prepared.writers);
+  return absl::OkStatus();
 }
 
 absl::Status Preparer::CheckBuffers(const daemon::LocalSchedule& local,
@@ -223,6 +244,24 @@ absl::StatusOr<std::map<int32_t, std::vector<int32_t>>> DirectWrites(const daemo
   return written;
 }
 
+// This rank's buffers each direct peer writes in `local`'s receives.
+PlannedWriters DirectWriters(const daemon::LocalSchedule& local, const std::vector<int32_t>& direct) {
+  PlannedWriters writers;
+  writers.scratch_bytes = local.scratch_bytes;
+  const int32_t own = static_cast<int32_t>(local.buffer_names.size());
+  for (const planner::Stage& stage : local.schedule.stages) {
+    for (const planner::PeerStream& stream : stage.receives) {
+      if (!std::binary_search(direct.begin(), direct.end(), stream.peer)) continue;
+      std::set<std::string>& buffers = writers.buffers[stream.peer];
+      for (int32_t index : stream.segments) {
+        const int32_t buffer = local.plan.segments[index].dst.buffer;
+        if (buffer < own) buffers.insert(local.buffer_names[buffer]);
+      }
+    }
+  }
+  return writers;
+}
+
 }  // namespace
 
 absl::Status Preparer::MapDirect(const v1::PrepareRequest& request, PreparedSync& prepared) const {
@@ -240,6 +279,9 @@ absl::Status Preparer::MapDirect(const v1::PrepareRequest& request, PreparedSync
   }
   const bool communicator = !transport_.device_memory() || !request.communicator_id().empty();
   SHARDSYNC_ASSIGN_OR_RETURN(const auto written, DirectWrites(local, direct, communicator));
+  // Before asking the peers: they ask this rank alike, and wait for this.
+  prepared.writers = DirectWriters(local, direct);
+  if (direct_.desk != nullptr) direct_.desk->Expect(request.sync_id(), prepared.writers);
   prepared.peer_memory.assign(local.peer_buffers.size(), nullptr);
   prepared.direct_peers = direct;
   prepared.direct_mapped = direct.empty();
@@ -259,8 +301,8 @@ absl::Status Preparer::MapDirect(const v1::PrepareRequest& request, PreparedSync
       wanted.push_back(local.peer_buffers[k].name);
       scratch_bytes = std::max(scratch_bytes, local.peer_buffers[k].scratch_bytes);
     }
-    SHARDSYNC_ASSIGN_OR_RETURN(auto mapped, direct_.targets->Map(peer, address->second, wanted, scratch_bytes,
-                                                                 absl::Now() + config_.rpc_deadline));
+    SHARDSYNC_ASSIGN_OR_RETURN(auto mapped, direct_.targets->Map(peer, address->second, request.sync_id(), wanted,
+                                                                 scratch_bytes, absl::Now() + config_.rpc_deadline));
     for (size_t i = 0; i < buffers.size(); ++i) {
       prepared.peer_memory[buffers[i]] = mapped[i];
       sizes[own + buffers[i]] = mapped[i]->bytes();

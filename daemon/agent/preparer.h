@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/agent/peer_desk.h"
 #include "daemon/agent/peer_targets.h"
 #include "daemon/agent/registry.h"
 #include "daemon/agent/sync_ledger.h"
@@ -26,6 +27,7 @@ struct DirectPath {
   // wherever the data transport has no device collective.
   executor::Transport* signals = nullptr;
   PeerTargets* targets = nullptr;  // maps the peers' targets this rank writes
+  PeerDesk* desk = nullptr;        // told which of this rank's targets each peer writes
 };
 
 struct PreparerConfig {
@@ -49,6 +51,9 @@ class Preparer {
   // sync even if a later check fails: the caller keeps it, and that sync takes part in
   // the agreement as not ready.
   absl::Status Renew(const v1::PrepareRequest& request, bool map_direct, PreparedSync& prepared) const;
+  // This rank will not run sync `sync_id`: a direct peer's ask for its targets is
+  // refused at once instead of waiting. Prepare and Renew call it when they refuse.
+  void Refused(const std::string& sync_id) const;
 
   // Every buffer `local` touches on this rank registered, of the role the plan uses it
   // in, intact and in bounds: the mappings in `entries` (by buffer id) where given, else
@@ -57,6 +62,8 @@ class Preparer {
                             std::vector<std::shared_ptr<const BufferEntry>> entries = {}) const;
 
  private:
+  absl::StatusOr<PreparedSync> PrepareAndMap(const v1::PrepareRequest& request) const;
+  absl::Status RenewAndMap(const v1::PrepareRequest& request, bool map_direct, PreparedSync& prepared) const;
   // The direct peers of `request`: checked, their targets this rank writes mapped and in
   // bounds, into `prepared`. Every other peer needs the transport: a device transport
   // without a communicator (none asked for) refuses them.

@@ -45,6 +45,7 @@ v1::PrepareResponse SyncDesk::Prepare(const v1::PrepareRequest& request) {
     status = prepared.status();
     if (prepared.ok()) kept = parts_.ledger.Keep(request.digest(), *std::move(prepared), ticket);
   }
+  const bool peer_refused = absl::IsAborted(status);  // PeerDesk's answer for a refused sync
   if (status.ok() && !kept) {
     status =
         absl::AbortedError(absl::StrCat("sync ", request.sync_id(), " was prepared again since this Prepare came"));
@@ -52,6 +53,7 @@ v1::PrepareResponse SyncDesk::Prepare(const v1::PrepareRequest& request) {
   v1::PrepareResponse response;
   response.set_ok(status.ok() && !schedule_missing);
   response.set_schedule_missing(schedule_missing);
+  response.set_peer_refused(peer_refused);
   if (!status.ok()) {
     response.set_refusal(std::string(status.message()));
     spdlog::warn("refusing sync {}: {}", request.sync_id(), std::string(status.message()));
@@ -70,6 +72,7 @@ absl::StatusOr<PreparedSync> SyncDesk::TakePrepared(const v1::ExecuteRequest& re
     // Without its communicator or schedule a rank cannot take part in the agreement;
     // it answers at once and the coordinator aborts the ranks waiting in it.
     if (!parts_.ledger.Built(prepare.communicator_generation())) {
+      parts_.preparer.Refused(request.sync_id());
       return NotStarted(request.sync_id(), absl::StrCat("communicator generation ", prepare.communicator_generation(),
                                                         " is not built here"));
     }
@@ -77,6 +80,7 @@ absl::StatusOr<PreparedSync> SyncDesk::TakePrepared(const v1::ExecuteRequest& re
     if (prepare.schedule_cached()) {
       std::optional<PreparedSync> held = parts_.ledger.Find(prepare.digest());
       if (!held) {
+        parts_.preparer.Refused(request.sync_id());
         return NotStarted(request.sync_id(),
                           absl::StrCat("rank ", rank_, " does not hold the schedule of plan ", prepare.digest()));
       }

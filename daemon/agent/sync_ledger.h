@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,13 @@ namespace shardsync::agent {
 
 // A sync this rank may run: its schedule and what the schedule was checked against.
 // Copied out of and into the ledger whole (the schedule and the mappings are shared).
+// What one sync has each direct peer write on this rank.
+struct PlannedWriters {
+  std::map<int32_t, std::set<std::string>> buffers;  // by peer: this rank's buffers it writes
+  int64_t scratch_bytes = 0;                         // this rank's scratch in the plan
+  bool refused = false;                              // this rank refused the sync: none may map
+};
+
 struct PreparedSync {
   std::shared_ptr<const daemon::LocalSchedule> local;  // shared with a running Execute
   std::string sync_id;
@@ -37,6 +45,7 @@ struct PreparedSync {
   // The direct peers' targets this rank writes, by local buffer id - buffer_names.size().
   std::vector<std::shared_ptr<executor::MappedBuffer>> peer_memory;
   bool direct_mapped = false;  // peer_memory holds the targets of `direct_peers`
+  PlannedWriters writers;      // of this rank's targets, by `direct_peers`
 };
 
 class SyncLedger {

@@ -323,6 +323,7 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
   const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
   const int32_t world = options_.epoch.world_size;
   std::vector<std::string> refusals(world);
+  std::vector<char> peer_refused(world, 0);  // refused because a direct peer did
   phase_pool_.Run(
       [&](int32_t rank) {
         const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->compiled.digest;
@@ -337,20 +338,27 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
           }
           if (response->schedule_missing()) continue;  // resend with the schedule
           if (!response->ok()) refusals[rank] = absl::StrCat("rank ", rank, " refused: ", response->refusal());
+          peer_refused[rank] = response->peer_refused();
           return;
         }
       },
       CallerRank(links));
   std::vector<std::string> refused;
+  std::vector<std::string> followers;  // named only when no rank refused on its own
   for (int32_t rank = 0; rank < world; ++rank) {
     if (!refusals[rank].empty()) {
-      refused.push_back(refusals[rank]);
+      (peer_refused[rank] ? followers : refused).push_back(refusals[rank]);
       delivered_.erase(rank);
     } else {
       delivered_[rank] = plan_->compiled.digest;
     }
   }
-  if (refused.empty()) return absl::OkStatus();
+  if (refused.empty() && followers.empty()) return absl::OkStatus();
+  if (refused.empty()) {
+    refused = std::move(followers);
+  } else if (!followers.empty()) {
+    refused.push_back(absl::StrCat(followers.size(), " more ranks refused because a direct peer did"));
+  }
   return absl::FailedPreconditionError(
       absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(refused, "; ")));
 }

@@ -1,11 +1,13 @@
 // The agent's desks do not wait on each other: a Prepare that waits for a slow direct
 // peer (its TargetMemory answer) holds up no other call of the agent, not even the next
-// Prepare, and does not replace what that one kept when it ends.
+// Prepare, and does not replace what that one kept when it ends. Target memory goes only
+// to the peers a sync has write here.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/agent/agent.h"
 #include "daemon/coordinator/epoch_plan.h"
@@ -79,10 +81,12 @@ TEST_CASE("a Prepare waiting for a slow direct peer holds up no other call, nor 
   CHECK(agent.Progress().rank() == 0);
   CHECK_THAT(agent.Metrics(), Contains("shardsync_agent_clients 1\n"));
   CHECK(agent.Admit(WholeRollout(0), Peer{2, geteuid()}).ok());
+  // Rank 1 writes nothing here in this plan: refused at once, not kept waiting.
   v1::TargetMemoryRequest memory;
   memory.set_from_rank(1);
+  memory.set_sync_id("sync-1");
   memory.add_buffers("arena");
-  CHECK(agent.TargetMemory(memory).ok());
+  CHECK(absl::IsPermissionDenied(agent.TargetMemory(memory).status()));
   v1::TransferRequest chunk;
   chunk.set_sync_id("sync-1");
   chunk.set_from_rank(1);
@@ -128,6 +132,64 @@ TEST_CASE("a Prepare that ends after a later one does not replace what the later
   REQUIRE(ledger.Find("plan").has_value());
   CHECK(ledger.Find("plan")->sync_id == "sync-2");
   CHECK(ledger.Renewed("plan", later, ledger.TakeTicket()));
+}
+
+TEST_CASE("target memory goes to the peers a sync this rank prepares has write here, and only what they write") {
+  HeapBackend backend;
+  Registry registry(1, {&backend});
+  REQUIRE(registry.Add(WholeRollout(1), Peer{2, 0}).ok());
+  v1::TargetMemoryRequest ask;
+  ask.set_from_rank(0);
+  ask.set_sync_id("sync-a");
+  ask.add_buffers("arena");
+  PlannedWriters writers;
+  writers.buffers[0] = {"arena"};
+  writers.scratch_bytes = 4096;
+
+  PeerDesk impatient(1, registry, absl::Milliseconds(50));
+  const absl::Status unknown = impatient.TargetMemory(ask).status();
+  CHECK(absl::IsPermissionDenied(unknown));
+  CHECK_THAT(std::string(unknown.message()), Contains("has not prepared sync 'sync-a'"));
+
+  // A sync this rank prepares while the ask waits answers it.
+  PeerDesk desk(1, registry, absl::Minutes(5));  // a hang deadline
+  std::thread learning([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    desk.Expect("sync-a", writers);
+  });
+  const absl::StatusOr<v1::TargetMemoryResponse> answered = desk.TargetMemory(ask);
+  learning.join();
+  REQUIRE(answered.ok());
+  CHECK(answered->buffers(0).name() == "arena");
+
+  // Another rank, another buffer, another scratch size: refused by name.
+  v1::TargetMemoryRequest rogue = ask;
+  rogue.set_from_rank(2);
+  CHECK_THAT(std::string(desk.TargetMemory(rogue).status().message()),
+             Contains("has rank 2 write no target of rank 1"));
+  rogue = ask;
+  rogue.add_buffers("flat");
+  const absl::Status other = desk.TargetMemory(rogue).status();
+  CHECK(absl::IsPermissionDenied(other));
+  CHECK_THAT(std::string(other.message()), Contains("write no buffer 'flat' of rank 1"));
+  writers.buffers[0].insert(std::string(planner::kScratchBufferName));
+  desk.Expect("sync-b", writers);
+  rogue = ask;
+  rogue.set_sync_id("sync-b");
+  rogue.add_buffers(std::string(planner::kScratchBufferName));
+  rogue.set_scratch_bytes(int64_t{3} << 30);
+  CHECK_THAT(std::string(desk.TargetMemory(rogue).status().message()),
+             Contains("asked for a scratch of 3221225472 bytes; sync 'sync-b' has 4096"));
+  rogue.set_scratch_bytes(4096);
+  const absl::Status planned_size = desk.TargetMemory(rogue).status();  // past the plan: the heap makes no scratch
+  INFO(planned_size.message());
+  CHECK_FALSE(absl::IsPermissionDenied(planned_size));
+
+  // Only the last syncs are kept.
+  PeerDesk quick(1, registry, absl::Milliseconds(50));
+  quick.Expect("sync-a", writers);
+  for (int k = 0; k < 16; ++k) quick.Expect(absl::StrCat("sync-later-", k), writers);
+  CHECK_THAT(std::string(quick.TargetMemory(ask).status().message()), Contains("has not prepared sync 'sync-a'"));
 }
 
 }  // namespace
