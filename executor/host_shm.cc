@@ -26,7 +26,7 @@ class HostShmBuffer final : public MappedBuffer {
  public:
   // Owns `fd` (kept to check the object's size), the mapping and its watch.
   HostShmBuffer(std::string name, int fd, void* mapping, size_t mapped, int watch, uint8_t* data, int64_t bytes,
-                uint32_t owner)
+                uint32_t owner, MemorySpan span)
       : name_(std::move(name)),
         fd_(fd),
         mapping_(mapping),
@@ -34,7 +34,8 @@ class HostShmBuffer final : public MappedBuffer {
         watch_(watch),
         data_(data),
         bytes_(bytes),
-        owner_(owner) {}
+        owner_(owner),
+        span_(std::move(span)) {}
   ~HostShmBuffer() override {
     SigbusGuard::Unwatch(watch_);
     munmap(mapping_, mapped_);
@@ -44,6 +45,7 @@ class HostShmBuffer final : public MappedBuffer {
   int64_t bytes() const override { return bytes_; }
   bool on_device() const override { return false; }
   std::optional<uint32_t> owner_uid() const override { return owner_; }
+  MemorySpan span() const override { return span_; }
   absl::Status CheckIntact() const override {
     if (SigbusGuard::Faulted(watch_)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -68,6 +70,7 @@ class HostShmBuffer final : public MappedBuffer {
   uint8_t* data_;
   int64_t bytes_;
   uint32_t owner_;
+  MemorySpan span_;
 };
 
 constexpr char kScratchPrefix[] = "shardsync-scratch-";
@@ -76,8 +79,8 @@ constexpr char kScratchPrefix[] = "shardsync-scratch-";
 // when destroyed; its lock goes with the descriptor.
 class OwnedShmBuffer final : public MappedBuffer {
  public:
-  OwnedShmBuffer(std::string name, int fd, void* mapping, int watch, int64_t bytes)
-      : name_(std::move(name)), fd_(fd), mapping_(mapping), watch_(watch), bytes_(bytes) {}
+  OwnedShmBuffer(std::string name, int fd, void* mapping, int watch, int64_t bytes, MemorySpan span)
+      : name_(std::move(name)), fd_(fd), mapping_(mapping), watch_(watch), bytes_(bytes), span_(std::move(span)) {}
   ~OwnedShmBuffer() override {
     shm_unlink(name_.c_str());
     SigbusGuard::Unwatch(watch_);
@@ -88,6 +91,7 @@ class OwnedShmBuffer final : public MappedBuffer {
   int64_t bytes() const override { return bytes_; }
   bool on_device() const override { return false; }
   std::optional<uint32_t> owner_uid() const override { return geteuid(); }
+  MemorySpan span() const override { return span_; }
   absl::Status CheckIntact() const override {
     if (!SigbusGuard::Faulted(watch_)) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat("scratch '", name_, "' was shrunk while in use"));
@@ -99,6 +103,7 @@ class OwnedShmBuffer final : public MappedBuffer {
   void* mapping_;
   int watch_;
   int64_t bytes_;
+  MemorySpan span_;
 };
 
 }  // namespace
@@ -150,7 +155,8 @@ absl::StatusOr<MemoryBackend::Owned> HostShmBackend::AllocateOnce(int64_t bytes)
         absl::StrCat("shm '", name, "': cannot back ", bytes, " bytes of scratch: ", std::strerror(error)));
   }
   Owned owned;
-  owned.buffer = std::make_unique<OwnedShmBuffer>(name, fd, mapping, *watch, bytes);
+  owned.buffer = std::make_unique<OwnedShmBuffer>(
+      name, fd, mapping, *watch, bytes, MemorySpan{ShmObject(own.st_dev, own.st_ino), 0, static_cast<uint64_t>(bytes)});
   owned.handle.shm_name = name;
   return owned;
 }
@@ -214,9 +220,11 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryH
     close(fd);
     return absl::ResourceExhaustedError(absl::StrCat("shm '", handle.shm_name, "': ", watch.status().message()));
   }
+  const MemorySpan span{ShmObject(info.st_dev, info.st_ino), static_cast<uint64_t>(handle.offset_bytes),
+                        static_cast<uint64_t>(need)};
   return std::unique_ptr<MappedBuffer>(new HostShmBuffer(handle.shm_name, fd, mapping, mapped, *watch,
                                                          static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes,
-                                                         info.st_uid));
+                                                         info.st_uid, span));
 }
 
 }  // namespace shardsync::executor

@@ -21,6 +21,20 @@ struct MemoryHandle {
   int32_t device = -1;          // CUDA ordinal, -1 for host
 };
 
+// Where a mapping's bytes live, comparable across one agent's mappings: two spans of
+// one object that intersect are the same memory.
+struct MemorySpan {
+  std::string object;  // "shm <device>:<inode>" for host shared memory, else this process's address space
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  bool Overlaps(const MemorySpan& other) const {
+    return object == other.object && begin < other.end && other.begin < end;
+  }
+};
+
+// The `object` of a span of host shared memory.
+inline std::string ShmObject(uint64_t device, uint64_t inode) { return absl::StrCat("shm ", device, ":", inode); }
+
 // A buffer mapped into this process. Contract: the mapping stays valid for the object's
 // lifetime; the registry owns it (shared with a running sync) and drops it when the
 // client goes away. Nothing is freed in the client: only our mapping is closed.
@@ -33,6 +47,11 @@ class MappedBuffer {
   // The uid that owns the memory, where the backend can tell (host shared memory); none
   // for CUDA IPC, whose handle only the owning process can make.
   virtual std::optional<uint32_t> owner_uid() const { return std::nullopt; }
+  // Its bytes' span: by default their addresses here (device pointers for CUDA memory).
+  virtual MemorySpan span() const {
+    const auto begin = reinterpret_cast<uintptr_t>(data());
+    return {"address space", begin, begin + static_cast<uint64_t>(bytes())};
+  }
   // Whether the memory still holds what was mapped: a client can shrink host shared
   // memory under the mapping (touching the lost pages, SigbusGuard detaches the mapping
   // instead of letting the process die). Checked before and after every sync; OK for

@@ -167,6 +167,14 @@ absl::StatusOr<std::unique_ptr<SignalBoard>> SignalBoard::Open(const std::string
   return std::unique_ptr<SignalBoard>(new SignalBoard(name, base, *watch, /*owner_fd=*/-1));
 }
 
+absl::StatusOr<MemorySpan> SignalBoard::span() const {
+  struct stat info {};
+  if (owner_fd_ < 0 || fstat(owner_fd_, &info) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("signal board ", name_, " is not this agent's"));
+  }
+  return MemorySpan{ShmObject(info.st_dev, info.st_ino), 0, kBoardBytes};
+}
+
 SignalBoard::~SignalBoard() {
   SigbusGuard::Unwatch(watch_);
   munmap(base_, kBoardBytes);

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "executor/memory.h"
 #include "executor/transport.h"
 
 namespace shardsync::executor {
@@ -55,6 +56,8 @@ class SignalBoard {
   SignalBoard& operator=(const SignalBoard&) = delete;
 
   const std::string& name() const { return name_; }
+  // The board's memory (this agent's own board), so that no client registers it.
+  absl::StatusOr<MemorySpan> span() const;
 
   // Appends a message to the ring of sender `from`, first voiding the ring's untaken
   // messages of other syncs. Waits while the ring is full, running `meanwhile` between

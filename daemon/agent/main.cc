@@ -199,6 +199,9 @@ int main(int argc, char** argv) {
   if (!board.ok()) return fail(board.status());
   std::unique_ptr<executor::Transport> signals = HostMessages(c, **board, *path);
   agent::Registry registry(c.agent.rank, {path->memory.get()}, c.registrations);
+  const absl::StatusOr<executor::MemorySpan> board_span = (*board)->span();
+  if (!board_span.ok()) return fail(board_span.status());
+  registry.Reserve(*board_span, "this agent's signal board");
   agent::PeerTargets peer_targets(c.agent.rank, registry, agent::PeerTargets::OverGrpc(*credentials));
   const agent::LinkConfig link_config = MakeLinkConfig(c, *credentials, *path, incarnation, (*board)->name());
   agent::CoordinatorLink link(link_config, registry);

@@ -124,6 +124,10 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
                        " by client '", held->second->client_id, "': buffer names are unique among an agent's clients"));
     }
   }
+  for (const auto& [name, entry] : opened) {
+    SHARDSYNC_RETURN_IF_ERROR(CheckOverlaps(name, *entry, buffers_));
+    SHARDSYNC_RETURN_IF_ERROR(CheckOverlaps(name, *entry, opened));
+  }
   Client client;
   ++version_;
   for (auto& [name, entry] : opened) {
@@ -145,6 +149,31 @@ void Registry::Remove(const std::string& client_id) {
   for (const std::string& name : it->second.buffers) buffers_.erase(name);
   clients_.erase(it);
   ++version_;
+}
+
+void Registry::Reserve(executor::MemorySpan span, std::string what) {
+  absl::MutexLock lock(&mu_);
+  reserved_.emplace_back(std::move(span), std::move(what));
+}
+
+absl::Status Registry::CheckOverlaps(const std::string& name, const BufferEntry& entry,
+                                     const std::map<std::string, std::shared_ptr<BufferEntry>>& others) const {
+  const executor::MemorySpan span = entry.memory->span();
+  for (const auto& [reserved, what] : reserved_) {
+    if (span.Overlaps(reserved)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client '", entry.client_id, "' buffer '", name, "': its memory is ", what));
+    }
+  }
+  for (const auto& [other_name, other] : others) {
+    if (other.get() == &entry || (entry.role != v1::TARGET && other->role != v1::TARGET)) continue;
+    if (span.Overlaps(other->memory->span())) {
+      return absl::InvalidArgumentError(absl::StrCat("client '", entry.client_id, "' buffer '", name,
+                                                     "': its memory overlaps buffer '", other_name, "' of client '",
+                                                     other->client_id, "', a ", v1::Role_Name(other->role)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Registry::CheckLimits(const std::string& client_id, const Peer& peer) const {

@@ -52,6 +52,9 @@ class Registry {
                    std::shared_ptr<const executor::ReadyEvent> ready_event = nullptr);
   // Drops a client's registrations and mappings (a running sync keeps its own).
   void Remove(const std::string& client_id);
+  // Memory of the agent's own (its signal board) that no client may register, `what`
+  // naming it in refusals.
+  void Reserve(executor::MemorySpan span, std::string what);
 
   // The layouts to publish, never the handles; `version` changes with every Add/Remove.
   std::vector<v1::PublishedLayout> Layouts(int64_t* version) const;
@@ -81,6 +84,12 @@ class Registry {
     std::shared_ptr<const executor::ReadyEvent> ready_event;
   };
 
+  // INVALID_ARGUMENT naming both when `entry` (buffer `name` of the registering client)
+  // is memory of the agent's own, or overlaps a registered buffer where either is a
+  // target: a target is written, and nothing else may see those writes.
+  absl::Status CheckOverlaps(const std::string& name, const BufferEntry& entry,
+                             const std::map<std::string, std::shared_ptr<BufferEntry>>& others) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `peer` may not add one more registration.
   absl::Status CheckLimits(const std::string& client_id, const Peer& peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -96,6 +105,7 @@ class Registry {
   std::map<std::string, Client> clients_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<BufferEntry>> buffers_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<executor::MemorySpan, std::string>> reserved_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardsync::agent

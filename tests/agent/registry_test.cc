@@ -1,11 +1,17 @@
 // The agent's registry refuses memory that belongs to another user than the process
-// registering it (where the memory has an owner, as host shared memory does).
+// registering it (where the memory has an owner, as host shared memory does), and a
+// target over any other registered memory or over the agent's own.
 #include "daemon/agent/registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <vector>
 
 #include "executor/host_shm.h"
+#include "executor/signal_board.h"
 #include "planner/quantize.h"
 
 namespace shardsync::agent {
@@ -70,6 +76,63 @@ TEST_CASE("a client registers only memory its own uid owns") {
     CHECK(c.pid() == 1234);
     CHECK(c.uid() == 1000);
   }
+}
+
+// One buffer [offset, offset + bytes) of shared memory object `shm`, of `role`.
+v1::RegisterRequest OneBuffer(const std::string& client, v1::Role role, const std::string& buffer,
+                              const std::string& shm, int64_t offset, int64_t bytes) {
+  v1::RegisterRequest request;
+  request.set_client_id(client);
+  request.set_role(role);
+  v1::RegisteredBuffer* b = request.add_buffers();
+  b->set_name(buffer);
+  b->set_bytes(bytes);
+  b->mutable_handle()->set_shm_name(shm);
+  b->mutable_handle()->set_offset_bytes(offset);
+  return request;
+}
+
+TEST_CASE("a target over other registered memory, or over the agent's own, is refused naming both") {
+  const std::string object = "/shardsync-registry-test-" + std::to_string(getpid());
+  const std::string alias = object + "-alias";
+  const int fd = shm_open(object.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, 64 << 10) == 0);
+  close(fd);
+  REQUIRE(link(("/dev/shm" + object).c_str(), ("/dev/shm" + alias).c_str()) == 0);  // one object, two names
+  executor::HostShmBackend backend;
+  Registry registry(0, {&backend});
+  const Peer peer{1, geteuid()};
+  REQUIRE(registry.Add(OneBuffer("trainer", v1::SOURCE, "flat", object, 0, 32 << 10), peer).ok());
+  // Sources may share memory: nobody writes them.
+  CHECK(registry.Add(OneBuffer("masters", v1::SOURCE, "copy", alias, 4096, 4096), peer).ok());
+
+  absl::Status over = registry.Add(OneBuffer("rollout", v1::TARGET, "arena", object, 16 << 10, 32 << 10), peer);
+  CHECK(absl::IsInvalidArgument(over));
+  CHECK_THAT(std::string(over.message()), Contains("client 'rollout' buffer 'arena'") &&
+                                              Contains("overlaps buffer 'flat' of client 'trainer', a SOURCE"));
+  over = registry.Add(OneBuffer("rollout", v1::TARGET, "arena", alias, 30 << 10, 4096), peer);  // by its other name
+  CHECK_THAT(std::string(over.message()), Contains("overlaps buffer 'flat'"));
+  REQUIRE(registry.Add(OneBuffer("rollout", v1::TARGET, "arena", alias, 32 << 10, 16 << 10), peer).ok());  // beside
+  over = registry.Add(OneBuffer("second", v1::TARGET, "other", object, 40 << 10, 4096), peer);
+  CHECK_THAT(std::string(over.message()), Contains("overlaps buffer 'arena' of client 'rollout', a TARGET"));
+
+  // Two buffers of one registration.
+  v1::RegisterRequest twice = OneBuffer("twice", v1::TARGET, "a", object, 48 << 10, 8192);
+  *twice.add_buffers() = OneBuffer("twice", v1::TARGET, "b", alias, 52 << 10, 8192).buffers(0);
+  CHECK_THAT(std::string(registry.Add(twice, peer).message()), Contains("overlaps buffer"));
+
+  // The agent's signal board.
+  auto board = executor::SignalBoard::Create(object + "-board");
+  REQUIRE(board.ok());
+  const absl::StatusOr<executor::MemorySpan> board_span = (*board)->span();
+  REQUIRE(board_span.ok());
+  registry.Reserve(*board_span, "this agent's signal board");
+  over = registry.Add(OneBuffer("board", v1::SOURCE, "board", (*board)->name(), 0, 4096), peer);
+  CHECK(absl::IsInvalidArgument(over));
+  CHECK_THAT(std::string(over.message()), Contains("its memory is this agent's signal board"));
+  shm_unlink(object.c_str());
+  shm_unlink(alias.c_str());
 }
 
 TEST_CASE("memory the backend cannot back is refused with its code kept, naming client and buffer") {
