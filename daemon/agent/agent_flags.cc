@@ -92,6 +92,7 @@ std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
   }
   if (c.serve_coordinator && app.count("--world") == 0) return "--serve-coordinator needs --world";
   if (c.serve_coordinator && c.coordinator_config.world_size <= c.agent.rank) return "--world must be above --rank";
+  c.registrations.tensors = c.coordinator_config.max_tensors;  // --max-tensors: one bound, both daemons
   c.agent.rpc_deadline = absl::Milliseconds(c.rpc_deadline_ms);
   c.coordinator_config.rpc_deadline = c.agent.rpc_deadline;
   c.ordinal = c.device == "cpu" ? -1 : std::stoi(c.device);  // 0..1023 by its check

@@ -1,5 +1,7 @@
 #include "daemon/agent/registry.h"
 
+#include <malloc.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -76,7 +78,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   }
   {
     absl::MutexLock lock(&mu_);  // before the work of opening buffers; again when adding
-    SHARDSYNC_RETURN_IF_ERROR(CheckLimits(request.client_id(), peer));
+    SHARDSYNC_RETURN_IF_ERROR(CheckLimits(request.client_id(), peer, request.tensors_size()));
   }
   if (auto s = CheckLayouts(request, rank_); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': ", s.message()));
@@ -116,7 +118,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   if (clients_.count(request.client_id())) {
     return absl::AlreadyExistsError(absl::StrCat("client '", request.client_id(), "' is already registered"));
   }
-  SHARDSYNC_RETURN_IF_ERROR(CheckLimits(request.client_id(), peer));
+  SHARDSYNC_RETURN_IF_ERROR(CheckLimits(request.client_id(), peer, request.tensors_size()));
   for (const auto& [name, entry] : opened) {
     if (const auto held = buffers_.find(name); held != buffers_.end()) {
       return absl::AlreadyExistsError(
@@ -143,12 +145,16 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
 }
 
 void Registry::Remove(const std::string& client_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = clients_.find(client_id);
-  if (it == clients_.end()) return;
-  for (const std::string& name : it->second.buffers) buffers_.erase(name);
-  clients_.erase(it);
-  ++version_;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = clients_.find(client_id);
+    if (it == clients_.end()) return;
+    for (const std::string& name : it->second.buffers) buffers_.erase(name);
+    clients_.erase(it);
+    ++version_;
+  }
+  // A large registration's layouts leave free heap that malloc would keep.
+  malloc_trim(0);
 }
 
 void Registry::Reserve(executor::MemorySpan span, std::string what) {
@@ -176,13 +182,22 @@ absl::Status Registry::CheckOverlaps(const std::string& name, const BufferEntry&
   return absl::OkStatus();
 }
 
-absl::Status Registry::CheckLimits(const std::string& client_id, const Peer& peer) const {
+absl::Status Registry::CheckLimits(const std::string& client_id, const Peer& peer, int64_t tensors) const {
   if (static_cast<int32_t>(clients_.size()) >= limits_.clients) {
     return absl::ResourceExhaustedError(absl::StrCat("client '", client_id, "': this agent holds ", clients_.size(),
                                                      " registrations, its limit (--max-registrations)"));
   }
   int32_t of_uid = 0;
-  for (const auto& [id, client] : clients_) of_uid += client.peer.uid == peer.uid;
+  int64_t held = 0;
+  for (const auto& [id, client] : clients_) {
+    of_uid += client.peer.uid == peer.uid;
+    held += client.request.tensors_size();
+  }
+  if (held + tensors > limits_.tensors) {
+    return absl::ResourceExhaustedError(absl::StrCat("client '", client_id, "': its ", tensors, " tensors beside the ",
+                                                     held, " held are past this agent's limit ", limits_.tensors,
+                                                     " (--max-tensors)"));
+  }
   if (of_uid >= limits_.clients_per_uid) {
     return absl::ResourceExhaustedError(
         absl::StrCat("client '", client_id, "': uid ", peer.uid, " holds ", of_uid,

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/limits.h"
 #include "executor/device.h"
 #include "executor/memory.h"
 #include "proto/shardsync.pb.h"
@@ -35,6 +36,7 @@ struct RegistryLimits {
   int32_t clients = 256;                     // in all
   int32_t clients_per_uid = 64;              // from processes of one uid
   int64_t scratch_bytes = int64_t{2} << 30;  // the largest scratch allocated (float8 targets)
+  int64_t tensors = kDefaultMaxTensors;      // in all registrations together
 };
 
 class Registry {
@@ -90,8 +92,9 @@ class Registry {
   absl::Status CheckOverlaps(const std::string& name, const BufferEntry& entry,
                              const std::map<std::string, std::shared_ptr<BufferEntry>>& others) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED when `peer` may not add one more registration.
-  absl::Status CheckLimits(const std::string& client_id, const Peer& peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `peer` may not add one more registration, of `tensors`.
+  absl::Status CheckLimits(const std::string& client_id, const Peer& peer, int64_t tensors) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int32_t rank_;
   // The scratch's registration as peers receive it (ProvideScratch), and how many were

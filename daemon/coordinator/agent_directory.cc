@@ -1,5 +1,7 @@
 #include "daemon/coordinator/agent_directory.h"
 
+#include <malloc.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics_http.h"
@@ -48,9 +50,16 @@ absl::Status CheckJoin(const v1::JoinRequest& request, int32_t world) {
   return CheckName("node", request.node(), false);
 }
 
-absl::Status CheckPublish(const v1::PublishRequest& request, int32_t world) {
+absl::Status CheckPublish(const v1::PublishRequest& request, int32_t world, int64_t max_tensors) {
   SHARDSYNC_RETURN_IF_ERROR(CheckRank(request.rank(), world));
   SHARDSYNC_RETURN_IF_ERROR(CheckName("incarnation", request.incarnation(), true));
+  int64_t tensors = 0;
+  for (const v1::PublishedLayout& layout : request.layouts()) tensors += layout.tensors_size();
+  if (tensors > max_tensors) {
+    return absl::ResourceExhaustedError(absl::StrCat("rank ", request.rank(), " published ", tensors,
+                                                     " tensors, past the coordinator's limit ", max_tensors,
+                                                     " (--max-tensors)"));
+  }
   for (const v1::PublishedLayout& layout : request.layouts()) {
     SHARDSYNC_RETURN_IF_ERROR(CheckName("client id", layout.client_id(), true));
     if (layout.role() != v1::SOURCE && layout.role() != v1::TARGET) {
@@ -69,8 +78,12 @@ absl::Status CheckPublish(const v1::PublishRequest& request, int32_t world) {
 
 }  // namespace
 
-AgentDirectory::AgentDirectory(int32_t world_size, Credentials credentials, std::string instance_id)
-    : world_size_(world_size), credentials_(std::move(credentials)), instance_id_(std::move(instance_id)) {}
+AgentDirectory::AgentDirectory(int32_t world_size, int64_t max_tensors, Credentials credentials,
+                               std::string instance_id)
+    : world_size_(world_size),
+      max_tensors_(max_tensors),
+      credentials_(std::move(credentials)),
+      instance_id_(std::move(instance_id)) {}
 
 void AgentDirectory::SetLocalAgent(const std::string& incarnation, std::shared_ptr<AgentLink> link) {
   absl::MutexLock lock(&mu_);
@@ -117,8 +130,16 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
 }
 
 absl::StatusOr<int64_t> AgentDirectory::Publish(const v1::PublishRequest& request) {
-  SHARDSYNC_RETURN_IF_ERROR(CheckPublish(request, world_size_));
+  SHARDSYNC_RETURN_IF_ERROR(CheckPublish(request, world_size_, max_tensors_));
   v1::PublishRequest replaced;  // freed after the lock
+  const absl::StatusOr<int64_t> epoch = Replace(request, replaced);
+  replaced.Clear();
+  // A large publication replaced leaves free heap that malloc would keep.
+  if (epoch.ok()) malloc_trim(0);
+  return epoch;
+}
+
+absl::StatusOr<int64_t> AgentDirectory::Replace(const v1::PublishRequest& request, v1::PublishRequest& replaced) {
   absl::MutexLock lock(&mu_);
   const auto agent = agents_.find(request.rank());
   if (agent == agents_.end()) {

@@ -23,7 +23,7 @@ inline constexpr absl::Duration kAgentLiveness = absl::Seconds(3);
 
 class AgentDirectory {
  public:
-  AgentDirectory(int32_t world_size, Credentials credentials, std::string instance_id);
+  AgentDirectory(int32_t world_size, int64_t max_tensors, Credentials credentials, std::string instance_id);
 
   // An agent in this process: the one that joins with `incarnation` is called through
   // `link` (direct calls), not over gRPC.
@@ -71,7 +71,12 @@ class AgentDirectory {
     absl::Time last_seen;
   };
 
+  // Publish's part under the lock: `request` replaces rank's publication, swapped into
+  // `replaced` to be freed outside the lock.
+  absl::StatusOr<int64_t> Replace(const v1::PublishRequest& request, v1::PublishRequest& replaced);
+
   const int32_t world_size_;
+  const int64_t max_tensors_;  // in one rank's publication
   const Credentials credentials_;
   const std::string instance_id_;
   mutable absl::Mutex mu_;

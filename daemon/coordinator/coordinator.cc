@@ -27,7 +27,7 @@ SyncOptions SyncOptionsOf(const CoordinatorConfig& config) {
 
 Coordinator::Coordinator(CoordinatorConfig config)
     : config_(std::move(config)),
-      directory_(config_.world_size, config_.credentials, NewInstanceId()),
+      directory_(config_.world_size, config_.max_tensors, config_.credentials, NewInstanceId()),
       runner_(SyncOptionsOf(config_), directory_.instance_id(), directory_, validity_) {}
 
 void Coordinator::SetLocalAgent(const std::string& incarnation, std::shared_ptr<AgentLink> link) {

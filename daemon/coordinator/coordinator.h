@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
 #include "common/tls.h"
 #include "daemon/coordinator/agent_directory.h"
 #include "daemon/coordinator/agent_link.h"
@@ -25,6 +26,7 @@ namespace shardsync::coordinator {
 
 struct CoordinatorConfig {
   int32_t world_size = 1;
+  int64_t max_tensors = kDefaultMaxTensors;  // in one rank's publication
   planner::RelayMode relay = planner::RelayMode::kAuto;
   DirectMode direct = DirectMode::kAuto;  // which links take the direct path (link_paths.h)
   // The cost model: the relay choice (kAuto) and Explain's floor (bytes per second).

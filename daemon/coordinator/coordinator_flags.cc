@@ -22,6 +22,10 @@ CLI::Option* AddSpeed(CLI::App& app, const std::string& name, double& bytes_per_
 std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& config) {
   std::vector<CLI::Option*> options;
   options.push_back(flags::AddInt(app, "--world", config.world_size, "number of agents (ranks 0..N-1)", 1, kMaxWorld));
+  options.push_back(flags::AddInt(app, "--max-tensors", config.max_tensors,
+                                  "tensors one rank holds: an agent refuses a registration past it (its "
+                                  "registrations together), the coordinator a publication",
+                                  int64_t{1}));
   options.push_back(flags::AddInt(app, "--staging-bytes", config.staging_bytes,
                                   "staging budget per peer, both directions, bytes", planner::kMinStagingBytes));
   options.push_back(flags::AddInt(app, "--scratch-bytes", config.scratch_bytes,

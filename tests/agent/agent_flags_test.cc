@@ -49,6 +49,18 @@ TEST_CASE("the coordinator's flags go with a true --serve-coordinator only") {
   }
 }
 
+TEST_CASE("--max-tensors bounds the agent's registrations and, served here, the coordinator's publications") {
+  const Parsed joined({"--coordinator", "h:1", "--max-tensors", "5"});
+  REQUIRE(joined.code == -1);
+  CHECK(joined.flags.registrations.tensors == 5);
+  const Parsed serving({"--serve-coordinator", "--world", "2", "--max-tensors", "7"});
+  REQUIRE(serving.code == -1);
+  CHECK(serving.flags.registrations.tensors == 7);
+  CHECK(serving.flags.coordinator_config.max_tensors == 7);
+  CHECK(Parsed({"--coordinator", "h:1"}).flags.registrations.tensors == kDefaultMaxTensors);
+  CHECK(Parsed({"--coordinator", "h:1", "--max-tensors", "0"}).code == 2);
+}
+
 TEST_CASE("--device is cpu or a CUDA ordinal 0..1023, named as such") {
   Parsed gpu({"--coordinator", "h:1", "--device", "3"});
   REQUIRE(gpu.code == -1);

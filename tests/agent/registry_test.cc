@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <vector>
 
 #include "executor/host_shm.h"
@@ -181,6 +182,71 @@ TEST_CASE("registrations past the agent's limits, in all or per uid, are refused
   CHECK_THAT(std::string(total.message()), Contains("holds 3 registrations") && Contains("--max-registrations"));
   registry.Remove("a1");  // a dropped registration frees its place
   CHECK(registry.Add(Request("b2", "any"), bob).ok());
+}
+
+TEST_CASE("registrations past the agent's --max-tensors are refused naming it") {
+  FakeBackend backend;
+  RegistryLimits limits;
+  limits.tensors = 3;
+  Registry registry(0, {&backend}, limits);
+  const Peer peer{1, 1000};
+  const auto with_tensors = [](const std::string& client, int tensors) {
+    v1::RegisterRequest request = Request(client, "any");
+    for (int k = 0; k < tensors; ++k) {
+      v1::TensorLayout* t = request.add_tensors();
+      t->set_name(client + "." + std::to_string(k));
+      t->add_shape(4);
+      t->set_dtype(v1::FLOAT32);
+      v1::Placement* p = t->add_placements();
+      p->set_buffer("arena-" + client);
+      p->set_base(4 * k);
+      p->mutable_box()->add_lo(0);
+      p->mutable_box()->add_hi(4);
+    }
+    return request;
+  };
+  REQUIRE(registry.Add(with_tensors("first", 2), peer).ok());
+  const absl::Status past = registry.Add(with_tensors("second", 2), peer);
+  CHECK(absl::IsResourceExhausted(past));
+  CHECK_THAT(
+      std::string(past.message()),
+      Contains("client 'second': its 2 tensors beside the 2 held are past this agent's limit 3 (--max-tensors)"));
+  CHECK(registry.Add(with_tensors("third", 1), peer).ok());
+}
+
+TEST_CASE("a dropped 100k-tensor registration gives the agent's memory back") {
+  FakeBackend backend;
+  Registry registry(0, {&backend});
+  const auto resident = [] {
+    std::ifstream statm("/proc/self/statm");
+    int64_t size = 0, pages = 0;
+    statm >> size >> pages;
+    return pages * sysconf(_SC_PAGESIZE);
+  };
+  const int64_t before = resident();
+  {
+    v1::RegisterRequest request = Request("engine", "any");
+    request.mutable_buffers(0)->set_bytes(int64_t{100000} * 256);
+    for (int k = 0; k < 100000; ++k) {
+      v1::TensorLayout* t = request.add_tensors();
+      t->set_name("model.layers." + std::to_string(k) + ".weight");
+      t->add_shape(64);
+      t->set_dtype(v1::FLOAT32);
+      v1::Placement* p = t->add_placements();
+      p->set_buffer("arena-engine");
+      p->set_base(int64_t{64} * k);
+      p->mutable_box()->add_lo(0);
+      p->mutable_box()->add_hi(64);
+    }
+    REQUIRE(registry.Add(std::move(request), Peer{1, 1000}).ok());
+  }
+  const int64_t held = resident();
+  registry.Remove("engine");
+  const int64_t after = resident();
+  INFO("resident MiB: " << before / 1048576.0 << " before, " << held / 1048576.0 << " registered, " << after / 1048576.0
+                        << " after");
+  REQUIRE(held - before > 16 << 20);  // the registration is large
+  CHECK(after - before < (held - before) / 4);
 }
 
 TEST_CASE("a peer gets a target's registration by name, never a source's; a new registration is newer") {

@@ -1,6 +1,7 @@
 // What a registration costs the coordinator is given back when it goes: a 100k-tensor
 // publication, planned, then replaced by an empty one, leaves the coordinator's
-// resident memory near where it started.
+// resident memory near where it started; and a publication past --max-tensors is
+// refused.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -73,6 +74,35 @@ TEST_CASE("a dropped 100k-tensor registration gives its memory back") {
                         << after / 1048576.0 << " after it went");
   REQUIRE(held - before > 64 << 20);  // the registration and its plan are large
   CHECK(after - before < (held - before) / 5);
+}
+
+TEST_CASE("a publication past the coordinator's --max-tensors is refused naming it; the one held stays") {
+  CoordinatorConfig config;
+  TlsConfig plaintext;
+  plaintext.insecure = true;
+  config.credentials = *LoadCredentials(plaintext);
+  config.max_tensors = 1000;
+  Coordinator coordinator(config);
+  v1::JoinRequest join;
+  join.set_address("127.0.0.1:1");
+  join.set_incarnation("limit-test");
+  REQUIRE(coordinator.Join(join).ok());
+  v1::PublishRequest fits;
+  fits.set_incarnation("limit-test");
+  *fits.add_layouts() = Layout(v1::SOURCE, 600);
+  const absl::StatusOr<v1::PublishResponse> held = coordinator.Publish(fits);
+  REQUIRE(held.ok());
+  v1::PublishRequest past = fits;
+  *past.add_layouts() = Layout(v1::TARGET, 401);
+  const absl::StatusOr<v1::PublishResponse> refused = coordinator.Publish(past);
+  CHECK(absl::IsResourceExhausted(refused.status()));
+  CHECK_THAT(
+      std::string(refused.status().message()),
+      Catch::Matchers::Contains("rank 0 published 1001 tensors, past the coordinator's limit 1000 (--max-tensors)"));
+  const v1::CoordinatorStatus status = coordinator.Status();
+  CHECK(status.layout_epoch() == held->layout_epoch());
+  REQUIRE(status.agents_size() == 1);
+  CHECK(status.agents(0).clients() == 1);
 }
 
 }  // namespace
