@@ -76,6 +76,14 @@ absl::Status CheckPublish(const v1::PublishRequest& request, int32_t world, int6
   return absl::OkStatus();
 }
 
+absl::Status CheckIdentity(int32_t rank, const std::string& tied, const std::string& identity) {
+  if (identity == tied) return absl::OkStatus();
+  const auto named = [](const std::string& id) { return id.empty() ? std::string("no certificate") : "'" + id + "'"; };
+  return absl::PermissionDeniedError(absl::StrCat("rank ", rank, " is tied to ", named(tied),
+                                                  " (its first Join's certificate); this call presents ",
+                                                  named(identity)));
+}
+
 }  // namespace
 
 AgentDirectory::AgentDirectory(int32_t world_size, int64_t max_tensors, Credentials credentials,
@@ -91,10 +99,14 @@ void AgentDirectory::SetLocalAgent(const std::string& incarnation, std::shared_p
   local_link_ = std::move(link);
 }
 
-absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinRequest& request) {
+absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinRequest& request,
+                                                            const std::string& identity) {
   SHARDSYNC_RETURN_IF_ERROR(CheckJoin(request, world_size_));
   absl::MutexLock lock(&mu_);
+  const auto held = agents_.find(request.rank());
+  if (held != agents_.end()) SHARDSYNC_RETURN_IF_ERROR(CheckIdentity(request.rank(), held->second.identity, identity));
   Entry& entry = agents_[request.rank()];
+  if (held == agents_.end()) entry.identity = identity;
   const absl::Duration silent = absl::Now() - entry.last_seen;
   const bool new_incarnation = entry.link && entry.join.incarnation() != request.incarnation();
   if (new_incarnation && silent < kAgentLiveness) {
@@ -129,22 +141,24 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
   return joined;
 }
 
-absl::StatusOr<int64_t> AgentDirectory::Publish(const v1::PublishRequest& request) {
+absl::StatusOr<int64_t> AgentDirectory::Publish(const v1::PublishRequest& request, const std::string& identity) {
   SHARDSYNC_RETURN_IF_ERROR(CheckPublish(request, world_size_, max_tensors_));
   v1::PublishRequest replaced;  // freed after the lock
-  const absl::StatusOr<int64_t> epoch = Replace(request, replaced);
+  const absl::StatusOr<int64_t> epoch = Replace(request, identity, replaced);
   replaced.Clear();
   // A large publication replaced leaves free heap that malloc would keep.
   if (epoch.ok()) malloc_trim(0);
   return epoch;
 }
 
-absl::StatusOr<int64_t> AgentDirectory::Replace(const v1::PublishRequest& request, v1::PublishRequest& replaced) {
+absl::StatusOr<int64_t> AgentDirectory::Replace(const v1::PublishRequest& request, const std::string& identity,
+                                                v1::PublishRequest& replaced) {
   absl::MutexLock lock(&mu_);
   const auto agent = agents_.find(request.rank());
   if (agent == agents_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " published before it joined"));
   }
+  SHARDSYNC_RETURN_IF_ERROR(CheckIdentity(request.rank(), agent->second.identity, identity));
   if (agent->second.join.incarnation() != request.incarnation()) {
     // Neither incarnation is named: the live one is a credential, the other a guess.
     return absl::PermissionDeniedError(

@@ -33,12 +33,14 @@ class AgentDirectory {
     v1::JoinResponse response;
     bool restarted = false;  // a new incarnation took the rank: its old layouts are gone
   };
-  // Refuses fields out of bounds (INVALID_ARGUMENT) and a new incarnation while the
-  // rank's holder is alive (ALREADY_EXISTS); nothing changes then.
-  absl::StatusOr<Joined> Join(const v1::JoinRequest& request);
+  // Refuses fields out of bounds (INVALID_ARGUMENT), another certificate identity than
+  // the one the rank's first Join presented (PERMISSION_DENIED), and a new incarnation
+  // while the rank's holder is alive (ALREADY_EXISTS); nothing changes then.
+  absl::StatusOr<Joined> Join(const v1::JoinRequest& request, const std::string& identity);
   // The new layout epoch. Refuses fields out of bounds (INVALID_ARGUMENT), a rank that
-  // has not joined (FAILED_PRECONDITION) and another incarnation (PERMISSION_DENIED).
-  absl::StatusOr<int64_t> Publish(const v1::PublishRequest& request);
+  // has not joined (FAILED_PRECONDITION), another incarnation or certificate identity
+  // than the rank's (PERMISSION_DENIED).
+  absl::StatusOr<int64_t> Publish(const v1::PublishRequest& request, const std::string& identity);
 
   const std::string& instance_id() const { return instance_id_; }
   int64_t epoch() const;
@@ -67,13 +69,15 @@ class AgentDirectory {
  private:
   struct Entry {
     v1::JoinRequest join;
+    std::string identity;             // the certificate identity of the rank's first Join
     std::shared_ptr<AgentLink> link;  // shared: a sync keeps it while a rejoin replaces it
     absl::Time last_seen;
   };
 
   // Publish's part under the lock: `request` replaces rank's publication, swapped into
   // `replaced` to be freed outside the lock.
-  absl::StatusOr<int64_t> Replace(const v1::PublishRequest& request, v1::PublishRequest& replaced);
+  absl::StatusOr<int64_t> Replace(const v1::PublishRequest& request, const std::string& identity,
+                                  v1::PublishRequest& replaced);
 
   const int32_t world_size_;
   const int64_t max_tensors_;  // in one rank's publication

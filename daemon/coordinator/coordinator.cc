@@ -34,22 +34,23 @@ void Coordinator::SetLocalAgent(const std::string& incarnation, std::shared_ptr<
   directory_.SetLocalAgent(incarnation, std::move(link));
 }
 
-absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& request) {
+absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& request, const std::string& identity) {
   AgentDirectory::Joined joined;
   {
     absl::MutexLock lock(&membership_mu_);
-    SHARDSYNC_ASSIGN_OR_RETURN(joined, directory_.Join(request));
+    SHARDSYNC_ASSIGN_OR_RETURN(joined, directory_.Join(request, identity));
     if (joined.restarted) validity_.Restarted(request.rank());
   }
   if (joined.restarted) runner_.ReleaseStalePlans();  // the old agent's layouts are gone
   return std::move(joined.response);
 }
 
-absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishRequest& request) {
+absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishRequest& request,
+                                                         const std::string& identity) {
   int64_t epoch = 0;
   {
     absl::MutexLock lock(&membership_mu_);
-    SHARDSYNC_ASSIGN_OR_RETURN(epoch, directory_.Publish(request));
+    SHARDSYNC_ASSIGN_OR_RETURN(epoch, directory_.Publish(request, identity));
     validity_.Republished(request.rank());
   }
   runner_.ReleaseStalePlans();

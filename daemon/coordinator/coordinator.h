@@ -49,9 +49,12 @@ class Coordinator {
 
   // Both refuse a request whose fields are out of bounds (a rank outside the world, a
   // missing or oversized name) with INVALID_ARGUMENT, and a Publish from a rank that
-  // has not joined with FAILED_PRECONDITION; nothing is changed then.
-  absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
-  absl::StatusOr<v1::PublishResponse> Publish(const v1::PublishRequest& request);
+  // has not joined with FAILED_PRECONDITION; nothing is changed then. `identity`: the
+  // caller's certificate identity (empty without mutual TLS); a rank's first Join ties
+  // it to that identity, and a Join or Publish for the rank under another is refused
+  // (PERMISSION_DENIED).
+  absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request, const std::string& identity = "");
+  absl::StatusOr<v1::PublishResponse> Publish(const v1::PublishRequest& request, const std::string& identity = "");
   absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request) { return runner_.Sync(request); }
   absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request) { return runner_.Explain(request); }
   v1::CoordinatorStatus Status() const;

@@ -1,5 +1,6 @@
 // The coordinator's requests are checked at its edge: a rank outside the world, a
-// missing or oversized name, or a Publish before a Join is refused and changes nothing.
+// missing or oversized name, a Publish before a Join, or a claimant of another
+// certificate than the rank's is refused and changes nothing.
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -108,6 +109,29 @@ TEST_CASE("a rank belongs to its live incarnation: a second claimant's Join and 
   REQUIRE(status.agents_size() == 1);
   CHECK(status.agents(0).address() == "127.0.0.1:1");  // still the real agent
   CHECK(coordinator.Join(JoinOf(2))->published());     // and its layouts
+}
+
+TEST_CASE("under mutual TLS a rank is tied to its first Join's certificate: another is refused, dead holder or not") {
+  Coordinator coordinator(WorldOf(3));
+  REQUIRE(coordinator.Join(JoinOf(1), "node-a.test").ok());
+  v1::JoinRequest restarted = JoinOf(1);  // a new process: the same certificate, later
+  restarted.set_incarnation("test-1-again");
+  const absl::Status other = coordinator.Join(restarted, "node-b.test").status();
+  CHECK(other.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(other.message()),
+             Contains("rank 1 is tied to 'node-a.test'") && Contains("this call presents 'node-b.test'"));
+  CHECK_THAT(std::string(coordinator.Join(restarted).status().message()), Contains("presents no certificate"));
+  v1::PublishRequest publish;
+  publish.set_rank(1);
+  publish.set_incarnation("test-1");
+  CHECK(coordinator.Publish(publish, "node-b.test").status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(coordinator.Publish(publish, "node-a.test").ok());
+  // The same certificate is only held off while the holder lives (ALREADY_EXISTS, not
+  // PERMISSION_DENIED): once silent, its restart takes the rank.
+  CHECK(coordinator.Join(restarted, "node-a.test").status().code() == absl::StatusCode::kAlreadyExists);
+  // A rank first joined without a certificate stays so.
+  REQUIRE(coordinator.Join(JoinOf(2)).ok());
+  CHECK(coordinator.Join(JoinOf(2), "node-a.test").status().code() == absl::StatusCode::kPermissionDenied);
 }
 
 TEST_CASE("a sync's deadline is the coordinator's unless the request asks for a smaller one") {

@@ -1,6 +1,7 @@
 // Mutual TLS between the daemons and shardsyncctl, with a CA this test makes with
 // openssl: a sync works with certificates, and a peer without a valid one (none, or one
-// from another CA) is refused; plaintext only with --insecure, which warns.
+// from another CA) is refused, as is an agent whose certificate names another identity
+// than its rank's; plaintext only with --insecure, which warns.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
@@ -31,22 +33,31 @@ void Run(const std::string& command) {
   REQUIRE(std::system((command + " >/dev/null 2>&1").c_str()) == 0);
 }
 
+// A certificate "<dir>/<name>.pem" and ".key" that CA "<dir>/<ca>-ca.pem" signs,
+// naming `san` (openssl's subjectAltName syntax).
+TlsConfig SignedBy(const std::string& dir, const std::string& ca, const std::string& name, const std::string& san) {
+  const std::string base = dir + "/" + name;
+  const std::string authority = dir + "/" + ca;
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  Run(absl::StrCat("openssl req ", ec, " -keyout ", base, ".key -out ", base, ".csr -subj /CN=", name));
+  std::ofstream(base + ".ext") << "subjectAltName=" << san << "\n";
+  Run(absl::StrCat("openssl x509 -req -in ", base, ".csr -CA ", authority, "-ca.pem -CAkey ", authority,
+                   "-ca.key -CAcreateserial -days 1 -extfile ", base, ".ext -out ", base, ".pem"));
+  TlsConfig tls;
+  tls.ca_file = authority + "-ca.pem";
+  tls.cert_file = base + ".pem";
+  tls.key_file = base + ".key";
+  return tls;
+}
+
 // A CA "<dir>/<name>-ca.pem" and one certificate it signs, "<dir>/<name>.pem" and
-// ".key", naming `san` (openssl's subjectAltName syntax).
+// ".key", naming `san`.
 TlsConfig MakeCertificates(const std::string& dir, const std::string& name, const std::string& san) {
   const std::string base = dir + "/" + name;
   const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   Run(absl::StrCat("openssl req -x509 ", ec, " -keyout ", base, "-ca.key -out ", base,
                    "-ca.pem -days 1 -subj /CN=", name, "-ca"));
-  Run(absl::StrCat("openssl req ", ec, " -keyout ", base, ".key -out ", base, ".csr -subj /CN=", name));
-  std::ofstream(base + ".ext") << "subjectAltName=" << san << "\n";
-  Run(absl::StrCat("openssl x509 -req -in ", base, ".csr -CA ", base, "-ca.pem -CAkey ", base,
-                   "-ca.key -CAcreateserial -days 1 -extfile ", base, ".ext -out ", base, ".pem"));
-  TlsConfig tls;
-  tls.ca_file = base + "-ca.pem";
-  tls.cert_file = base + ".pem";
-  tls.key_file = base + ".key";
-  return tls;
+  return SignedBy(dir, name, name, san);
 }
 
 std::string CertificateFolder() { return MakeTempDir("shardsync-tls-"); }
@@ -102,28 +113,33 @@ TEST_CASE("with certificates the daemons authenticate each other and sync; a pee
   CHECK(rogue_code != 0);
   CHECK_THAT(rogue_out, Contains("UNAVAILABLE"));
 
-  // An agent with the rogue certificate takes rank 1's place: it cannot join, says why
-  // in its log, and a sync is refused naming rank 1.
+  // An agent with the rogue certificate, then one the job's CA signed for another
+  // name, takes rank 1's place: neither can join, each says why in its log, and a sync
+  // is refused naming rank 1.
   cluster.agent(1).Signal(SIGKILL);
   cluster.agent(1).Wait(absl::Seconds(5));
-  std::vector<std::string> argv = {"daemon/agent/shardsync-agent",
-                                   "--rank",
-                                   "1",
-                                   "--coordinator",
-                                   cluster.coordinator(),
-                                   "--socket",
-                                   cluster.socket(1),
-                                   "--listen",
-                                   "127.0.0.1:0"};
-  for (const std::string& flag : Flags(rogue)) argv.push_back(flag);
-  const std::string rogue_log = cluster.dir() + "/rogue-agent.log";
-  Process rogue_agent(argv, rogue_log);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (ReadFile(rogue_log).find("cannot join coordinator") == std::string::npos && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
+  const TlsConfig insider = SignedBy(certs, "job", "insider", "IP:127.0.0.1,DNS:insider.test");
+  for (const auto& [who, tls, why] :
+       {std::tuple{"rogue", rogue, "cannot join coordinator"}, std::tuple{"insider", insider, "rank 1 is tied to"}}) {
+    std::vector<std::string> argv = {"daemon/agent/shardsync-agent",
+                                     "--rank",
+                                     "1",
+                                     "--coordinator",
+                                     cluster.coordinator(),
+                                     "--socket",
+                                     cluster.socket(1),
+                                     "--listen",
+                                     "127.0.0.1:0"};
+    for (const std::string& flag : Flags(tls)) argv.push_back(flag);
+    const std::string log = absl::StrCat(cluster.dir(), "/", who, "-agent.log");
+    Process agent(argv, log);
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (ReadFile(log).find(why) == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    INFO(ReadFile(log));
+    CHECK_THAT(ReadFile(log), Contains("cannot join coordinator") && Contains(why));
   }
-  INFO(ReadFile(rogue_log));
-  CHECK_THAT(ReadFile(rogue_log), Contains("cannot join coordinator"));
   auto refused = SyncOnce(cluster, absl::Seconds(10));
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(std::string(refused.status().message()), Contains("rank 1"));
