@@ -42,7 +42,7 @@ void QuantizeHost(const planner::QuantizeOp& op, const uint8_t* scratch, uint8_t
       const int64_t col1 = std::min(op.cols, col0 + planner::kScaleBlock);
       float amax = 0;
       for (int64_t r = row0; r < row1; ++r) {
-        for (int64_t c = col0; c < col1; ++c) amax = std::max(amax, std::fabs(input(r, c)));
+        for (int64_t c = col0; c < col1; ++c) amax = std::max(amax, FiniteMagnitude(input(r, c)));
       }
       const float block_scale = BlockScale(amax);
       std::memcpy(scale + 4 * (op.scale_base + block_row * op.scale_row_stride + block_col), &block_scale, 4);

@@ -178,6 +178,10 @@ constexpr int kVectorPasses = kQuantizeBlock / kVectorRowsPerPass;           // 
 
 __device__ float BFloat16ToFloat(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
 
+// |x| where x counts toward a block's amax (finite), else 0: an infinity saturates to
+// +-448 and NaN stays NaN without moving the scale (block_quantize.h).
+__device__ float FiniteMagnitude(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
+
 __device__ uint8_t ToFloat8(float value, float scale) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(value, scale), __NV_SATFINITE, __NV_E4M3));
 }
@@ -244,8 +248,8 @@ __global__ void __launch_bounds__(kQuantizeThreads, 3)
     for (int pass = 0; pass < kVectorPasses; ++pass) {
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        amax = fmaxf(amax, fabsf(BFloat16ToFloat(words[pass][w] & 0xffffu)));
-        amax = fmaxf(amax, fabsf(BFloat16ToFloat(words[pass][w] >> 16)));
+        amax = fmaxf(amax, FiniteMagnitude(BFloat16ToFloat(words[pass][w] & 0xffffu)));
+        amax = fmaxf(amax, FiniteMagnitude(BFloat16ToFloat(words[pass][w] >> 16)));
       }
     }
     const float block_scale = BlockScaleOf(amax, scale);
@@ -269,7 +273,7 @@ __global__ void __launch_bounds__(kQuantizeThreads, 3)
   const int rows = static_cast<int>(d.rows - row0 < kQuantizeBlock ? d.rows - row0 : kQuantizeBlock);
   const int cols = static_cast<int>(d.cols - col0 < kQuantizeBlock ? d.cols - col0 : kQuantizeBlock);
   for (int i = threadIdx.x; i < rows * cols; i += kQuantizeThreads) {
-    amax = fmaxf(amax, fabsf(BFloat16ToFloat(scratch[(row0 + i / cols) * d.cols + col0 + i % cols])));
+    amax = fmaxf(amax, FiniteMagnitude(BFloat16ToFloat(scratch[(row0 + i / cols) * d.cols + col0 + i % cols])));
   }
   const float block_scale = BlockScaleOf(amax, scale);
   for (int i = threadIdx.x; i < rows * cols; i += kQuantizeThreads) {

@@ -135,6 +135,41 @@ TEST_CASE("QuantizeHost writes every element and scale as the oracle does, and n
   }
 }
 
+TEST_CASE(
+    "a block holding infinities and NaN: they saturate and stay NaN, the other elements quantize as without them") {
+  std::mt19937_64 rng(13);
+  constexpr int64_t kSide = 128;
+  std::vector<uint16_t> values = RandomBlockValues(kSide, kSide, rng);
+  values[3 * kSide + 5] = 0x7f80;      // +Inf
+  values[100 * kSide + 100] = 0xff80;  // -Inf
+  values[7 * kSide + 7] = 0x7fc1;      // NaN
+  values[9 * kSide + 1] = 0xffc0;      // -NaN
+  planner::QuantizeOp op;
+  op.rows = op.cols = kSide;
+  op.target_row_stride = kSide;
+  op.scale_row_stride = 1;
+  std::vector<uint8_t> scratch(2 * values.size());
+  std::memcpy(scratch.data(), values.data(), scratch.size());
+  std::vector<uint8_t> target(values.size(), 0xa5);
+  float scale = 0;
+  QuantizeHost(op, scratch.data(), target.data(), reinterpret_cast<uint8_t*>(&scale));
+  float amax = 0;
+  for (uint16_t v : values) {
+    const float x = testing::BFloat16Value(v);
+    if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+  }
+  REQUIRE(amax > 0);
+  CHECK(scale == testing::ReferenceBlockScale(amax));
+  for (size_t i = 0; i < values.size(); ++i) {
+    INFO("element " << i);
+    REQUIRE(int{target[i]} == int{testing::ReferenceFloat8(testing::BFloat16Value(values[i]), scale)});
+  }
+  CHECK(target[3 * kSide + 5] == 0x7e);
+  CHECK(target[100 * kSide + 100] == 0xfe);
+  CHECK(target[7 * kSide + 7] == 0x7f);
+  CHECK(target[9 * kSide + 1] == 0xff);
+}
+
 // One bfloat16 tensor of `rows` x `cols` on rank 0 (buffer 0) into a float8 target split
 // by rows over ranks 0 and 1 (buffer 1), scales in buffer 2.
 planner::PlanInput TwoRankQuantized(int64_t rows, int64_t cols, int tensors) {

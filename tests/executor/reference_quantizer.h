@@ -1,7 +1,7 @@
 // Test oracle for block-quantized targets, written apart from the executor's
 // quantizer: FLOAT8_E4M3 values decoded from their bit fields, the nearest one found by
-// search, and the block rule as the issue states it (amax / 448, 1 for an all-zero
-// block, round to nearest even, saturate).
+// search, and the block rule (amax of the finite magnitudes / 448, 1 for an all-zero
+// block, round to nearest even, saturate; infinities saturate, NaN stays NaN).
 #pragma once
 
 #include <array>
@@ -45,7 +45,15 @@ inline float BFloat16Value(uint16_t bits) {
   return value;
 }
 
-// The scale of a block whose largest magnitude is `amax`.
+// The scale of a block whose largest finite magnitude is `amax`.
 inline float ReferenceBlockScale(float amax) { return amax == 0 ? 1.0f : amax / 448.0f; }
+
+// The code of `x` in a block of scale `scale`: an infinity is the largest finite code
+// of its sign, NaN is NaN (0x7f with its sign).
+inline uint8_t ReferenceFloat8(float x, float scale) {
+  if (std::isnan(x)) return std::signbit(x) ? 0xff : 0x7f;
+  if (std::isinf(x)) return std::signbit(x) ? 0xfe : 0x7e;
+  return NearestFloat8E4M3(x / scale);
+}
 
 }  // namespace shardsync::testing
