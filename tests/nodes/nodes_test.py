@@ -158,23 +158,31 @@ class NodesTest(unittest.TestCase):
                     if (node, 1) in planned:
                         planned[(node, 1)] += int(r.get("network_sent_bytes", 0))
                 before = {node: self.bed.link_bytes(node) for node in "abc"}
+                resent_before = {node: self.bed.retransmitted_segments(node) for node in "abc"}
                 code, response = self.ctl("sync")
                 self.assertEqual(code, 0, response)
                 after = {node: self.bed.link_bytes(node) for node in "abc"}
+                # Each segment a node sent again, at most an MTU (9000) and its frame.
+                resent = {node: (self.bed.retransmitted_segments(node) - resent_before[node]) * 9018
+                          for node in "abc"}
                 self.check_engines(kind, 2)
                 for (node, direction), bytes_planned in planned.items():
                     moved = after[node][direction] - before[node][direction]
                     way = "into" if direction == 0 else "out of"
                     print(f"{kind}, relay {relay}: {moved} bytes {way} node {node}, {bytes_planned} planned: "
-                          f"{moved / bytes_planned:.4f}x")
+                          f"{moved / bytes_planned:.4f}x; resent at most {resent[node]} bytes out of it")
                     self.assertGreater(bytes_planned, 0)
                     self.assertGreaterEqual(moved, bytes_planned)
                     # 1.005-1.008x on a quiet machine (framing: TLS records, HTTP/2 frames,
                     # TCP/IP headers). Heartbeats and keepalive pings, about one per
                     # connection a second, cross the same links: beside a whole test suite
                     # the sync takes longer and they reached 1.012x. Hence 2%, a bound any
-                    # second copy of a piece (1.5x or more here) still breaks.
-                    self.assertLessEqual(moved, bytes_planned * 1.02, f"{way} node {node}")
+                    # second copy of a piece (1.5x or more here) still breaks, beyond
+                    # what TCP resent (a loaded machine drops packets between
+                    # namespaces: 1.0201x once, beside a test suite). Bytes into node c
+                    # are resent by a and b, out of a and b by themselves.
+                    allowance = resent["a"] + resent["b"] if direction == 0 else resent[node]
+                    self.assertLessEqual(moved, bytes_planned * 1.02 + allowance, f"{way} node {node}")
                 self.tearDown()
                 self.setUp()
 

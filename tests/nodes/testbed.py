@@ -205,6 +205,14 @@ class TestBed:
         out = _run("ip", "netns", "exec", self._bridge, "cat", f"{stats}/tx_bytes", f"{stats}/rx_bytes").split()
         return int(out[0]), int(out[1])
 
+    def retransmitted_segments(self, name: str) -> int:
+        """TCP segments node `name` sent again so far (its namespace's RetransSegs): a
+        loaded machine drops packets between namespaces, and each resend crosses the
+        link once more."""
+        lines = [line.split() for line in _run("ip", "netns", "exec", self.namespace(name), "cat",
+                                               "/proc/net/snmp").splitlines() if line.startswith("Tcp:")]
+        return int(lines[1][lines[0].index("RetransSegs")])
+
     def kill_all(self, processes: Sequence[subprocess.Popen]) -> None:
         """SIGKILLs `processes` and waits for them."""
         for process in processes:
