@@ -1,0 +1,229 @@
+#include "executor/delta_codec.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardsync::executor {
+namespace {
+
+constexpr int64_t kWordBytes = 2;
+
+int64_t WordsOf(int64_t block_bytes) { return (block_bytes + kWordBytes - 1) / kWordBytes; }
+
+// Word k of a block of `block_bytes` (the odd last byte alone).
+int64_t WordLength(int64_t k, int64_t block_bytes) { return std::min(kWordBytes, block_bytes - k * kWordBytes); }
+
+bool WordDiffers(const uint8_t* a, const uint8_t* b, int64_t k, int64_t block_bytes) {
+  return std::memcmp(a + k * kWordBytes, b + k * kWordBytes, WordLength(k, block_bytes)) != 0;
+}
+
+void AppendUint16(std::string& out, uint16_t value) {
+  out.push_back(static_cast<char>(value & 0xff));
+  out.push_back(static_cast<char>(value >> 8));
+}
+
+uint16_t ReadUint16(const uint8_t* at) { return static_cast<uint16_t>(at[0] | (at[1] << 8)); }
+
+}  // namespace
+
+DeltaCounts EncodeDelta(const uint8_t* current, const uint8_t* baseline, int64_t bytes, std::string& out) {
+  DeltaCounts counts;
+  const size_t start = out.size();
+  uint16_t changed[kDeltaBlockBytes / kWordBytes];  // word indices of one block
+  std::string bits;
+  uint8_t values[kDeltaBlockBytes];
+  for (int64_t at = 0; at < bytes; at += kDeltaBlockBytes) {
+    const int64_t block_bytes = std::min(kDeltaBlockBytes, bytes - at);
+    const uint8_t* now = current + at;
+    const uint8_t* before = baseline + at;
+    int64_t n = 0;
+    // Four words at a time (without branches on which), then what is left one at a time.
+    const int64_t words = WordsOf(block_bytes);
+    int64_t k = 0;
+    for (; (k + 4) * kWordBytes <= block_bytes; k += 4) {
+      uint64_t a, b;
+      std::memcpy(&a, now + k * kWordBytes, 8);
+      std::memcpy(&b, before + k * kWordBytes, 8);
+      const uint64_t differ = a ^ b;
+      if (differ == 0) continue;
+      for (int j = 0; j < 4; ++j) {
+        changed[n] = static_cast<uint16_t>(k + j);
+        n += ((differ >> (16 * j)) & 0xffffu) != 0;
+      }
+    }
+    for (; k < words; ++k) {
+      if (WordDiffers(now, before, k, block_bytes)) changed[n++] = static_cast<uint16_t>(k);
+    }
+    counts.changed_words += n;
+    const bool last_changed = n > 0 && changed[n - 1] == words - 1;
+    const int64_t value_bytes = kWordBytes * n - (block_bytes % kWordBytes != 0 && last_changed ? 1 : 0);
+    const int64_t mask = (words + 7) / 8 + value_bytes;
+    const int64_t indices = 2 + 2 * n + value_bytes;
+    DeltaMode mode = DeltaMode::kRaw;
+    if (n == 0) {
+      mode = DeltaMode::kUnchanged;
+    } else if (std::min(mask, indices) < block_bytes) {
+      mode = indices <= mask ? DeltaMode::kIndices : DeltaMode::kBitmask;
+    }
+    ++counts.blocks[static_cast<int>(mode)];
+    out.push_back(static_cast<char>(mode));
+    if (mode == DeltaMode::kUnchanged) continue;
+    if (mode == DeltaMode::kRaw) {
+      out.append(reinterpret_cast<const char*>(now), block_bytes);
+      continue;
+    }
+    int64_t filled = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t length = WordLength(changed[i], block_bytes);
+      std::memcpy(values + filled, now + changed[i] * kWordBytes, length);
+      filled += length;
+    }
+    if (mode == DeltaMode::kBitmask) {
+      bits.assign((words + 7) / 8, '\0');
+      for (int64_t i = 0; i < n; ++i)
+        bits[changed[i] / 8] = static_cast<char>(bits[changed[i] / 8] | (1 << (changed[i] % 8)));
+      out += bits;
+    } else {
+      AppendUint16(out, static_cast<uint16_t>(n));
+      for (int64_t i = 0; i < n; ++i) AppendUint16(out, changed[i]);
+    }
+    out.append(reinterpret_cast<const char*>(values), filled);
+  }
+  counts.encoded_bytes = static_cast<int64_t>(out.size() - start);
+  return counts;
+}
+
+namespace {
+
+// One block's changes, pointing into the encoding.
+struct BlockChanges {
+  DeltaMode mode = DeltaMode::kUnchanged;
+  const uint8_t* where = nullptr;   // kBitmask: the mask; kIndices: the indices
+  int64_t count = 0;                // changed words
+  const uint8_t* values = nullptr;  // kRaw: the block
+};
+
+// Reads the block at `at` of a block of `block_bytes`, advancing `at`.
+absl::Status ReadBlock(const uint8_t* encoded, int64_t encoded_bytes, int64_t& at, int64_t block_bytes,
+                       BlockChanges& block) {
+  const auto need = [&](int64_t n) -> absl::Status {
+    if (encoded_bytes - at < n) {
+      return absl::InvalidArgumentError(absl::StrCat("delta encoding ends at byte ", encoded_bytes, " inside a block (",
+                                                     n, " more bytes needed at ", at, ")"));
+    }
+    return absl::OkStatus();
+  };
+  if (auto s = need(1); !s.ok()) return s;
+  const uint8_t mode = encoded[at++];
+  const int64_t words = WordsOf(block_bytes);
+  const bool odd = block_bytes % kWordBytes != 0;  // the last word is one byte
+  bool last_changed = false;
+  block.count = 0;
+  switch (static_cast<DeltaMode>(mode)) {
+    case DeltaMode::kUnchanged:
+      block.mode = DeltaMode::kUnchanged;
+      return absl::OkStatus();
+    case DeltaMode::kRaw:
+      if (auto s = need(block_bytes); !s.ok()) return s;
+      block.mode = DeltaMode::kRaw;
+      block.values = encoded + at;
+      at += block_bytes;
+      return absl::OkStatus();
+    case DeltaMode::kBitmask: {
+      const int64_t mask_bytes = (words + 7) / 8;
+      if (auto s = need(mask_bytes); !s.ok()) return s;
+      const uint8_t* mask = encoded + at;
+      for (int64_t b = 0; b < mask_bytes; ++b) block.count += __builtin_popcount(mask[b]);
+      if (words % 8 != 0 && (mask[mask_bytes - 1] >> (words % 8)) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("delta bitmask marks words past a ", words, "-word block"));
+      }
+      last_changed = (mask[(words - 1) / 8] >> ((words - 1) % 8)) & 1;
+      block.mode = DeltaMode::kBitmask;
+      block.where = mask;
+      at += mask_bytes;
+      break;
+    }
+    case DeltaMode::kIndices: {
+      if (auto s = need(2); !s.ok()) return s;
+      block.count = ReadUint16(encoded + at);
+      at += 2;
+      if (auto s = need(2 * block.count); !s.ok()) return s;
+      int64_t previous = -1;
+      for (int64_t i = 0; i < block.count; ++i) {
+        const int64_t k = ReadUint16(encoded + at + 2 * i);
+        if (k >= words || k <= previous) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("delta index ", k, " is out of order or past a ", words, "-word block"));
+        }
+        previous = k;
+      }
+      last_changed = previous == words - 1;
+      block.mode = DeltaMode::kIndices;
+      block.where = encoded + at;
+      at += 2 * block.count;
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("delta block mode ", int{mode}, " is unknown"));
+  }
+  const int64_t value_bytes = kWordBytes * block.count - (odd && last_changed ? 1 : 0);
+  if (auto s = need(value_bytes); !s.ok()) return s;
+  block.values = encoded + at;
+  at += value_bytes;
+  return absl::OkStatus();
+}
+
+// Writes a read block into `data` (the block's start).
+void WriteBlock(const BlockChanges& block, uint8_t* data, int64_t block_bytes) {
+  const uint8_t* value = block.values;
+  const auto write = [&](int64_t k) {
+    const int64_t length = WordLength(k, block_bytes);
+    std::memcpy(data + k * kWordBytes, value, length);
+    value += length;
+  };
+  switch (block.mode) {
+    case DeltaMode::kUnchanged:
+      return;
+    case DeltaMode::kRaw:
+      std::memcpy(data, block.values, block_bytes);
+      return;
+    case DeltaMode::kBitmask: {
+      const int64_t words = WordsOf(block_bytes);
+      for (int64_t b = 0; b < (words + 7) / 8; ++b) {
+        for (uint32_t bits = block.where[b]; bits != 0; bits &= bits - 1) write(8 * b + __builtin_ctz(bits));
+      }
+      return;
+    }
+    case DeltaMode::kIndices:
+      for (int64_t i = 0; i < block.count; ++i) write(ReadUint16(block.where + 2 * i));
+      return;
+  }
+}
+
+}  // namespace
+
+absl::Status ApplyDelta(const uint8_t* encoded, int64_t encoded_bytes, uint8_t* data, int64_t bytes) {
+  // Checked whole before the first write: a refused encoding leaves `data` as it was.
+  BlockChanges block;
+  int64_t at = 0;
+  for (int64_t start = 0; start < bytes; start += kDeltaBlockBytes) {
+    if (auto s = ReadBlock(encoded, encoded_bytes, at, std::min(kDeltaBlockBytes, bytes - start), block); !s.ok()) {
+      return s;
+    }
+  }
+  if (at != encoded_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta encoding of ", bytes, " bytes has ", encoded_bytes - at, " bytes past its end"));
+  }
+  at = 0;
+  for (int64_t start = 0; start < bytes; start += kDeltaBlockBytes) {
+    const int64_t block_bytes = std::min(kDeltaBlockBytes, bytes - start);
+    (void)ReadBlock(encoded, encoded_bytes, at, block_bytes, block);  // checked above
+    WriteBlock(block, data + start, block_bytes);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardsync::executor
