@@ -56,11 +56,12 @@ std::string TargetsValidity(const v1::CoordinatorStatus& status) {
 // A line per agent: where it is, whether it is heard from (a heartbeat about every
 // second; "silent" after 3 s without one) and when it last was, its clients.
 void PrintAgents(const v1::CoordinatorStatus& status, std::ostream& out) {
-  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-8s %10s %s\n", "rank", "address", "host", "node", "device",
-                         "state", "last seen", "clients");
+  out << absl::StrFormat("%-6s %-22s %-16s %-16s %-8s %-8s %10s %-8s %s\n", "rank", "address", "host", "node", "device",
+                         "state", "last seen", "clients", "targets hold");
   for (const v1::AgentInfo& a : status.agents()) {
-    out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-8s %8.1fs %d\n", a.rank(), a.address(), a.host(), a.node(),
-                           a.device(), a.reachable() ? "joined" : "silent", a.seconds_since_seen(), a.clients());
+    out << absl::StrFormat("%-6d %-22s %-16s %-16s %-8s %-8s %8.1fs %-8d %s\n", a.rank(), a.address(), a.host(),
+                           a.node(), a.device(), a.reachable() ? "joined" : "silent", a.seconds_since_seen(),
+                           a.clients(), a.target_version().empty() ? "-" : a.target_version());
   }
   if (status.agents_size() < status.world_size()) {
     out << absl::StrFormat("%d of %d agents have not joined\n", status.world_size() - status.agents_size(),

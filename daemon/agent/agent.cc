@@ -33,7 +33,8 @@ v1::AgentStatus Agent::Status() const {
   status.set_joined(link_.joined());
   for (v1::ClientInfo& client : registry_.Clients()) *status.add_clients() = std::move(client);
   status.set_last_sync_id(ledger_.last_sync_id());
-  status.set_target_valid(ledger_.target_valid());
+  status.set_target_version(ledger_.target_version());
+  status.set_target_valid(!status.target_version().empty());
   status.set_running_sync_id(ledger_.running_sync_id());
   return status;
 }

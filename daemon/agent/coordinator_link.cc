@@ -60,11 +60,13 @@ int64_t CoordinatorLink::WaitPublished(int64_t version, absl::Time deadline) {
   return epoch_;
 }
 
-void CoordinatorLink::SetTargetsValid(bool valid) {
+void CoordinatorLink::SetTargetVersion(const std::string& version) {
   absl::MutexLock lock(&mu_);
-  if (targets_valid_ == valid) return;
-  targets_valid_ = valid;
-  nudged_ = true;  // say it at once
+  if (target_version_ == version) return;
+  // A new version of valid targets waits for the next Join: the coordinator learns it
+  // from the sync that wrote them.
+  if (target_version_.empty() || version.empty()) nudged_ = true;  // say it at once
+  target_version_ = version;
 }
 
 void CoordinatorLink::Loop() {
@@ -82,7 +84,8 @@ void CoordinatorLink::Loop() {
     v1::JoinRequest join_request = config_.join;
     {
       absl::MutexLock lock(&mu_);
-      join_request.set_targets_valid(targets_valid_);
+      join_request.set_targets_valid(!target_version_.empty());
+      join_request.set_target_version(target_version_);
     }
     v1::JoinResponse joined;
     const grpc::Status join = stub_->Join(&join_context, join_request, &joined);
@@ -114,7 +117,8 @@ void CoordinatorLink::Loop() {
     request.set_incarnation(config_.join.incarnation());
     {
       absl::MutexLock lock(&mu_);
-      request.set_targets_valid(targets_valid_);
+      request.set_targets_valid(!target_version_.empty());
+      request.set_target_version(target_version_);
     }
     int64_t version = 0;
     for (v1::PublishedLayout& layout : registry_.Layouts(&version)) *request.add_layouts() = std::move(layout);

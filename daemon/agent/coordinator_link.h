@@ -39,9 +39,9 @@ class CoordinatorLink {
   void Start(const std::string& address);
   // The registry changed: publish soon.
   void Nudge();
-  // Whether this agent's targets hold a completed sync's bytes: said with every Join
-  // and Publish (so a coordinator that restarted learns it).
-  void SetTargetsValid(bool valid);
+  // The sync whose bytes this agent's targets hold (empty: none's, they are invalid):
+  // said with every Join and Publish (so a coordinator that restarted learns it).
+  void SetTargetVersion(const std::string& version);
   // Waits until registry version `version` (or later) is published; returns the layout
   // epoch, or -1 if the coordinator did not take it by `deadline`.
   int64_t WaitPublished(int64_t version, absl::Time deadline);
@@ -61,7 +61,7 @@ class CoordinatorLink {
   std::string join_error_ ABSL_GUARDED_BY(mu_);  // the last failed Join's, logged once
   int64_t published_version_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = -1;
-  bool targets_valid_ ABSL_GUARDED_BY(mu_) = false;
+  std::string target_version_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

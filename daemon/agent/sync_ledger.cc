@@ -77,7 +77,7 @@ void SyncLedger::Ran(const std::string& sync_id, bool writes_targets,
   absl::MutexLock lock(&mu_);
   running_sync_id_.clear();
   writing_sync_id_.clear();
-  if (writes_targets) SetTargetValidLocked(stats.ok());
+  if (writes_targets) SetTargetVersionLocked(stats.ok() ? sync_id : "");
   ++(stats.ok() ? executed_ : failed_);
   if (!stats.ok()) {
     built_generation_ = -1;  // the communicator may be aborted: the coordinator renews it
@@ -92,12 +92,12 @@ void SyncLedger::Ran(const std::string& sync_id, bool writes_targets,
 void SyncLedger::Aborted(const std::string& sync_id) {
   absl::MutexLock lock(&mu_);
   aborted_sync_id_ = sync_id;
-  if (writing_sync_id_ == sync_id) SetTargetValidLocked(false);  // stopped part way
+  if (writing_sync_id_ == sync_id) SetTargetVersionLocked("");  // stopped part way
 }
 
 void SyncLedger::TargetsChanged() {
   absl::MutexLock lock(&mu_);
-  SetTargetValidLocked(false);
+  SetTargetVersionLocked("");
 }
 
 bool SyncLedger::PreparedLocked(const std::string& sync_id) const {
@@ -135,9 +135,9 @@ std::string SyncLedger::last_sync_id() const {
   return last_sync_id_;
 }
 
-bool SyncLedger::target_valid() const {
+std::string SyncLedger::target_version() const {
   absl::MutexLock lock(&mu_);
-  return target_valid_;
+  return target_version_;
 }
 
 void SyncLedger::AppendMetrics(std::string* out) const {
@@ -150,12 +150,12 @@ void SyncLedger::AppendMetrics(std::string* out) const {
   AppendMetric(out, "shardsync_agent_local_bytes_total", "counter", "Bytes this rank copied locally.",
                moved_.local_bytes);
   AppendMetric(out, "shardsync_agent_target_valid", "gauge",
-               "1 unless a sync failed part way through this rank's targets.", target_valid_);
+               "1 unless a sync failed part way through this rank's targets.", !target_version_.empty());
 }
 
-void SyncLedger::SetTargetValidLocked(bool valid) {
-  target_valid_ = valid;
-  link_.SetTargetsValid(valid);  // in process: it only notes the value for the next Publish
+void SyncLedger::SetTargetVersionLocked(const std::string& version) {
+  target_version_ = version;
+  link_.SetTargetVersion(version);  // in process: it only notes the value for the next Publish
 }
 
 }  // namespace shardsync::agent

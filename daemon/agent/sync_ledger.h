@@ -92,13 +92,14 @@ class SyncLedger {
 
   std::string running_sync_id() const;
   std::string last_sync_id() const;
-  bool target_valid() const;
+  // The sync whose bytes this rank's targets hold; empty while they hold none's.
+  std::string target_version() const;
   // Prometheus text: syncs executed and failed, bytes moved, target validity.
   void AppendMetrics(std::string* out) const;
 
  private:
   bool PreparedLocked(const std::string& sync_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetTargetValidLocked(bool valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetTargetVersionLocked(const std::string& version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int32_t rank_;
   CoordinatorLink& link_;
@@ -111,9 +112,9 @@ class SyncLedger {
   std::string aborted_sync_id_ ABSL_GUARDED_BY(mu_);  // an Abort that came before its Execute
   std::string writing_sync_id_ ABSL_GUARDED_BY(mu_);  // past the agreement: writing targets
   int64_t built_generation_ ABSL_GUARDED_BY(mu_) = -1;
-  // Its targets hold a completed sync's bytes: not at start, nor after a target is
-  // registered or a sync stopped part way, until a sync writes them.
-  bool target_valid_ ABSL_GUARDED_BY(mu_) = false;
+  // The sync whose bytes its targets hold (they are valid): none at start, nor after a
+  // target is registered or a sync stopped part way, until a sync writes them.
+  std::string target_version_ ABSL_GUARDED_BY(mu_);
   int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   executor::ExecutionStats moved_ ABSL_GUARDED_BY(mu_);  // totals of successful syncs

@@ -170,6 +170,7 @@ absl::StatusOr<int64_t> AgentDirectory::Replace(const v1::PublishRequest& reques
   published_[request.rank()].Swap(&fresh);
   replaced.Swap(&fresh);
   agent->second.join.set_targets_valid(request.targets_valid());  // its word, newer than its last Join
+  agent->second.join.set_target_version(request.target_version());
   ++epoch_;
   spdlog::info("rank {} published {} layouts; layout epoch {}", request.rank(), request.layouts_size(), epoch_);
   return epoch_;
@@ -253,6 +254,17 @@ std::vector<int32_t> AgentDirectory::TargetRanksInvalidByOwnWord() const {
     if (agent != agents_.end() && !agent->second.join.targets_valid()) invalid.push_back(rank);
   }
   return invalid;
+}
+
+std::map<int32_t, std::string> AgentDirectory::TargetVersionsByOwnWord() const {
+  absl::MutexLock lock(&mu_);
+  std::map<int32_t, std::string> versions;
+  for (int32_t rank : coordinator::TargetRanks(published_)) {
+    const auto agent = agents_.find(rank);
+    if (agent == agents_.end()) continue;
+    versions[rank] = agent->second.join.targets_valid() ? agent->second.join.target_version() : "";
+  }
+  return versions;
 }
 
 void AgentDirectory::FillStatus(v1::CoordinatorStatus* status) const {

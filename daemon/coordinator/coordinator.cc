@@ -69,6 +69,16 @@ v1::CoordinatorStatus Coordinator::Status() const {
   status.set_sync_timeout_ms(absl::ToInt64Milliseconds(config_.sync_timeout));
   runner_.FillStatus(&status);
   directory_.FillStatus(&status);
+  std::map<int32_t, std::string> versions;
+  {
+    absl::MutexLock lock(&membership_mu_);
+    versions = validity_.Versions(directory_.TargetVersionsByOwnWord());
+  }
+  for (v1::AgentInfo& agent : *status.mutable_agents()) {
+    if (const auto version = versions.find(agent.rank()); version != versions.end()) {
+      agent.set_target_version(version->second);
+    }
+  }
   const std::set<int32_t> invalid = InvalidTargetRanks();
   status.set_targets_valid(invalid.empty());
   status.mutable_invalid_target_ranks()->Add(invalid.begin(), invalid.end());

@@ -154,7 +154,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
       return finish(absl::DataLossError(absl::StrCat("sync ", sync_id, " ", verified.message())));
     }
   }
-  validity_.Written(plan_->target_ranks, !plan_->partial);
+  validity_.Written(plan_->target_ranks, !plan_->partial, sync_id);
   ready_digest_ = plan_->compiled.digest;
   response.set_one_call(one_call);
   response.set_sync_id(sync_id);

@@ -5,19 +5,24 @@ namespace shardsync::coordinator {
 void TargetValidity::Republished(int32_t rank) {
   absl::MutexLock lock(&mu_);
   synced_.erase(rank);
+  written_by_.erase(rank);
 }
 
 void TargetValidity::Restarted(int32_t rank) {
   absl::MutexLock lock(&mu_);
   synced_.erase(rank);
   part_written_.erase(rank);
+  written_by_.erase(rank);
 }
 
-void TargetValidity::Written(const std::vector<int32_t>& ranks, bool every_target) {
+void TargetValidity::Written(const std::vector<int32_t>& ranks, bool every_target, const std::string& sync_id) {
   absl::MutexLock lock(&mu_);
   // Every target there is now was written (a rank that left holds none to be invalid).
   if (every_target) part_written_.clear();
-  for (int32_t rank : ranks) part_written_.erase(rank);
+  for (int32_t rank : ranks) {
+    part_written_.erase(rank);
+    written_by_[rank] = sync_id;
+  }
   synced_.insert(ranks.begin(), ranks.end());
 }
 
@@ -25,6 +30,21 @@ void TargetValidity::PartlyWritten(const std::vector<int32_t>& ranks) {
   absl::MutexLock lock(&mu_);
   part_written_.insert(ranks.begin(), ranks.end());
   synced_.insert(ranks.begin(), ranks.end());
+  for (int32_t rank : ranks) written_by_.erase(rank);
+}
+
+std::map<int32_t, std::string> TargetValidity::Versions(const std::map<int32_t, std::string>& by_own_word) const {
+  absl::MutexLock lock(&mu_);
+  std::map<int32_t, std::string> versions;
+  for (const auto& [rank, word] : by_own_word) {
+    if (part_written_.count(rank) > 0) continue;
+    if (synced_.count(rank) == 0) {
+      if (!word.empty()) versions[rank] = word;
+      continue;
+    }
+    if (const auto written = written_by_.find(rank); written != written_by_.end()) versions[rank] = written->second;
+  }
+  return versions;
 }
 
 std::set<int32_t> TargetValidity::Invalid(const std::vector<int32_t>& invalid_by_own_word) const {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -470,10 +471,19 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   REQUIRE(still_invalid.ok());
   CHECK_FALSE(still_invalid->targets_valid());
   CHECK(Ranks(still_invalid->invalid_target_ranks()) == std::vector<int32_t>{0, 2, 3});
+  // Each rank's targets carry the sync they hold: rank 1 that one, the others none.
+  const auto versions = [](const v1::CoordinatorStatus& status) {
+    std::map<int32_t, std::string> out;
+    for (const v1::AgentInfo& agent : status.agents()) out[agent.rank()] = agent.target_version();
+    return out;
+  };
+  CHECK(versions(*still_invalid) ==
+        std::map<int32_t, std::string>{{0, ""}, {1, still_invalid->last_sync_id()}, {2, ""}, {3, ""}});
   client::AgentClient agent0(cluster.socket(0));  // it only read for rank 1: still invalid
   auto agent0_status = agent0.Status(absl::Seconds(5));
   REQUIRE(agent0_status.ok());
   CHECK_FALSE(agent0_status->target_valid());
+  CHECK(agent0_status->target_version().empty());
   auto again = SyncOnce(cluster, absl::Seconds(60));
   INFO(again.status().message());
   REQUIRE(again.ok());
@@ -482,9 +492,17 @@ TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn 
   REQUIRE(valid.ok());
   CHECK(valid->targets_valid());
   CHECK(valid->invalid_target_ranks().empty());
+  CHECK(versions(*valid) ==
+        std::map<int32_t, std::string>{
+            {0, again->sync_id()}, {1, again->sync_id()}, {2, again->sync_id()}, {3, again->sync_id()}});
   agent0_status = agent0.Status(absl::Seconds(5));
   REQUIRE(agent0_status.ok());
   CHECK(agent0_status->target_valid());
+  CHECK(agent0_status->target_version() == again->sync_id());
+  auto [status_code, status_out] = Ctl(cluster, {"status"});
+  INFO(status_out);
+  CHECK(status_code == 0);
+  CHECK_THAT(status_out, Contains("targets hold") && Contains(again->sync_id()));
 }
 
 TEST_CASE("an agent killed between syncs: the next sync is refused naming it, every target valid and unchanged") {
