@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "executor/word_hash.h"
@@ -53,6 +54,14 @@ class Device {
   // targets, after the transfer that filled it.
   virtual absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
                               const BufferTable& buffers, int slot) = 0;
+  // The parts' target elements as they are now, packed as Unpack reads them, into `out`
+  // (staging of `slot`): the receiver's baseline of a delta. Host memory only; other
+  // devices refuse (UNIMPLEMENTED) and take no deltas.
+  virtual absl::Status Gather(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
+                              const BufferTable& buffers, uint8_t* out, int slot) {
+    (void)plan, (void)parts, (void)buffers, (void)out, (void)slot;
+    return absl::UnimplementedError(absl::StrCat("the ", name(), " device takes no deltas"));
+  }
   // Around the transport's round on `slot`: the transfer starts after this slot's packs
   // and after the unpacks of the round that last received into it.
   virtual absl::Status BeforeTransfer(int slot) = 0;
@@ -103,6 +112,8 @@ class HostDevice final : public Device {
                     uint8_t* out, int slot) override;
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
                       const BufferTable& buffers, int slot) override;
+  absl::Status Gather(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
+                      uint8_t* out, int slot) override;
   absl::Status BeforeTransfer(int) override { return absl::OkStatus(); }
   absl::Status AfterTransfer(int) override { return absl::OkStatus(); }
   absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,

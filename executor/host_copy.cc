@@ -82,6 +82,14 @@ void UnpackHost(const Segment& s, int64_t begin, int64_t end, const uint8_t* in,
   });
 }
 
+void GatherHost(const Segment& s, int64_t begin, int64_t end, const uint8_t* dst_buffer, uint8_t* out) {
+  const int64_t element = ElementBytes(s.dst_dtype);
+  const int64_t stride = s.dst_strides[s.axes - 1];
+  Walk(s, begin, end, [&](int64_t, int64_t dst, int64_t index, int64_t count) {
+    CopyRun(dst_buffer + dst * element, stride, s.dst_dtype, out + index * element, 1, s.dst_dtype, count);
+  });
+}
+
 void CopyHost(const Segment& s, const uint8_t* src_buffer, uint8_t* dst_buffer) {
   const int64_t in = ElementBytes(s.src_dtype), out = ElementBytes(s.dst_dtype);
   const int last = s.axes - 1;

@@ -13,6 +13,9 @@ namespace shardsync::executor {
 
 void PackHost(const planner::Segment& s, int64_t begin, int64_t end, const uint8_t* src_buffer, uint8_t* out);
 void UnpackHost(const planner::Segment& s, int64_t begin, int64_t end, const uint8_t* in, uint8_t* dst_buffer);
+// The target side's elements [begin, end) packed as UnpackHost would read them: what a
+// receiver holds of a chunk (the baseline of a delta).
+void GatherHost(const planner::Segment& s, int64_t begin, int64_t end, const uint8_t* dst_buffer, uint8_t* out);
 void CopyHost(const planner::Segment& s, const uint8_t* src_buffer, uint8_t* dst_buffer);
 void FillHost(const planner::FillOp& fill, uint8_t* dst_buffer);
 

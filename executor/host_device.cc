@@ -40,6 +40,16 @@ absl::Status HostDevice::Pack(const planner::Plan& plan, absl::Span<const planne
   return absl::OkStatus();
 }
 
+absl::Status HostDevice::Gather(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
+                                const BufferTable& buffers, uint8_t* out, int) {
+  for (const planner::ChunkPart& part : parts) {
+    const planner::Segment& s = plan.segments[part.segment];
+    GatherHost(s, part.begin, part.end, buffers[s.dst.buffer], out);
+    out += (part.end - part.begin) * planner::ElementBytes(s.dst_dtype);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostDevice::Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts,
                                 const uint8_t* in, const BufferTable& buffers, int) {
   for (const planner::ChunkPart& part : parts) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "executor/delta_codec.h"
 
 namespace shardsync::executor {
 
@@ -15,7 +16,7 @@ void Mailbox::Post(absl::string_view sync_id, int32_t round, absl::Span<const Re
 }
 
 absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t round, const uint8_t* data,
-                              int64_t bytes, absl::Time deadline) {
+                              int64_t bytes, bool delta, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   const auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_sync_ == sync_id; };
   const auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -28,6 +29,17 @@ absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t r
   }
   if (aborted()) return absl::AbortedError(aborted_);
   Slot& slot = slots_[from];
+  if (delta) {
+    if (!slot.op.baseline) {
+      return absl::InternalError(
+          absl::StrCat("rank ", from, " sent a delta for round ", round, "; this receive holds no baseline"));
+    }
+    if (const absl::Status applied = ApplyDelta(data, bytes, slot.op.data, slot.op.bytes); !applied.ok()) {
+      return absl::InternalError(absl::StrCat("rank ", from, "'s delta for round ", round, ": ", applied.message()));
+    }
+    slot.done = true;
+    return absl::OkStatus();
+  }
   if (bytes != slot.op.bytes) {
     return absl::InternalError(absl::StrCat("rank ", from, " sent ", bytes, " bytes for round ", round,
                                             "; the receive expects ", slot.op.bytes));
@@ -81,7 +93,7 @@ absl::Status LoopbackTransport::RunRound(absl::string_view sync_id, int32_t roun
   for (const SendOp& send : sends) {
     auto it = mailboxes_.find(send.peer);
     if (it == mailboxes_.end()) return absl::UnavailableError(absl::StrCat("rank ", send.peer, " is unknown"));
-    if (auto s = it->second->Deliver(sync_id, rank_, round, send.data, send.bytes, deadline); !s.ok()) {
+    if (auto s = it->second->Deliver(sync_id, rank_, round, send.data, send.bytes, send.delta, deadline); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("sending to rank ", send.peer, ": ", s.message()));
     }
   }

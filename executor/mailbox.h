@@ -21,9 +21,11 @@ class Mailbox {
  public:
   // Posts this round's receives (one per peer at most).
   void Post(absl::string_view sync_id, int32_t round, absl::Span<const RecvOp> receives);
-  // Called for a peer's chunk: waits until the receive is posted, then copies it in.
+  // Called for a peer's chunk: waits until the receive is posted, then copies it in
+  // or, for a `delta` (an encoding of the chunk), applies it onto the receive's
+  // baseline; a delta for a receive without one is refused (INTERNAL naming the rank).
   absl::Status Deliver(absl::string_view sync_id, int32_t from, int32_t round, const uint8_t* data, int64_t bytes,
-                       absl::Time deadline);
+                       bool delta, absl::Time deadline);
   // Waits until every posted receive of the round is delivered; names the peers missing.
   absl::Status Wait(absl::Time deadline);
   // Fails every delivery and wait of `sync_id` (only that sync: a delivery for a later

@@ -1,9 +1,12 @@
 #include "executor/round_engine.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
+#include <string>
 
 #include "common/status_macros.h"
+#include "executor/delta_codec.h"
 #include "executor/host_copy.h"
 
 namespace shardsync::executor {
@@ -42,6 +45,10 @@ uint8_t* UnstagedAddress(const planner::Plan& plan, absl::Span<const planner::Ch
 }  // namespace
 
 absl::StatusOr<ExecutionStats> RoundEngine::Run(const RunInputs& run) {
+  if (run.delta != nullptr && (run.delta->snapshots == nullptr || !run.plan.quantizes.empty())) {
+    // A quantized target's bytes arrive in a scratch other groups reuse: no baseline.
+    return absl::InvalidArgumentError("delta sync needs snapshots and a plan without block-quantized targets");
+  }
   absl::StatusOr<ExecutionStats> stats = RunStages(run);
   // A failed run may have direct copies queued into peers' memory: they end before the
   // caller may close the mappings they write.
@@ -181,6 +188,31 @@ absl::Status RoundEngine::RunStage(const RunInputs& run, size_t k, Tally& tally)
   return absl::OkStatus();
 }
 
+void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send, std::deque<std::string>& encoded,
+                              ExecutionStats& stats) {
+  const absl::Time start = absl::Now();
+  const DeltaRun& delta = *run.delta;
+  const auto version = delta.peer_versions.find(send.peer);
+  const std::string* snapshot =
+      version == delta.peer_versions.end()
+          ? nullptr
+          : delta.snapshots->Find(delta.digest, send.peer, round, version->second, send.bytes);
+  const uint8_t* chunk = send.data;
+  const int64_t bytes = send.bytes;
+  if (snapshot != nullptr) {
+    std::string& out = encoded.emplace_back();
+    const DeltaCounts counts = EncodeDelta(chunk, reinterpret_cast<const uint8_t*>(snapshot->data()), bytes, out);
+    if (counts.encoded_bytes < bytes) {
+      send = SendOp{send.peer, reinterpret_cast<const uint8_t*>(out.data()), counts.encoded_bytes, true};
+      ++stats.delta_chunks;
+      stats.changed_words += counts.changed_words;
+    }
+  }
+  // What the peer holds after this sync, if it succeeds: this sync's bytes.
+  delta.snapshots->Keep(delta.digest, send.peer, round, std::string(run.sync_id), chunk, bytes);
+  stats.encode_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+}
+
 absl::Status RoundEngine::RunRound(const RunInputs& run, const planner::Stage& stage, int32_t round, Tally& tally) {
   const planner::Plan& plan = run.plan;
   ExecutionStats& stats = tally.stats;
@@ -196,13 +228,20 @@ absl::Status RoundEngine::RunRound(const RunInputs& run, const planner::Stage& s
     const planner::Chunk& chunk = stream.chunks[round];
     std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
     uint8_t* into = UnstagedAddress(plan, parts, run.buffers, /*source=*/false);
+    const bool baseline = run.delta != nullptr && run.delta->receive;
     if (into == nullptr) {
       SHARDSYNC_ASSIGN_OR_RETURN(into, device_.Staging(stream.peer, /*send=*/false, slot, tally.slot_bytes));
+      if (baseline) {  // an unstaged receive lands on its targets, which are the baseline
+        const absl::Time start = absl::Now();
+        SHARDSYNC_RETURN_IF_ERROR(device_.Gather(plan, parts, run.buffers, into, slot));
+        stats.baseline_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+      }
       to_unpack.emplace_back(std::move(parts), into);
       tally.staged[stream.peer] += chunk.bytes;
     }
-    receives.push_back(RecvOp{stream.peer, into, chunk.bytes});
+    receives.push_back(RecvOp{stream.peer, into, chunk.bytes, baseline});
   }
+  std::deque<std::string> encoded;  // the round's deltas, alive until it is sent
   for (const planner::PeerStream& stream : stage.sends) {
     if (round >= static_cast<int32_t>(stream.chunks.size()) || run.direct.Has(stream.peer)) continue;
     const planner::Chunk& chunk = stream.chunks[round];
@@ -215,6 +254,8 @@ absl::Status RoundEngine::RunRound(const RunInputs& run, const planner::Stage& s
       tally.staged[stream.peer] += chunk.bytes;
     }
     sends.push_back(SendOp{stream.peer, from, chunk.bytes});
+    if (run.delta != nullptr) SendAsDelta(run, number, sends.back(), encoded, stats);
+    stats.wire_bytes += sends.back().bytes;
     stats.sent_bytes += chunk.bytes;
     ++stats.chunks;
   }

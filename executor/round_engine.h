@@ -15,12 +15,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "executor/delta_snapshots.h"
 #include "executor/device.h"
 #include "executor/transport.h"
 #include "planner/plan.h"
@@ -43,6 +46,12 @@ struct ExecutionStats {
   double seconds = 0;
   double local_seconds = 0;        // the local copies and fills alone (beside the rounds on a device)
   double direct_wait_seconds = 0;  // waiting for this rank's direct copies and the peers' completion
+  // Delta sync (RunInputs::delta), of the chunks this rank sent through the transport:
+  int64_t wire_bytes = 0;       // what went to the transport, deltas encoded (sent_bytes counts them whole)
+  int64_t delta_chunks = 0;     // sent as deltas
+  int64_t changed_words = 0;    // 16-bit words that differed from their snapshots, in those
+  double encode_seconds = 0;    // diffing and keeping snapshots
+  double baseline_seconds = 0;  // gathering the receives' baselines from the targets
 };
 
 // How far a run is, readable from another thread while it goes.
@@ -63,6 +72,19 @@ struct DirectLinks {
   bool Has(int32_t peer) const { return std::binary_search(peers.begin(), peers.end(), peer); }
 };
 
+// Delta sync of one run (host transports, plans without block-quantized targets). Every
+// chunk this rank sends through the transport is kept as its snapshot for the next
+// sync; a chunk to a peer whose targets hold `peer_versions[peer]` goes as a delta
+// against the snapshot of that version, where one is kept and the delta is smaller.
+// `receive`: this rank's targets hold the version its senders were told, so each
+// receive gathers its baseline from them first.
+struct DeltaRun {
+  std::string digest;                            // of the plan: snapshots are per plan
+  std::map<int32_t, std::string> peer_versions;  // by receiving peer
+  bool receive = false;
+  DeltaSnapshots* snapshots = nullptr;
+};
+
 // One run's inputs: this rank's part of `schedule` of `plan`, over `buffers` (by the
 // plan's local buffer ids), staging of `staging_bytes` per peer, until `deadline`.
 struct RunInputs {
@@ -74,6 +96,7 @@ struct RunInputs {
   absl::Time deadline;
   ExecutionProgress* progress = nullptr;  // updated as the run goes, if given
   DirectLinks direct;
+  const DeltaRun* delta = nullptr;  // delta sync, if on
 };
 
 class RoundEngine {
@@ -95,6 +118,10 @@ class RoundEngine {
   // Round `round` of stage `stage`: receives posted before sends, through staging where
   // a chunk's parts do not lie back to back.
   absl::Status RunRound(const RunInputs& run, const planner::Stage& stage, int32_t round, Tally& tally);
+  // Turns `send` (the chunk of transport round `round`) into a delta against the peer's
+  // snapshot where it pays, `encoded` holding it; keeps the chunk as the next snapshot.
+  static void SendAsDelta(const RunInputs& run, int32_t round, SendOp& send, std::deque<std::string>& encoded,
+                          ExecutionStats& stats);
 
   // Before a stage's direct copies, when scratch is handed off (Schedule): each rank
   // tells the peers that write it directly that its earlier quantizes are done, and

@@ -19,12 +19,14 @@ struct SendOp {
   int32_t peer = 0;
   const uint8_t* data = nullptr;
   int64_t bytes = 0;
+  bool delta = false;  // `data` is a delta encoding (delta_codec.h) of the chunk
 };
 
 struct RecvOp {
   int32_t peer = 0;
   uint8_t* data = nullptr;
   int64_t bytes = 0;
+  bool baseline = false;  // `data` holds the chunk as the receiver has it: a delta may come
 };
 
 // What a transport needs to reach its peers in a sync.

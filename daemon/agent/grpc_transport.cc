@@ -56,6 +56,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
       call->request.set_from_rank(rank_);
       call->request.set_round(round);
       call->request.set_data(send.data, send.bytes);
+      call->request.set_delta(send.delta);
       in_flight_.push_back(&call->context);
       call->stub = StubLocked(address->second);
       Call* raw = call.get();

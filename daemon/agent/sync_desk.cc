@@ -278,7 +278,7 @@ absl::Status SyncDesk::Transfer(const v1::TransferRequest& request, absl::Time d
   const std::string& data = request.data();
   return parts_.mailbox.Deliver(request.sync_id(), request.from_rank(), request.round(),
                                 reinterpret_cast<const uint8_t*>(data.data()), static_cast<int64_t>(data.size()),
-                                deadline);
+                                request.delta(), deadline);
 }
 
 v1::RankProgress SyncDesk::Progress() const {

@@ -1,5 +1,6 @@
 // The round engine on every rank at once (threads, loopback transport): random layouts
-// sync bit for bit, staging stays within the budget, and a silent peer is named.
+// sync bit for bit, with delta sync too, staging stays within the budget, and a silent
+// peer is named.
 #include "executor/round_engine.h"
 
 #include <catch2/catch.hpp>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/schedule_codec.h"
 #include "executor/buffer_check.h"
+#include "executor/delta_codec.h"
 #include "executor/mailbox.h"
 #include "planner/box.h"
 #include "planner/builders.h"
@@ -101,6 +103,123 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
     CHECK(errors.empty());
   }
   CHECK(relayed > 15);
+}
+
+// Every rank's engine with delta sync on, each with its own snapshots.
+std::vector<absl::StatusOr<ExecutionStats>> RunEveryRankDelta(const planner::Plan& plan,
+                                                              const std::vector<planner::Schedule>& schedules,
+                                                              testing::HostBuffers& buffers, int64_t budget,
+                                                              const std::string& sync_id,
+                                                              const std::vector<DeltaRun>& deltas) {
+  World world(plan.num_ranks);
+  std::vector<absl::StatusOr<ExecutionStats>> results(plan.num_ranks, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < plan.num_ranks; ++r) {
+    threads.emplace_back([&, r] {
+      LoopbackTransport transport(r, world.pointers);
+      HostDevice device;
+      RoundEngine engine(device, transport);
+      RunInputs run{sync_id, plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20),
+                    nullptr, {}};
+      run.delta = &deltas[r];
+      results[r] = engine.Run(run);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+TEST_CASE("delta sync: changed sources move as deltas onto the targets' last sync, bit for bit, at every fraction") {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  int64_t full_wire = 0, delta_wire = 0, sent = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto input = planner::ExpandModel(testing::RandomModel(rng));
+    REQUIRE(input.ok());
+    const int64_t budget = std::vector<int64_t>{16, 32, 100, 4096}[seed % 4];
+    const bool relay = seed % 2 == 0;
+    if (relay) testing::PlaceOnRandomNodes(*input, 2 + seed % 3, rng);
+    auto plan = planner::MakePlan(*input, *policy, planner::PlanOptions{relay});
+    REQUIRE(plan.ok());
+    if (!plan->quantizes.empty()) continue;
+    auto schedules = planner::MakeSchedules(*plan, budget);
+    REQUIRE(schedules.ok());
+    INFO("seed " << seed << " budget " << budget << " stages " << plan->stages);
+    testing::HostBuffers buffers = testing::AllocateBuffers(*input);
+    testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
+    std::vector<DeltaSnapshots> snapshots(plan->num_ranks, DeltaSnapshots(int64_t{1} << 30));
+    // Each sync: the sources stepped (a fraction of elements new), every peer's targets
+    // said to hold `baseline` (none: the first sync, or a stale word: nothing matches).
+    const auto sync = [&](const std::string& id, const std::string& baseline, double fraction) {
+      std::bernoulli_distribution pick(fraction);
+      for (std::vector<uint8_t>& v : values) {
+        for (uint8_t& b : v) {
+          if (pick(rng)) b = static_cast<uint8_t>(rng() | 1);
+        }
+      }
+      testing::WriteSources(*input, values, buffers);
+      const testing::HostBuffers before = buffers;
+      std::vector<DeltaRun> deltas(plan->num_ranks);
+      for (int32_t r = 0; r < plan->num_ranks; ++r) {
+        deltas[r].digest = "plan";
+        deltas[r].snapshots = &snapshots[r];
+        deltas[r].receive = !baseline.empty();
+        for (int32_t peer = 0; peer < plan->num_ranks; ++peer) {
+          if (!baseline.empty() && peer != r) deltas[r].peer_versions[peer] = baseline;
+        }
+      }
+      const auto results = RunEveryRankDelta(*plan, *schedules, buffers, budget, id, deltas);
+      ExecutionStats total;
+      for (int32_t r = 0; r < plan->num_ranks; ++r) {
+        INFO(id << " rank " << r);
+        REQUIRE(results[r].ok());
+        total.sent_bytes += results[r]->sent_bytes;
+        total.wire_bytes += results[r]->wire_bytes;
+        total.delta_chunks += results[r]->delta_chunks;
+      }
+      const std::vector<std::string> errors = testing::CheckSync(*input, values, before, buffers);
+      INFO(id << ": " << (errors.empty() ? std::string() : errors.front()));
+      CHECK(errors.empty());
+      return total;
+    };
+    const ExecutionStats first = sync("sync-1", "", 0.0);
+    CHECK(first.delta_chunks == 0);
+    CHECK(first.wire_bytes == first.sent_bytes);
+    full_wire += first.wire_bytes;
+    const ExecutionStats unchanged = sync("sync-2", "sync-1", 0.0);
+    CHECK(unchanged.wire_bytes <= unchanged.sent_bytes);
+    delta_wire += unchanged.wire_bytes;
+    sent += unchanged.sent_bytes;
+    sync("sync-3", "sync-2", 0.01);
+    sync("sync-4", "sync-3", 0.5);
+    sync("sync-5", "sync-4", 1.0);
+    const ExecutionStats stale = sync("sync-6", "sync-4", 0.1);  // the targets hold sync-5's
+    CHECK(stale.delta_chunks == 0);
+    sync("sync-7", "sync-6", 0.001);
+  }
+  INFO("unchanged: " << delta_wire << " bytes on the wire for " << sent);
+  CHECK(sent > 0);
+  CHECK(delta_wire * 4 < sent);  // a mode byte per block of a chunk, against the chunk
+  CHECK(full_wire == sent);
+}
+
+TEST_CASE("a delta for a receive without its baseline is refused, naming the sender") {
+  Mailbox mailbox;
+  uint8_t target[8] = {};
+  mailbox.Post("s", 0, {RecvOp{3, target, 8, /*baseline=*/false}});
+  std::string encoded;
+  const uint8_t now[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  EncodeDelta(now, target, 8, encoded);
+  const absl::Status refused =
+      mailbox.Deliver("s", 3, 0, reinterpret_cast<const uint8_t*>(encoded.data()), static_cast<int64_t>(encoded.size()),
+                      true, absl::Now() + absl::Seconds(5));
+  CHECK_THAT(std::string(refused.message()), Contains("rank 3 sent a delta for round 0"));
+  mailbox.Post("s", 1, {RecvOp{3, target, 8, /*baseline=*/true}});
+  REQUIRE(mailbox
+              .Deliver("s", 3, 1, reinterpret_cast<const uint8_t*>(encoded.data()),
+                       static_cast<int64_t>(encoded.size()), true, absl::Now() + absl::Seconds(5))
+              .ok());
+  CHECK(std::equal(now, now + 8, target));
 }
 
 // Rank 0 holds tensors a and b back to back; rank 1 wants them in bf16 at element 0,
@@ -309,7 +428,7 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   Mailbox mailbox;
   uint8_t into[4] = {0, 0, 0, 0};
   const uint8_t data[4] = {1, 2, 3, 4};
-  std::thread sender([&] { CHECK(mailbox.Deliver("s", 7, 0, data, 4, absl::Now() + absl::Seconds(5)).ok()); });
+  std::thread sender([&] { CHECK(mailbox.Deliver("s", 7, 0, data, 4, false, absl::Now() + absl::Seconds(5)).ok()); });
   absl::SleepFor(absl::Milliseconds(20));  // the sender is now blocked: nothing is posted yet
   const RecvOp from7{7, into, 4};
   uint8_t other[4];
@@ -322,9 +441,9 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   CHECK_THAT(std::string(waited.message()), Contains("rank 9"));
 
   mailbox.Abort("s", "peer 9 died");
-  CHECK(absl::IsAborted(mailbox.Deliver("s", 9, 0, data, 4, absl::Now() + absl::Seconds(1))));
+  CHECK(absl::IsAborted(mailbox.Deliver("s", 9, 0, data, 4, false, absl::Now() + absl::Seconds(1))));
   // The abort belongs to sync "s": a delivery for the next sync waits for its receive.
-  CHECK(absl::IsDeadlineExceeded(mailbox.Deliver("t", 9, 0, data, 4, absl::Now() + absl::Milliseconds(50))));
+  CHECK(absl::IsDeadlineExceeded(mailbox.Deliver("t", 9, 0, data, 4, false, absl::Now() + absl::Milliseconds(50))));
 }
 
 using planner::DType;

@@ -48,19 +48,26 @@ TensorValues PrepareBuffers(const planner::PlanInput& input, std::mt19937_64& rn
   }
   TensorValues values;
   for (const planner::TensorLayouts& t : input.tensors) {
-    const int64_t element = ElementBytes(t.source_dtype);
-    std::vector<uint8_t> v(planner::NumElements(t.shape) * element);
+    std::vector<uint8_t> v(planner::NumElements(t.shape) * ElementBytes(t.source_dtype));
     for (uint8_t& b : v) b = static_cast<uint8_t>(rng() | 1);  // odd bytes: never zero
+    values.push_back(std::move(v));
+  }
+  WriteSources(input, values, buffers);
+  return values;
+}
+
+void WriteSources(const planner::PlanInput& input, const TensorValues& values, HostBuffers& buffers) {
+  for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
+    const planner::TensorLayouts& t = input.tensors[ti];
+    const int64_t element = ElementBytes(t.source_dtype);
     const Index strides = planner::ContiguousStrides(t.shape);
     for (const planner::Placement& p : t.source.placements) {
       std::vector<uint8_t>& buffer = buffers.at(p.holder);
       ForEachElement(p, strides, [&](int64_t flat, int64_t at) {
-        std::memcpy(buffer.data() + at * element, v.data() + flat * element, element);
+        std::memcpy(buffer.data() + at * element, values[ti].data() + flat * element, element);
       });
     }
-    values.push_back(std::move(v));
   }
-  return values;
 }
 
 std::vector<std::string> CheckSync(const planner::PlanInput& input, const TensorValues& values,

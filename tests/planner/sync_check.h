@@ -18,6 +18,8 @@ using TensorValues = std::vector<std::vector<uint8_t>>;
 // Fills every buffer with random poison, then writes `values` into every source
 // placement. Returns the values.
 TensorValues PrepareBuffers(const planner::PlanInput& input, std::mt19937_64& rng, HostBuffers& buffers);
+// Writes `values` into every source placement (a trainer's step), nothing else.
+void WriteSources(const planner::PlanInput& input, const TensorValues& values, HostBuffers& buffers);
 
 // Every target element equals its source (converted to the target dtype), every fill
 // is zero, and no other byte of any buffer differs from `before`. Returns the first
