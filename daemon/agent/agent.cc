@@ -23,7 +23,7 @@ Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, exec
                 WithDesk(direct, peers_)),
       clients_(ClientDeskConfig{config_.rpc_deadline, config_.source_uids, config_.target_uids}, registry, link, device,
                ledger_),
-      syncs_(config_.rank, config_.rpc_deadline,
+      syncs_(config_.rank, config_.rpc_deadline, config_.delta_snapshot_bytes,
              SyncParts{registry, ledger_, preparer_, peers_, device, transport, mailbox, direct}) {}
 
 v1::AgentStatus Agent::Status() const {

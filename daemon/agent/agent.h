@@ -28,7 +28,8 @@ struct AgentConfig {
   int32_t rank = 0;
   std::string device = "cpu";
   absl::Duration rpc_deadline = absl::Seconds(5);
-  int64_t max_staging_bytes = int64_t{512} << 20;  // refuse larger budgets at Prepare
+  int64_t max_staging_bytes = int64_t{512} << 20;   // refuse larger budgets at Prepare
+  int64_t delta_snapshot_bytes = int64_t{1} << 30;  // what the sent chunks kept for delta sync may hold
   // Who may register sources and targets: the uids of the unix socket's peers; empty:
   // the agent's own uid alone.
   std::vector<uint32_t> source_uids;

@@ -32,6 +32,10 @@ void AddAgentFlags(CLI::App& app, AgentFlags& c) {
   flags::AddInt(app, "--max-staging-bytes", c.agent.max_staging_bytes,
                 "largest staging budget accepted per peer; also bounds a Transfer message", planner::kMinStagingBytes,
                 int64_t{1} << 40);
+  flags::AddInt(app, "--delta-snapshot-bytes", c.agent.delta_snapshot_bytes,
+                "delta sync (coordinator --delta): the host memory this agent keeps of the chunks it sent, the "
+                "baselines of its next deltas; a chunk past it goes whole next time",
+                int64_t{0});
   flags::AddInt(app, "--max-message-bytes", c.max_message_bytes,
                 "largest registration or control message accepted (the layouts of a large model)", int64_t{1} << 20,
                 int64_t{INT32_MAX});
@@ -77,9 +81,9 @@ std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
   if (c.coordinator.empty() == !c.serve_coordinator) {
     return "give one of --coordinator and --serve-coordinator (true)";
   }
-  const char* coordinator_flags[] = {"--world",        "--staging-bytes", "--sync-timeout-ms",
-                                     "--relay",        "--direct",        "--link-gbps",
-                                     "--network-gbps", "--memory-gbps",   "--shared-source-uids"};
+  const char* coordinator_flags[] = {
+      "--world", "--staging-bytes", "--sync-timeout-ms", "--relay",       "--direct",
+      "--delta", "--link-gbps",     "--network-gbps",    "--memory-gbps", "--shared-source-uids"};
   for (const char* name : coordinator_flags) {
     if (!c.serve_coordinator && app.count(name) > 0) return std::string(name) + " goes with --serve-coordinator";
   }

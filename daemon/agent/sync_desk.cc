@@ -228,6 +228,9 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
   executor::BufferTable table;
   if (ready.ok()) ready = HoldBuffers(prepared, held, table);
   if (ready.ok()) ready = parts_.peers.CheckSendersMapped(prepared);
+  if (ready.ok() && request.has_delta() && DataTransport(prepared).device_memory()) {
+    ready = absl::FailedPreconditionError("delta sync runs on host transports; this agent's is a device's");
+  }
   times.checked = absl::Now();
   const absl::Time deadline = times.checked + prepared.deadline;
   SHARDSYNC_RETURN_IF_ERROR(SetUpAndAgree(request, prepared, ready, deadline));
@@ -237,9 +240,23 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
   const bool writes_targets = WritesTargets(local.schedule);
   if (writes_targets) parts_.ledger.MarkWriting(request.sync_id());
   executor::RoundEngine engine(parts_.device, DataTransport(prepared));
-  const absl::StatusOr<executor::ExecutionStats> stats =
-      engine.Run({request.sync_id(), local.plan, local.schedule, table, prepared.staging_bytes, deadline, &progress_,
-                  executor::DirectLinks{prepared.direct_peers, parts_.direct.signals}});
+  executor::RunInputs run{request.sync_id(),
+                          local.plan,
+                          local.schedule,
+                          table,
+                          prepared.staging_bytes,
+                          deadline,
+                          &progress_,
+                          executor::DirectLinks{prepared.direct_peers, parts_.direct.signals}};
+  executor::DeltaRun delta;
+  if (request.has_delta()) {
+    delta.digest = request.digest();
+    delta.peer_versions.insert(request.delta().peer_versions().begin(), request.delta().peer_versions().end());
+    delta.receive = request.delta().receive();
+    delta.snapshots = &snapshots_;
+    run.delta = &delta;
+  }
+  const absl::StatusOr<executor::ExecutionStats> stats = engine.Run(run);
   v1::ExecuteResponse response;
   const absl::Status verified = stats.ok() && request.verify() ? Verify(prepared, table, response) : absl::OkStatus();
   // Memory shrunk under the run read as zeros or took writes that are lost.

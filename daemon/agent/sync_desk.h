@@ -37,8 +37,9 @@ struct SyncParts {
 
 class SyncDesk {
  public:
-  SyncDesk(int32_t rank, absl::Duration rpc_deadline, SyncParts parts)
-      : rank_(rank), rpc_deadline_(rpc_deadline), parts_(parts) {}
+  // `snapshot_bytes`: the budget of what this rank keeps of its sent chunks (delta sync).
+  SyncDesk(int32_t rank, absl::Duration rpc_deadline, int64_t snapshot_bytes, SyncParts parts)
+      : rank_(rank), rpc_deadline_(rpc_deadline), parts_(parts), snapshots_(snapshot_bytes) {}
 
   // Checks and keeps the schedule; a refusal says why (schedule_missing: the request
   // renews a schedule this rank does not hold).
@@ -83,6 +84,7 @@ class SyncDesk {
   const SyncParts parts_;
   executor::ExecutionProgress progress_;
   absl::Mutex execute_mu_;  // one sync at a time on this rank
+  executor::DeltaSnapshots snapshots_ ABSL_GUARDED_BY(execute_mu_);
 };
 
 }  // namespace shardsync::agent

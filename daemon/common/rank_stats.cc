@@ -34,6 +34,11 @@ v1::RankStats RankStatsOf(int32_t rank, const executor::ExecutionStats& measured
   out.set_direct_received_bytes(measured.direct_received_bytes);
   out.set_quantized_bytes(measured.quantized_bytes);
   out.set_scratch_bytes(scratch_bytes);
+  out.set_wire_bytes(measured.wire_bytes);
+  out.set_delta_chunks(measured.delta_chunks);
+  out.set_changed_words(measured.changed_words);
+  out.set_encode_seconds(measured.encode_seconds);
+  out.set_baseline_seconds(measured.baseline_seconds);
   out.set_seconds(measured.seconds);
   out.set_local_seconds(measured.local_seconds);
   out.set_direct_wait_seconds(measured.direct_wait_seconds);

@@ -14,6 +14,7 @@ SyncOptions SyncOptionsOf(const CoordinatorConfig& config) {
   options.epoch.world_size = config.world_size;
   options.epoch.relay = config.relay;
   options.direct = config.direct;
+  options.delta = config.delta;
   options.epoch.bandwidths = config.bandwidths;
   options.epoch.staging_bytes = config.staging_bytes;
   options.epoch.scratch_bytes = config.scratch_bytes;

@@ -29,6 +29,7 @@ struct CoordinatorConfig {
   int64_t max_tensors = kDefaultMaxTensors;  // in one rank's publication
   planner::RelayMode relay = planner::RelayMode::kAuto;
   DirectMode direct = DirectMode::kAuto;  // which links take the direct path (link_paths.h)
+  DeltaMode delta = DeltaMode::kOff;      // which staged links may carry deltas (sync_runner.h)
   // The cost model: the relay choice (kAuto) and Explain's floor (bytes per second).
   planner::Bandwidths bandwidths{360e9, 4200e9, 50e9};
   int64_t staging_bytes = int64_t{128} << 20;             // per peer, both directions

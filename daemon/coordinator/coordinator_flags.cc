@@ -43,6 +43,15 @@ std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& 
                                    "copy it there); always; never")
                         ->transform(CLI::CheckedTransformer(relay_modes))
                         ->default_str("auto"));
+  const std::map<std::string, DeltaMode> delta_modes{
+      {"off", DeltaMode::kOff}, {"auto", DeltaMode::kAuto}, {"always", DeltaMode::kAlways}};
+  options.push_back(app.add_option("--delta", config.delta,
+                                   "delta sync between CPU agents: a chunk goes as its changed bits where the "
+                                   "receiving rank's targets hold the sync the sender kept of it (agent "
+                                   "--delta-snapshot-bytes); auto on links between nodes, always on every staged "
+                                   "link, off")
+                        ->transform(CLI::CheckedTransformer(delta_modes))
+                        ->default_str("off"));
   const std::map<std::string, DirectMode> direct_modes{
       {"auto", DirectMode::kAuto}, {"always", DirectMode::kAlways}, {"never", DirectMode::kNever}};
   options.push_back(app.add_option("--direct", config.direct,

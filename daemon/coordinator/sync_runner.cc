@@ -372,6 +372,27 @@ bool SyncRunner::OneCallReady() const {
          (options_.epoch.world_size == 1 || directory_.AllAgreeFast());
 }
 
+std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
+  std::map<int32_t, v1::DeltaSpec> specs;
+  if (options_.delta == DeltaMode::kOff || !plan_->compiled.plan.quantizes.empty()) return specs;
+  const std::vector<int32_t> nodes = directory_.NodeOfRank();
+  std::set<int32_t> on_host;  // agents whose transport carries deltas
+  for (const v1::JoinRequest& join : directory_.Joins()) {
+    if (join.device() == "cpu") on_host.insert(join.rank());
+  }
+  const std::map<int32_t, std::string> versions = validity_.Versions(directory_.TargetVersionsByOwnWord());
+  for (int32_t rank : on_host) {
+    v1::DeltaSpec& spec = specs[rank];
+    spec.set_receive(versions.count(rank) > 0);
+    for (const auto& [peer, version] : versions) {
+      if (peer == rank || on_host.count(peer) == 0) continue;
+      if (options_.delta == DeltaMode::kAuto && nodes[peer] == nodes[rank]) continue;  // fast inside a node
+      (*spec.mutable_peer_versions())[peer] = version;
+    }
+  }
+  return specs;
+}
+
 absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const std::string& sync_id,
                                                                         absl::Duration timeout, bool verify,
                                                                         bool one_call) {
@@ -395,11 +416,13 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
   };
   std::vector<std::unique_ptr<StartedExecute>> calls(world);
   std::vector<absl::Time> called(world);
+  const std::map<int32_t, v1::DeltaSpec> deltas = DeltaSpecs();
   const auto start = [&](int32_t rank) {
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
     execute.set_digest(plan_->compiled.digest);
     execute.set_verify(verify);
+    if (const auto delta = deltas.find(rank); delta != deltas.end()) *execute.mutable_delta() = delta->second;
     if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
     called[rank] = absl::Now();
     // The agent's own waits end at the timeout; this leaves it room to say so.

@@ -26,11 +26,16 @@
 
 namespace shardsync::coordinator {
 
+// Delta sync, on links of CPU agents (host transports): off; across nodes only; on
+// every staged link.
+enum class DeltaMode { kOff, kAuto, kAlways };
+
 struct SyncOptions {
   EpochOptions epoch;                               // world, relay, bandwidths, staging
   absl::Duration rpc_deadline = absl::Seconds(5);   // Prepare, Abort
   absl::Duration sync_timeout = absl::Seconds(60);  // Execute, unless the request says
   DirectMode direct = DirectMode::kAuto;            // which links take the direct path
+  DeltaMode delta = DeltaMode::kOff;                // which staged links may carry deltas
 };
 
 // A sync's deadline: the configured one, or a smaller one the request asks for
@@ -87,6 +92,10 @@ class SyncRunner {
   // Execute on every rank (each preparing itself with `one_call`); the responses by
   // rank, or the sync refused (every rank stopped before writing) or failed (targets
   // invalid).
+  // Each CPU agent's delta spec for this sync (coordinator --delta): the versions its
+  // peers' targets hold, over the links that may carry deltas. None when off, for a
+  // plan with block-quantized targets, or for an agent on a device.
+  std::map<int32_t, v1::DeltaSpec> DeltaSpecs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteAll(const std::string& sync_id, absl::Duration timeout,
                                                               bool verify, bool one_call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);

@@ -396,6 +396,54 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(shardsync.AgentClient(self.cluster.socket(1)).status().rank, 1)  # alive
         self.assertIsNone(self.cluster.agents[1].poll())
 
+    def test_delta_sync_between_nodes_moves_only_changed_words_exactly(self):
+        self.cluster.stop()
+        self.cluster = LocalCluster(None, WORLD, private_dir("ss-py-"), agent_bin=AGENT, coordinator_bin=COORDINATOR,
+                                    staging_bytes=1 << 16, nodes=["node-a", "node-b"],
+                                    coordinator_flags=["--delta", "always"])
+        self.model = [("w", (256, 512), "bfloat16"), ("e", (3, 64, 50), "float32")]
+        rng = random.Random(31)
+        values = {name: bytearray(rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]))
+                  for name, shape, dtype in self.model}
+        trainers = [self.register_trainer(rank, values) for rank in range(WORLD)]
+        arenas = [self.register_rollout(rank) for rank in range(WORLD)]
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
+
+        def sync(changed):
+            for name, shape, dtype in self.model:
+                element = shardsync.DTYPE_BYTES[dtype]
+                for k in range(0, len(values[name]), element):
+                    if rng.random() < changed:
+                        values[name][k:k + element] = rng.randbytes(element)
+            for rank, flat in enumerate(trainers):
+                self.fill_partitions(flat, rank, values, self.model)
+            response = coordinator.sync(timeout=60)
+            self.check(arenas, values)
+            staged = sum(r.sent_bytes - r.direct_sent_bytes for r in response.ranks)
+            return response, staged, sum(r.wire_bytes for r in response.ranks)
+
+        first, staged, wire = sync(0)
+        self.assertGreater(staged, 0)
+        self.assertEqual(wire, staged)  # nothing to diff against yet
+        self.assertEqual(sum(r.delta_chunks for r in first.ranks), 0)
+        for changed in (0.01, 0.0, 0.5, 1.0, 0.001):
+            response, staged, wire = sync(changed)
+            print(f"delta: {changed:.3f} of the elements changed: {wire} bytes on the wire for {staged}",
+                  file=sys.stderr)
+            if changed <= 0.01:
+                self.assertLess(wire, staged * 0.1, f"{changed} changed")
+                self.assertGreater(sum(r.delta_chunks for r in response.ranks), 0)
+            self.assertLessEqual(wire, staged + staged // 4096 + 64)
+        # A rollout that registers fresh memory holds no sync's bytes: it gets them whole.
+        gone = next(r for r in self.registrations if r._client_id == "rollout-1")
+        gone.close()
+        self.registrations.remove(gone)
+        arenas[1] = self.register_rollout(1)
+        response, staged, wire = sync(0.01)
+        into_rank_1 = [r for r in response.ranks if r.rank == 0][0]
+        self.assertEqual(into_rank_1.wire_bytes, into_rank_1.sent_bytes - into_rank_1.direct_sent_bytes)
+        self.assertEqual(into_rank_1.delta_chunks, 0)
+
     def truncation_loop(self, syncs):
         """`syncs` syncs, each with a buffer (a trainer's flat or a rollout's arena, in
         turn) truncated at a random moment around it. Every sync moves every byte exactly
