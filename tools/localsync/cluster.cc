@@ -91,6 +91,7 @@ void Cluster::StartCoordinator(const std::string& listen) {
                                    "debug"};
   if (!options_.relay.empty()) argv.insert(argv.end(), {"--relay", options_.relay});
   if (!options_.direct.empty()) argv.insert(argv.end(), {"--direct", options_.direct});
+  if (!options_.delta.empty()) argv.insert(argv.end(), {"--delta", options_.delta});
   if (options_.scratch_bytes > 0) argv.insert(argv.end(), {"--scratch-bytes", std::to_string(options_.scratch_bytes)});
   if (options_.metrics) {
     argv.insert(argv.end(),
@@ -161,6 +162,8 @@ void Cluster::StartAgent(int rank, const std::vector<std::string>& extra_flags) 
                              std::to_string(options_.sync_timeout_ms)});
     if (!options_.relay.empty()) argv.insert(argv.end(), {"--relay", options_.relay});
     if (!options_.direct.empty()) argv.insert(argv.end(), {"--direct", options_.direct});
+    if (!options_.delta.empty()) argv.insert(argv.end(), {"--delta", options_.delta});
+    if (!options_.delta.empty()) argv.insert(argv.end(), {"--delta", options_.delta});
     if (options_.scratch_bytes > 0) {
       argv.insert(argv.end(), {"--scratch-bytes", std::to_string(options_.scratch_bytes)});
     }

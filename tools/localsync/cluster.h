@@ -34,6 +34,7 @@ struct ClusterOptions {
   std::vector<std::string> nodes;          // each rank's --node (none: every agent on this host's)
   std::string relay;                       // the coordinator's --relay (empty: its default)
   std::string direct;                      // the coordinator's --direct (empty: its default)
+  std::string delta;                       // the coordinator's --delta (empty: its default)
   int64_t scratch_bytes = 0;               // the coordinator's --scratch-bytes (0: its default)
 };
 

@@ -24,14 +24,19 @@ uint64_t Mix(uint64_t x) {
 // the exponent is cleared.
 class Values {
  public:
-  Values(const planner::TensorLayouts& t, uint64_t seed)
-      : salt_(Mix(seed ^ std::hash<std::string>()(t.name))),
+  Values(const planner::TensorLayouts& t, const SourceStep& step)
+      : salt_(Mix(step.seed ^ std::hash<std::string>()(t.name))),
+        base_salt_(Mix(step.base ^ std::hash<std::string>()(t.name))),
+        pick_salt_(Mix(0x5eedULL ^ std::hash<std::string>()(t.name))),
+        changed_(step.changed),
         bytes_(planner::ElementBytes(t.source_dtype)),
         finite_(!t.target_scales.empty()) {}
   // Element sizes divide 8, so an element's bytes lie in one hashed word.
   void Element(int64_t flat, uint8_t* out) const {
     const uint64_t i = static_cast<uint64_t>(flat * bytes_);
-    const uint64_t word = Mix(salt_ + (i & ~uint64_t{7})) | 0x0101010101010101ULL;  // no zero byte
+    // Below 1, an element takes the step's seed only if it is among the changing ones.
+    const bool changes = changed_ >= 1.0 || static_cast<double>(Mix(pick_salt_ + flat)) < changed_ * 0x1p64;
+    const uint64_t word = Mix((changes ? salt_ : base_salt_) + (i & ~uint64_t{7})) | 0x0101010101010101ULL;
     const uint64_t shifted = word >> (8 * (i & 7));
     std::memcpy(out, &shifted, bytes_);
     if (finite_) out[bytes_ - 1] &= 0xbf;
@@ -56,6 +61,9 @@ class Values {
 
  private:
   uint64_t salt_;
+  uint64_t base_salt_;
+  uint64_t pick_salt_;
+  double changed_;
   int64_t bytes_;
   bool finite_;
 };
@@ -130,7 +138,7 @@ std::vector<uint8_t> PoisonedBuffer(int64_t bytes, planner::Holder holder, uint6
   return data;
 }
 
-void WriteSources(const planner::PlanInput& input, uint64_t seed, int32_t rank,
+void WriteSources(const planner::PlanInput& input, const SourceStep& step, int32_t rank,
                   const std::function<uint8_t*(planner::Holder)>& memory) {
   std::map<planner::Holder, bool> poisoned;
   for (const planner::Buffer& b : input.buffers) {
@@ -140,11 +148,11 @@ void WriteSources(const planner::PlanInput& input, uint64_t seed, int32_t rank,
       for (const planner::Placement& p : t.source.placements) holds_sources = holds_sources || p.holder == b.holder;
     }
     if (!holds_sources) continue;
-    const std::vector<uint8_t> poison = PoisonedBuffer(b.bytes, b.holder, seed);
+    const std::vector<uint8_t> poison = PoisonedBuffer(b.bytes, b.holder, step.seed);
     std::memcpy(memory(b.holder), poison.data(), poison.size());
   }
   for (const planner::TensorLayouts& t : input.tensors) {
-    const Values values(t, seed);
+    const Values values(t, step);
     const int64_t element = planner::ElementBytes(t.source_dtype);
     for (const planner::Placement& p : t.source.placements) {
       if (p.holder.rank != rank) continue;
@@ -154,14 +162,14 @@ void WriteSources(const planner::PlanInput& input, uint64_t seed, int32_t rank,
   }
 }
 
-std::vector<uint8_t> ExpectedTarget(const planner::PlanInput& input, uint64_t seed, uint64_t poison,
+std::vector<uint8_t> ExpectedTarget(const planner::PlanInput& input, const SourceStep& step, uint64_t poison,
                                     planner::Holder holder) {
   std::vector<uint8_t> data;
   for (const planner::Buffer& b : input.buffers) {
     if (b.holder == holder) data = PoisonedBuffer(b.bytes, holder, poison);
   }
   for (const planner::TensorLayouts& t : input.tensors) {
-    const Values values(t, seed);
+    const Values values(t, step);
     const int64_t out = planner::ElementBytes(t.target_dtype);
     if (!t.target_scales.empty()) {
       for (size_t i = 0; i < t.target.placements.size(); ++i) {

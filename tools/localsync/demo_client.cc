@@ -1,7 +1,8 @@
 // A synthetic trainer or rollout client for local runs and end-to-end tests. Creates a
 // shared-memory buffer for each of its rank's buffers in a layout spec, fills sources
 // with the values of a seed (targets with poison), registers them and holds them.
-// Then answers lines on stdin: "refill SEED" rewrites the sources, "address" prints
+// Then answers lines on stdin: "refill SEED [CHANGED]" rewrites the sources (only the
+// CHANGED fraction of elements, the rest as the first seed left them), "address" prints
 // where the first buffer is mapped, "reregister" registers again (after its agent
 // restarted), "scribble" keeps writing 0xA5 over the first 8 bytes of its first tensor
 // until "still" (a client that writes while a sync runs, for sync --verify), "exit" (or
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -72,7 +74,7 @@ int main(int argc, char** argv) {
     if (t.name() != drop) *request.add_tensors() = t;
   }
   const auto memory_of = [&](planner::Holder holder) { return memory.at(holder)->data(); };
-  if (sources) localsync::WriteSources(*input, seed, rank, memory_of);
+  if (sources) localsync::WriteSources(*input, localsync::SourceStep{seed, seed}, rank, memory_of);
 
   client::AgentClient agent(socket);
   auto registration = agent.Register(request, absl::Seconds(10));
@@ -90,7 +92,13 @@ int main(int argc, char** argv) {
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line.rfind("refill ", 0) == 0) {
-      localsync::WriteSources(*input, std::stoull(line.substr(7)), rank, memory_of);
+      // "refill SEED [CHANGED]": the first seed's values but for the CHANGED fraction.
+      std::istringstream words(line.substr(7));
+      localsync::SourceStep step{seed, 0, 1.0};
+      double changed = 1.0;
+      words >> step.seed;
+      if (words >> changed) step.changed = changed;
+      localsync::WriteSources(*input, step, rank, memory_of);
       std::cout << "refilled" << std::endl;
     } else if (line == "reregister") {
       registration->reset();

@@ -98,7 +98,7 @@ bool Deployment::WaitCoordinatorShows(const std::map<int, int>& expected) {
 }
 
 void Deployment::Refill(uint64_t seed) {
-  for (auto& [rank, client] : trainers_) client.process->WriteLine(absl::StrCat("refill ", seed));
+  for (auto& [rank, client] : trainers_) client.process->WriteLine(absl::StrCat("refill ", seed, " ", changed_));
   for (auto& [rank, client] : trainers_) client.process->ReadLine(absl::Seconds(20));
 }
 
@@ -166,7 +166,7 @@ std::vector<std::string> Deployment::CheckTargets(uint64_t seed, const std::set<
   std::vector<std::string> errors;
   for (const planner::Buffer& b : TargetBuffers()) {
     if (!ranks.empty() && !ranks.count(b.holder.rank)) continue;
-    const std::vector<uint8_t> expected = ExpectedTarget(input_, seed, poison_, b.holder);
+    const std::vector<uint8_t> expected = ExpectedTarget(input_, StepOf(seed), poison_, b.holder);
     const bool read = WithBuffer(rollouts_, b, "arena", [&](const uint8_t* data, int64_t bytes) {
       for (int64_t i = 0; i < bytes; ++i) {
         if (data[i] != expected[i]) {
@@ -187,7 +187,7 @@ std::vector<std::string> Deployment::CheckSources(uint64_t seed) const {
     for (const planner::Buffer& b : input_.buffers) {
       if (b.holder.rank == rank && ids_.Name(b.holder.buffer) != "arena") expected[b.holder].resize(b.bytes);
     }
-    WriteSources(input_, seed, rank, [&](planner::Holder holder) { return expected.at(holder).data(); });
+    WriteSources(input_, StepOf(seed), rank, [&](planner::Holder holder) { return expected.at(holder).data(); });
     for (const planner::Buffer& b : input_.buffers) {
       if (!expected.count(b.holder)) continue;
       const bool read = WithBuffer(trainers_, b, ids_.Name(b.holder.buffer), [&](const uint8_t* data, int64_t bytes) {
@@ -204,7 +204,7 @@ std::vector<std::string> Deployment::CheckSources(uint64_t seed) const {
 int64_t Deployment::MismatchedBytes(uint64_t seed) const {
   int64_t mismatched = 0;
   for (const planner::Buffer& b : TargetBuffers()) {
-    const std::vector<uint8_t> expected = ExpectedTarget(input_, seed, poison_, b.holder);
+    const std::vector<uint8_t> expected = ExpectedTarget(input_, StepOf(seed), poison_, b.holder);
     const bool read = WithBuffer(rollouts_, b, "arena", [&](const uint8_t* data, int64_t bytes) {
       for (int64_t i = 0; i < bytes; ++i) mismatched += data[i] != expected[i];
     });

@@ -30,8 +30,10 @@ class Deployment {
   std::vector<std::string> WaitReady();
   // Waits until the coordinator shows every client published; false at the deadline.
   bool WaitPublished();
-  // Rewrites every trainer's sources with the values of `seed`.
+  // Rewrites every trainer's sources with the values of `seed`: all of them, or the
+  // `changed` fraction SetChanged gave (SourceStep), the rest keeping the first seed's.
   void Refill(uint64_t seed);
+  void SetChanged(double changed) { changed_ = changed; }
   // The rollout of `rank` killed and started again, as an inference engine that
   // restarted: new memory, poisoned, registered anew. Returns its first line once the
   // coordinator shows it published ("ready ..." or why not).
@@ -49,6 +51,7 @@ class Deployment {
   const planner::PlanInput& input() const { return input_; }
   uint64_t poison() const { return poison_; }
   std::string RolloutAddress(int rank);
+  SourceStep StepOf(uint64_t seed) const { return SourceStep{poison_, seed, changed_}; }
   Process& trainer(int rank) { return *trainers_.at(rank).process; }
   Process& rollout(int rank) { return *rollouts_.at(rank).process; }
 
@@ -60,7 +63,8 @@ class Deployment {
   Cluster& cluster_;
   spec::BufferIds ids_;
   planner::PlanInput input_;
-  uint64_t poison_;
+  uint64_t poison_;  // also the first seed of the sources
+  double changed_ = 1.0;
   std::string spec_path_;
   std::map<int, Cluster::Client> trainers_;
   std::map<int, Cluster::Client> rollouts_;

@@ -46,7 +46,17 @@ int main(int argc, char** argv) {
   flags::AddInt(app, "--syncs", syncs, "syncs, with new source values before each", 1, 1000);
   flags::AddInt(app, "--staging-bytes", options.staging_bytes, "staging per peer, both directions",
                 planner::kMinStagingBytes);
+  double changed = 1.0;
+  app.add_option("--changed", changed,
+                 "fraction of the source elements the trainer changes between syncs (the same ones each time)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--delta", options.delta,
+                 "the coordinator's --delta: off, auto or always; on, every link is staged (--direct never), as "
+                 "between hosts")
+      ->check(CLI::IsMember({"off", "auto", "always"}));
   if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
+  if (!options.delta.empty() && options.delta != "off") options.direct = "never";
   if (tp * replicas > options.agents) return flags::UsageError(app, "tp * replicas exceeds the agents");
   std::vector<std::string> dp, groups;
   for (int r = 0; r < options.agents; ++r) dp.push_back(std::to_string(r));
@@ -63,10 +73,11 @@ int main(int argc, char** argv) {
   try {
     localsync::Cluster cluster(options);
     localsync::Deployment deployment(cluster, "local", spec, /*seed=*/1);
+    deployment.SetChanged(changed);
     for (const std::string& line : deployment.WaitReady()) {
       if (line.rfind("ready", 0) != 0) return Fail("a client did not register: " + line);
     }
-    int64_t bytes = 0, mismatched = 0;
+    int64_t bytes = 0, mismatched = 0, wire_bytes = 0, full_bytes = 0;
     double seconds = 0;
     for (int i = 1; i <= syncs; ++i) {
       if (i > 1) deployment.Refill(i);
@@ -79,14 +90,18 @@ int main(int argc, char** argv) {
       const int64_t wrong = deployment.MismatchedBytes(i);
       std::cout << "verified: " << wrong << " of the targets' bytes differ from the sources\n\n";
       mismatched += wrong;
-      bytes = 0;
-      for (const v1::RankStats& r : response->ranks()) bytes += r.received_bytes() + r.local_bytes();
+      bytes = wire_bytes = full_bytes = 0;
+      for (const v1::RankStats& r : response->ranks()) {
+        bytes += r.received_bytes() + r.local_bytes();
+        wire_bytes += r.wire_bytes();                          // between agents, through the transport
+        full_bytes += r.sent_bytes() - r.direct_sent_bytes();  // the same chunks whole
+      }
       seconds = response->seconds();
     }
     std::cout << "{\"status\": \"" << (mismatched == 0 ? "ok" : "mismatch")
               << "\", \"tensors\": " << deployment.input().tensors.size() << ", \"bytes\": " << bytes
-              << ", \"seconds\": " << seconds << ", \"syncs\": " << syncs << ", \"mismatched\": " << mismatched << "}"
-              << std::endl;
+              << ", \"seconds\": " << seconds << ", \"syncs\": " << syncs << ", \"mismatched\": " << mismatched
+              << ", \"wire_bytes\": " << wire_bytes << ", \"full_bytes\": " << full_bytes << "}" << std::endl;
     return mismatched == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     return Fail(e.what());
