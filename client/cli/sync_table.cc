@@ -32,6 +32,19 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
     out << absl::StrFormat("between agents: %s direct (written in place, no staging), %s staged\n", Bytes(direct),
                            Bytes(staged));
   }
+  int64_t wire = 0, whole = 0, deltas = 0, changed = 0;
+  for (const v1::RankStats& r : response.ranks()) {
+    wire += r.wire_bytes();
+    whole += r.sent_bytes() - r.direct_sent_bytes();
+    deltas += r.delta_chunks();
+    changed += r.changed_words();
+  }
+  if (deltas > 0) {
+    out << absl::StrFormat(
+        "delta sync: %s on the wire for %s of staged chunks (%.2f%%), %d chunks as deltas, %d "
+        "16-bit words changed in them\n",
+        Bytes(wire), Bytes(whole), whole > 0 ? 100.0 * wire / whole : 0.0, deltas, changed);
+  }
   const int written = response.target_ranks_size();
   out << (written <= 16 ? absl::StrCat("targets written on rank ", absl::StrJoin(response.target_ranks(), ", rank "))
                         : absl::StrCat("targets written on ", written, " ranks"))

@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "client/cli/sync_table.h"
 #include "client/cpp/client.h"
 #include "common/tls.h"
 #include "tests/e2e/small_model.h"
@@ -191,11 +193,15 @@ TEST_CASE("delta sync: a trainer changing 1% of its elements puts a few percent 
     }
     INFO(wire << " of " << full << " bytes on the wire, " << deltas << " chunks as deltas");
     REQUIRE(full > 0);
+    std::ostringstream table;
+    cli::PrintSyncTable(*sync, table);
     if (seed == 81) {
       CHECK(wire == full);  // nothing kept to diff against yet
+      CHECK_THAT(table.str(), !Contains("delta sync:"));
     } else {
       CHECK(deltas > 0);
       CHECK(wire * 10 < full);
+      CHECK_THAT(table.str(), Contains(absl::StrCat(deltas, " chunks as deltas")));
     }
   }
 }
