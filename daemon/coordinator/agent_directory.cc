@@ -246,16 +246,6 @@ std::vector<int32_t> AgentDirectory::TargetRanks() const {
   return coordinator::TargetRanks(published_);
 }
 
-std::vector<int32_t> AgentDirectory::TargetRanksInvalidByOwnWord() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<int32_t> invalid;
-  for (int32_t rank : coordinator::TargetRanks(published_)) {
-    const auto agent = agents_.find(rank);
-    if (agent != agents_.end() && !agent->second.join.targets_valid()) invalid.push_back(rank);
-  }
-  return invalid;
-}
-
 std::map<int32_t, std::string> AgentDirectory::TargetVersionsByOwnWord() const {
   absl::MutexLock lock(&mu_);
   std::map<int32_t, std::string> versions;

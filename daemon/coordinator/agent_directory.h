@@ -60,10 +60,8 @@ class AgentDirectory {
   bool AllAgreeFast() const;
   // The ranks that published a target tensor, ascending.
   std::vector<int32_t> TargetRanks() const;
-  // Of those ranks, the ones whose agent says its targets do not hold a completed sync.
-  std::vector<int32_t> TargetRanksInvalidByOwnWord() const;
-  // Of those ranks, each with the version its agent says its targets hold (empty: not
-  // valid).
+  // Of those ranks, each with the version its agent says its targets hold (empty: they
+  // do not hold a completed sync).
   std::map<int32_t, std::string> TargetVersionsByOwnWord() const;
   // Agents, the epoch and the world, as the status reports them.
   void FillStatus(v1::CoordinatorStatus* status) const;

@@ -62,7 +62,7 @@ absl::StatusOr<v1::PublishResponse> Coordinator::Publish(const v1::PublishReques
 
 std::set<int32_t> Coordinator::InvalidTargetRanks() const {
   absl::MutexLock lock(&membership_mu_);
-  return validity_.Invalid(directory_.TargetRanksInvalidByOwnWord());
+  return validity_.Invalid(directory_.TargetVersionsByOwnWord());
 }
 
 v1::CoordinatorStatus Coordinator::Status() const {

@@ -47,11 +47,11 @@ std::map<int32_t, std::string> TargetValidity::Versions(const std::map<int32_t, 
   return versions;
 }
 
-std::set<int32_t> TargetValidity::Invalid(const std::vector<int32_t>& invalid_by_own_word) const {
+std::set<int32_t> TargetValidity::Invalid(const std::map<int32_t, std::string>& by_own_word) const {
   absl::MutexLock lock(&mu_);
   std::set<int32_t> invalid = part_written_;
-  for (int32_t rank : invalid_by_own_word) {
-    if (synced_.count(rank) == 0) invalid.insert(rank);
+  for (const auto& [rank, word] : by_own_word) {
+    if (word.empty() && synced_.count(rank) == 0) invalid.insert(rank);
   }
   return invalid;
 }

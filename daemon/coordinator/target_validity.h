@@ -25,9 +25,10 @@ class TargetValidity {
   void Written(const std::vector<int32_t>& ranks, bool every_target, const std::string& sync_id);
   // A sync may have written part of `ranks`.
   void PartlyWritten(const std::vector<int32_t>& ranks);
-  // The invalid ranks: those a sync left part written, and those of `invalid_by_own_word`
-  // (agents that say so) that no sync of ours wrote since.
-  std::set<int32_t> Invalid(const std::vector<int32_t>& invalid_by_own_word) const;
+  // The invalid ranks: those a sync left part written, and those of `by_own_word` (the
+  // ranks holding targets, each with its agent's word: the version its targets hold,
+  // empty for invalid) whose agent says so and that no sync of ours wrote since.
+  std::set<int32_t> Invalid(const std::map<int32_t, std::string>& by_own_word) const;
   // The version of each valid rank's targets among `by_own_word` (the ranks holding
   // targets, each with its agent's word: empty for invalid): ours where a sync of ours
   // wrote the rank since its publication, else the agent's.

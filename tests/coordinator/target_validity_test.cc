@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <map>
+#include <set>
 #include <string>
 
 namespace shardsync::coordinator {
@@ -15,12 +16,14 @@ TEST_CASE("a rank's targets hold the version of the last sync that wrote them wh
   // A coordinator that just started: only the agents' words (rank 2 says invalid).
   const std::map<int32_t, std::string> words{{0, "sync-a"}, {1, "sync-a"}, {2, ""}};
   CHECK(validity.Versions(words) == std::map<int32_t, std::string>{{0, "sync-a"}, {1, "sync-a"}});
+  CHECK(validity.Invalid(words) == std::set<int32_t>{2});  // a rank is invalid exactly when it has no version
   validity.Written({0, 1, 2}, true, "sync-b");
   CHECK(validity.Versions(words) == std::map<int32_t, std::string>{{0, "sync-b"}, {1, "sync-b"}, {2, "sync-b"}});
   // A failed sync may have written part of rank 1; a partial one rewrites rank 2 only.
   validity.PartlyWritten({1});
   validity.Written({2}, false, "sync-c");
   CHECK(validity.Versions(words) == std::map<int32_t, std::string>{{0, "sync-b"}, {2, "sync-c"}});
+  CHECK(validity.Invalid(words) == std::set<int32_t>{1});
   // Rank 0 published again (a new registration there): its agent's word counts again.
   validity.Republished(0);
   CHECK(validity.Versions({{0, ""}, {1, "sync-a"}, {2, ""}}) == std::map<int32_t, std::string>{{2, "sync-c"}});

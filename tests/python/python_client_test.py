@@ -433,7 +433,7 @@ class PythonClientTest(unittest.TestCase):
             if changed <= 0.01:
                 self.assertLess(wire, staged * 0.1, f"{changed} changed")
                 self.assertGreater(sum(r.delta_chunks for r in response.ranks), 0)
-            self.assertLessEqual(wire, staged + staged // 4096 + 64)
+            self.assertLessEqual(wire, staged)  # a delta that would not be smaller goes whole
         # A rollout that registers fresh memory holds no sync's bytes: it gets them whole.
         gone = next(r for r in self.registrations if r._client_id == "rollout-1")
         gone.close()
