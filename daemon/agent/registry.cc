@@ -2,6 +2,10 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -126,10 +130,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
                        " by client '", held->second->client_id, "': buffer names are unique among an agent's clients"));
     }
   }
-  for (const auto& [name, entry] : opened) {
-    SHARDSYNC_RETURN_IF_ERROR(CheckOverlaps(name, *entry, buffers_));
-    SHARDSYNC_RETURN_IF_ERROR(CheckOverlaps(name, *entry, opened));
-  }
+  SHARDSYNC_RETURN_IF_ERROR(CheckOverlaps(opened));
   Client client;
   ++version_;
   for (auto& [name, entry] : opened) {
@@ -162,22 +163,43 @@ void Registry::Reserve(executor::MemorySpan span, std::string what) {
   reserved_.emplace_back(std::move(span), std::move(what));
 }
 
-absl::Status Registry::CheckOverlaps(const std::string& name, const BufferEntry& entry,
-                                     const std::map<std::string, std::shared_ptr<BufferEntry>>& others) const {
-  const executor::MemorySpan span = entry.memory->span();
-  for (const auto& [reserved, what] : reserved_) {
-    if (span.Overlaps(reserved)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("client '", entry.client_id, "' buffer '", name, "': its memory is ", what));
+absl::Status Registry::CheckOverlaps(const std::map<std::string, std::shared_ptr<BufferEntry>>& opened) const {
+  // Every span, by object and start, in one sweep: a span overlaps an earlier one of its
+  // object exactly when it starts before the furthest end so far. Spans registered
+  // earlier were kept apart when they came, so only pairs with a new one are looked at.
+  struct Held {
+    executor::MemorySpan span;
+    const std::string* name;   // a buffer's, or what the agent's own memory is
+    const BufferEntry* entry;  // null for the agent's own memory
+    bool fresh;                // of this registration
+    bool exclusive() const { return entry == nullptr || entry->role == v1::TARGET; }  // shared by nothing
+  };
+  std::vector<Held> spans;
+  for (const auto& [span, what] : reserved_) spans.push_back({span, &what, nullptr, false});
+  for (const auto& [name, entry] : buffers_) spans.push_back({entry->memory->span(), &name, entry.get(), false});
+  for (const auto& [name, entry] : opened) spans.push_back({entry->memory->span(), &name, entry.get(), true});
+  std::sort(spans.begin(), spans.end(), [](const Held& a, const Held& b) {
+    return std::tie(a.span.object, a.span.begin) < std::tie(b.span.object, b.span.begin);
+  });
+  const Held* reach = nullptr;      // the furthest-reaching span of this object so far
+  const Held* exclusive = nullptr;  // the same among the exclusive ones
+  for (const Held& held : spans) {
+    if (reach != nullptr && reach->span.object != held.span.object) reach = exclusive = nullptr;
+    // Sources may share memory with sources; nothing may share it with the others.
+    const Held* other = held.exclusive() ? reach : exclusive;
+    if (other != nullptr && other->span.end > held.span.begin && (held.fresh || other->fresh)) {
+      const Held& added = held.fresh ? held : *other;
+      const Held& there = held.fresh ? *other : held;
+      if (there.entry == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("client '", added.entry->client_id, "' buffer '", *added.name,
+                                                       "': its memory is ", *there.name));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client '", added.entry->client_id, "' buffer '", *added.name, "': its memory overlaps buffer '", *there.name,
+          "' of client '", there.entry->client_id, "', a ", v1::Role_Name(there.entry->role)));
     }
-  }
-  for (const auto& [other_name, other] : others) {
-    if (other.get() == &entry || (entry.role != v1::TARGET && other->role != v1::TARGET)) continue;
-    if (span.Overlaps(other->memory->span())) {
-      return absl::InvalidArgumentError(absl::StrCat("client '", entry.client_id, "' buffer '", name,
-                                                     "': its memory overlaps buffer '", other_name, "' of client '",
-                                                     other->client_id, "', a ", v1::Role_Name(other->role)));
-    }
+    if (reach == nullptr || held.span.end > reach->span.end) reach = &held;
+    if (held.exclusive() && (exclusive == nullptr || held.span.end > exclusive->span.end)) exclusive = &held;
   }
   return absl::OkStatus();
 }

@@ -86,11 +86,10 @@ class Registry {
     std::shared_ptr<const executor::ReadyEvent> ready_event;
   };
 
-  // INVALID_ARGUMENT naming both when `entry` (buffer `name` of the registering client)
-  // is memory of the agent's own, or overlaps a registered buffer where either is a
-  // target: a target is written, and nothing else may see those writes.
-  absl::Status CheckOverlaps(const std::string& name, const BufferEntry& entry,
-                             const std::map<std::string, std::shared_ptr<BufferEntry>>& others) const
+  // INVALID_ARGUMENT naming both when a buffer of `opened` (the registering client's)
+  // is memory of the agent's own, or overlaps a registered or opened buffer where either
+  // is a target: a target is written, and nothing else may see those writes.
+  absl::Status CheckOverlaps(const std::map<std::string, std::shared_ptr<BufferEntry>>& opened) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `peer` may not add one more registration, of `tensors`.
   absl::Status CheckLimits(const std::string& client_id, const Peer& peer, int64_t tensors) const
