@@ -2,21 +2,26 @@
 
 namespace shardsync::executor {
 
-const std::string* DeltaSnapshots::Find(const std::string& digest, int32_t peer, int32_t round,
-                                        const std::string& version, int64_t bytes) const {
-  if (digest != digest_) return nullptr;
+SnapshotLookup DeltaSnapshots::Find(const std::string& digest, int32_t peer, int32_t round, const std::string& version,
+                                    int64_t bytes) const {
   const auto held = held_.find({peer, round});
+  if (!kept_before_ && held == held_.end()) return {nullptr, "restarted_agent"};
+  if (digest != digest_) return {nullptr, "new_epoch"};
+  if (over_budget_.count({peer, round}) > 0) return {nullptr, "over_budget"};
   if (held == held_.end() || held->second.version != version ||
       static_cast<int64_t>(held->second.data.size()) != bytes) {
-    return nullptr;
+    return {nullptr, "stale_snapshot"};
   }
-  return &held->second.data;
+  return {&held->second.data, nullptr};
 }
 
 bool DeltaSnapshots::Keep(const std::string& digest, int32_t peer, int32_t round, const std::string& version,
                           const uint8_t* data, int64_t bytes) {
+  if (first_version_.empty()) first_version_ = version;
+  if (version != first_version_) kept_before_ = true;
   if (digest != digest_) {
     held_.clear();
+    over_budget_.clear();
     held_bytes_ = 0;
     digest_ = digest;
   }
@@ -25,7 +30,11 @@ bool DeltaSnapshots::Keep(const std::string& digest, int32_t peer, int32_t round
     held_bytes_ -= static_cast<int64_t>(held->second.data.size());
     held_.erase(held);
   }
-  if (held_bytes_ + bytes > budget_bytes_) return false;
+  if (held_bytes_ + bytes > budget_bytes_) {
+    over_budget_.insert({peer, round});
+    return false;
+  }
+  over_budget_.erase({peer, round});
   Snapshot& snapshot = held_[{peer, round}];
   snapshot.version = version;
   snapshot.data.assign(reinterpret_cast<const char*>(data), static_cast<size_t>(bytes));

@@ -34,9 +34,11 @@ absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t r
       return absl::InternalError(
           absl::StrCat("rank ", from, " sent a delta for round ", round, "; this receive holds no baseline"));
     }
+    const absl::Time start = absl::Now();
     if (const absl::Status applied = ApplyDelta(data, bytes, slot.op.data, slot.op.bytes); !applied.ok()) {
       return absl::InternalError(absl::StrCat("rank ", from, "'s delta for round ", round, ": ", applied.message()));
     }
+    if (slot.op.apply_nanos != nullptr) *slot.op.apply_nanos += absl::ToInt64Nanoseconds(absl::Now() - start);
     slot.done = true;
     return absl::OkStatus();
   }

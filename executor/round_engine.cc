@@ -83,6 +83,7 @@ struct RoundEngine::Tally {
   // slots, a round's staging is in use beside the previous round's.
   std::map<int32_t, int64_t> staged, staged_before;
   int64_t in_use_before = 0;
+  std::atomic<int64_t> apply_nanos{0};  // the transport's, applying deltas into receives
 
   void Progressed() {
     progress->bytes_done = stats.local_bytes + stats.sent_bytes + stats.received_bytes;
@@ -127,6 +128,7 @@ absl::StatusOr<ExecutionStats> RoundEngine::RunStages(const RunInputs& run) {
   SHARDSYNC_ASSIGN_OR_RETURN(tally.stats.local_seconds, device_.TakeLocalSeconds());
   tally.Progressed();
   tally.stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  tally.stats.apply_seconds = static_cast<double>(tally.apply_nanos.load()) * 1e-9;
   return tally.stats;
 }
 
@@ -192,22 +194,29 @@ void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send,
                               ExecutionStats& stats) {
   const absl::Time start = absl::Now();
   const DeltaRun& delta = *run.delta;
-  const auto version = delta.peer_versions.find(send.peer);
-  const std::string* snapshot =
-      version == delta.peer_versions.end()
-          ? nullptr
-          : delta.snapshots->Find(delta.digest, send.peer, round, version->second, send.bytes);
   const uint8_t* chunk = send.data;
   const int64_t bytes = send.bytes;
-  if (snapshot != nullptr) {
+  const char* whole = nullptr;  // why the chunk goes whole, if it does
+  if (const auto full = delta.full_peers.find(send.peer); full != delta.full_peers.end()) {
+    whole = full->second.c_str();
+  } else if (const auto version = delta.peer_versions.find(send.peer); version == delta.peer_versions.end()) {
+    whole = "new_target";
+  } else if (const SnapshotLookup snapshot =
+                 delta.snapshots->Find(delta.digest, send.peer, round, version->second, bytes);
+             snapshot.data == nullptr) {
+    whole = snapshot.missing;
+  } else {
     std::string& out = encoded.emplace_back();
-    const DeltaCounts counts = EncodeDelta(chunk, reinterpret_cast<const uint8_t*>(snapshot->data()), bytes, out);
+    const DeltaCounts counts = EncodeDelta(chunk, reinterpret_cast<const uint8_t*>(snapshot.data->data()), bytes, out);
     if (counts.encoded_bytes < bytes) {
       send = SendOp{send.peer, reinterpret_cast<const uint8_t*>(out.data()), counts.encoded_bytes, true};
       ++stats.delta_chunks;
       stats.changed_words += counts.changed_words;
+    } else {
+      whole = "no_gain";
     }
   }
+  if (whole != nullptr) ++stats.full_chunks[whole];
   // What the peer holds after this sync, if it succeeds: this sync's bytes.
   delta.snapshots->Keep(delta.digest, send.peer, round, std::string(run.sync_id), chunk, bytes);
   stats.encode_seconds += absl::ToDoubleSeconds(absl::Now() - start);
@@ -239,7 +248,7 @@ absl::Status RoundEngine::RunRound(const RunInputs& run, const planner::Stage& s
       to_unpack.emplace_back(std::move(parts), into);
       tally.staged[stream.peer] += chunk.bytes;
     }
-    receives.push_back(RecvOp{stream.peer, into, chunk.bytes, baseline});
+    receives.push_back(RecvOp{stream.peer, into, chunk.bytes, baseline, baseline ? &tally.apply_nanos : nullptr});
   }
   std::deque<std::string> encoded;  // the round's deltas, alive until it is sent
   for (const planner::PeerStream& stream : stage.sends) {

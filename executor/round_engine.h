@@ -52,6 +52,11 @@ struct ExecutionStats {
   int64_t changed_words = 0;    // 16-bit words that differed from their snapshots, in those
   double encode_seconds = 0;    // diffing and keeping snapshots
   double baseline_seconds = 0;  // gathering the receives' baselines from the targets
+  double apply_seconds = 0;     // applying the deltas received onto them
+  // The chunks sent whole, by why: a reason of DeltaRun::full_peers, "new_target" (the
+  // peer's targets hold no version), one of SnapshotLookup's, or "no_gain" (the
+  // encoding was not smaller).
+  std::map<std::string, int64_t> full_chunks;
 };
 
 // How far a run is, readable from another thread while it goes.
@@ -81,6 +86,7 @@ struct DirectLinks {
 struct DeltaRun {
   std::string digest;                            // of the plan: snapshots are per plan
   std::map<int32_t, std::string> peer_versions;  // by receiving peer
+  std::map<int32_t, std::string> full_peers;     // peers every chunk goes whole to, with why (a word)
   bool receive = false;
   DeltaSnapshots* snapshots = nullptr;
 };

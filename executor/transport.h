@@ -3,6 +3,7 @@
 // in-process loopback for tests. Chosen by configuration, queried for capabilities.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -26,7 +27,8 @@ struct RecvOp {
   int32_t peer = 0;
   uint8_t* data = nullptr;
   int64_t bytes = 0;
-  bool baseline = false;  // `data` holds the chunk as the receiver has it: a delta may come
+  bool baseline = false;                        // `data` holds the chunk as the receiver has it: a delta may come
+  std::atomic<int64_t>* apply_nanos = nullptr;  // where applying a delta adds its time, if set
 };
 
 // What a transport needs to reach its peers in a sync.

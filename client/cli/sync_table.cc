@@ -1,6 +1,9 @@
 #include "client/cli/sync_table.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,17 +36,30 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
                            Bytes(staged));
   }
   int64_t wire = 0, whole = 0, deltas = 0, changed = 0;
+  double encode = 0, apply = 0;
+  std::map<std::string, int64_t> sent_whole;  // chunks of delta links sent whole, by why
   for (const v1::RankStats& r : response.ranks()) {
     wire += r.wire_bytes();
     whole += r.sent_bytes() - r.direct_sent_bytes();
     deltas += r.delta_chunks();
     changed += r.changed_words();
+    encode = std::max(encode, r.encode_seconds());
+    apply = std::max(apply, r.apply_seconds());
+    for (const auto& [why, chunks] : r.full_chunks()) sent_whole[why] += chunks;
   }
-  if (deltas > 0) {
+  if (deltas > 0 || !sent_whole.empty()) {
     out << absl::StrFormat(
         "delta sync: %s on the wire for %s of staged chunks (%.2f%%), %d chunks as deltas, %d "
-        "16-bit words changed in them\n",
-        Bytes(wire), Bytes(whole), whole > 0 ? 100.0 * wire / whole : 0.0, deltas, changed);
+        "16-bit words changed in them; encode %.3f s, apply %.3f s (slowest rank)\n",
+        Bytes(wire), Bytes(whole), whole > 0 ? 100.0 * wire / whole : 0.0, deltas, changed, encode, apply);
+  }
+  if (!sent_whole.empty()) {
+    out << "delta sync, chunks sent whole: "
+        << absl::StrJoin(sent_whole, ", ",
+                         [](std::string* line, const std::pair<const std::string, int64_t>& entry) {
+                           absl::StrAppend(line, entry.second, " ", entry.first);
+                         })
+        << "\n";
   }
   const int written = response.target_ranks_size();
   out << (written <= 16 ? absl::StrCat("targets written on rank ", absl::StrJoin(response.target_ranks(), ", rank "))

@@ -252,6 +252,7 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
   if (request.has_delta()) {
     delta.digest = request.digest();
     delta.peer_versions.insert(request.delta().peer_versions().begin(), request.delta().peer_versions().end());
+    delta.full_peers.insert(request.delta().full_peers().begin(), request.delta().full_peers().end());
     delta.receive = request.delta().receive();
     delta.snapshots = &snapshots_;
     run.delta = &delta;

@@ -39,6 +39,8 @@ v1::RankStats RankStatsOf(int32_t rank, const executor::ExecutionStats& measured
   out.set_changed_words(measured.changed_words);
   out.set_encode_seconds(measured.encode_seconds);
   out.set_baseline_seconds(measured.baseline_seconds);
+  out.set_apply_seconds(measured.apply_seconds);
+  out.mutable_full_chunks()->insert(measured.full_chunks.begin(), measured.full_chunks.end());
   out.set_seconds(measured.seconds);
   out.set_local_seconds(measured.local_seconds);
   out.set_direct_wait_seconds(measured.direct_wait_seconds);

@@ -1,5 +1,6 @@
 #include "daemon/coordinator/sync_record.h"
 
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace shardsync::coordinator {
@@ -27,6 +28,13 @@ void SyncRecord::AddMoved(const v1::SyncResponse& response) {
     sent_ += r.sent_bytes();
     received_ += r.received_bytes();
     local_ += r.local_bytes();
+    wire_ += r.wire_bytes();
+    staged_ += r.sent_bytes() - r.direct_sent_bytes();
+    delta_chunks_ += r.delta_chunks();
+    changed_words_ += r.changed_words();
+    encode_seconds_ += r.encode_seconds();
+    apply_seconds_ += r.apply_seconds();
+    for (const auto& [why, chunks] : r.full_chunks()) full_chunks_[why] += chunks;
   }
 }
 
@@ -50,6 +58,25 @@ void SyncRecord::AppendMetrics(std::string* out) const {
   durations_.Append(out, "shardsync_sync_duration_seconds", "Wall time of successful syncs.");
   AppendMetric(out, "shardsync_last_sync_version", "gauge", "Number of the last successful sync (0: none).",
                succeeded_);
+  AppendMetric(out, "shardsync_wire_bytes_total", "counter",
+               "Bytes staged links carried in successful syncs, deltas encoded.", wire_);
+  AppendMetric(out, "shardsync_staged_bytes_total", "counter",
+               "Bytes of the chunks staged links carried in successful syncs, whole (a full sync's wire bytes).",
+               staged_);
+  AppendMetric(out, "shardsync_delta_chunks_total", "counter", "Chunks sent as deltas in successful syncs.",
+               delta_chunks_);
+  AppendMetric(out, "shardsync_changed_words_total", "counter",
+               "16-bit words that changed in the chunks sent as deltas.", changed_words_);
+  AppendMetric(out, "shardsync_delta_encode_seconds_total", "counter",
+               "Time the ranks spent diffing chunks against their snapshots.", encode_seconds_);
+  AppendMetric(out, "shardsync_delta_apply_seconds_total", "counter",
+               "Time the ranks spent applying the deltas they received.", apply_seconds_);
+  absl::StrAppend(out,
+                  "# HELP shardsync_full_chunks_total Chunks of delta links sent whole in successful syncs, by why.\n"
+                  "# TYPE shardsync_full_chunks_total counter\n");
+  for (const auto& [why, chunks] : full_chunks_) {
+    absl::StrAppend(out, "shardsync_full_chunks_total{reason=\"", why, "\"} ", chunks, "\n");
+  }
 }
 
 }  // namespace shardsync::coordinator

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,6 +37,14 @@ class SyncRecord {
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;  // bytes, successful syncs
   int64_t received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t local_ ABSL_GUARDED_BY(mu_) = 0;
+  // Delta sync, of successful syncs: RankStats' words, summed over ranks.
+  int64_t wire_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t staged_ ABSL_GUARDED_BY(mu_) = 0;  // sent less direct: what a full sync puts on the wire
+  int64_t delta_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t changed_words_ ABSL_GUARDED_BY(mu_) = 0;
+  double encode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double apply_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> full_chunks_ ABSL_GUARDED_BY(mu_);
   Histogram durations_ ABSL_GUARDED_BY(mu_){{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30}};
 };
 

@@ -380,14 +380,21 @@ std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
   for (const v1::JoinRequest& join : directory_.Joins()) {
     if (join.device() == "cpu") on_host.insert(join.rank());
   }
-  const std::map<int32_t, std::string> versions = validity_.Versions(directory_.TargetVersionsByOwnWord());
+  const std::map<int32_t, std::string> by_own_word = directory_.TargetVersionsByOwnWord();
+  const std::map<int32_t, std::string> versions = validity_.Versions(by_own_word);
+  const std::map<int32_t, std::string> unversioned = validity_.Unversioned(by_own_word);
   for (int32_t rank : on_host) {
     v1::DeltaSpec& spec = specs[rank];
     spec.set_receive(versions.count(rank) > 0);
-    for (const auto& [peer, version] : versions) {
+    for (const auto& [peer, word] : by_own_word) {
       if (peer == rank || on_host.count(peer) == 0) continue;
-      if (options_.delta == DeltaMode::kAuto && nodes[peer] == nodes[rank]) continue;  // fast inside a node
-      (*spec.mutable_peer_versions())[peer] = version;
+      if (options_.delta == DeltaMode::kAuto && nodes[peer] == nodes[rank]) {  // fast inside a node
+        (*spec.mutable_full_peers())[peer] = "same_node";
+      } else if (const auto version = versions.find(peer); version != versions.end()) {
+        (*spec.mutable_peer_versions())[peer] = version->second;
+      } else {
+        (*spec.mutable_full_peers())[peer] = unversioned.at(peer);
+      }
     }
   }
   return specs;

@@ -33,11 +33,18 @@ class TargetValidity {
   // targets, each with its agent's word: empty for invalid): ours where a sync of ours
   // wrote the rank since its publication, else the agent's.
   std::map<int32_t, std::string> Versions(const std::map<int32_t, std::string>& by_own_word) const;
+  // Why each rank of `by_own_word` without a version has none, a word: restarted_agent
+  // (a new agent process holds it and no sync has written it since), new_target
+  // (published since, and no sync has written it since), invalid_target (a sync left it
+  // part written, or its agent says so).
+  std::map<int32_t, std::string> Unversioned(const std::map<int32_t, std::string>& by_own_word) const;
 
  private:
   mutable absl::Mutex mu_;
   std::set<int32_t> part_written_ ABSL_GUARDED_BY(mu_);
   std::set<int32_t> synced_ ABSL_GUARDED_BY(mu_);                   // since their last publication
+  std::set<int32_t> restarted_ ABSL_GUARDED_BY(mu_);                // new agents no sync wrote since
+  std::set<int32_t> published_ ABSL_GUARDED_BY(mu_);                // publications no sync wrote since
   std::map<int32_t, std::string> written_by_ ABSL_GUARDED_BY(mu_);  // the last sync of ours that wrote them whole
 };
 

@@ -35,5 +35,27 @@ TEST_CASE("a rank's targets hold the version of the last sync that wrote them wh
         std::map<int32_t, std::string>{{0, "sync-d"}, {1, "sync-d"}, {2, "sync-d"}});
 }
 
+TEST_CASE("a rank without a version says why: a new agent, a new publication, or a sync that failed part way") {
+  TargetValidity validity;
+  // A coordinator that just started: rank 2's agent says its targets are invalid.
+  const std::map<int32_t, std::string> words{{0, "sync-a"}, {1, ""}, {2, ""}};
+  validity.Republished(1);
+  CHECK(validity.Unversioned(words) == std::map<int32_t, std::string>{{1, "new_target"}, {2, "invalid_target"}});
+  validity.Written({0, 1, 2}, true, "sync-b");
+  CHECK(validity.Unversioned(words).empty());
+  validity.PartlyWritten({0, 1, 2});
+  CHECK(validity.Unversioned(words) ==
+        std::map<int32_t, std::string>{{0, "invalid_target"}, {1, "invalid_target"}, {2, "invalid_target"}});
+  // Rank 1's agent restarted and registered again: a new process, whatever came before.
+  validity.Restarted(1);
+  validity.Republished(1);
+  CHECK(validity.Unversioned(words).at(1) == "restarted_agent");
+  validity.Written({1}, false, "sync-c");
+  CHECK(validity.Unversioned(words) == std::map<int32_t, std::string>{{0, "invalid_target"}, {2, "invalid_target"}});
+  // A later publication on rank 1 (new buffers there) holds nothing yet.
+  validity.Republished(1);
+  CHECK(validity.Unversioned({{1, ""}}) == std::map<int32_t, std::string>{{1, "new_target"}});
+}
+
 }  // namespace
 }  // namespace shardsync::coordinator

@@ -1,16 +1,14 @@
 // Ways to run syncs beyond a coordinator process writing every target of 4 agents:
 // agent 0 serving as the coordinator (--serve-coordinator), 9 agents, partial targets
-// (a sync that writes the targets of the ranks named), and delta sync. Real daemons and client
-// processes (CPU).
+// (a sync that writes the targets of the ranks named). Real daemons and client processes
+// (CPU).
 #include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "client/cli/sync_table.h"
 #include "client/cpp/client.h"
 #include "common/tls.h"
 #include "tests/e2e/small_model.h"
@@ -167,43 +165,6 @@ TEST_CASE("a restarted rollout rank is refilled alone: its targets are written, 
   REQUIRE(full.ok());
   CHECK(Ranks(full->target_ranks()) == std::vector<int32_t>{2, 3});
   CHECK(deployment.CheckTargets(32).empty());
-}
-
-TEST_CASE("delta sync: a trainer changing 1% of its elements puts a few percent of the bytes on the wire, exact") {
-  ClusterOptions options;
-  options.delta = "always";
-  options.direct = "never";  // every link staged, as between hosts
-  options.staging_bytes = 1 << 16;
-  Cluster cluster(options);
-  Deployment deployment(cluster, "delta", ModelJson(3, kLayouts[1].replicas), 81);
-  RequireReady(deployment);
-  deployment.SetChanged(0.01);
-  for (uint64_t seed = 81; seed <= 84; ++seed) {
-    INFO("seed " << seed);
-    if (seed > 81) deployment.Refill(seed);
-    auto sync = SyncOnce(cluster, absl::Seconds(30), /*verify=*/seed == 84);
-    if (!sync.ok()) cluster.DumpLogs();
-    REQUIRE(sync.ok());
-    CHECK(deployment.CheckTargets(seed).empty());
-    int64_t wire = 0, full = 0, deltas = 0;
-    for (const v1::RankStats& r : sync->ranks()) {
-      wire += r.wire_bytes();
-      full += r.sent_bytes() - r.direct_sent_bytes();
-      deltas += r.delta_chunks();
-    }
-    INFO(wire << " of " << full << " bytes on the wire, " << deltas << " chunks as deltas");
-    REQUIRE(full > 0);
-    std::ostringstream table;
-    cli::PrintSyncTable(*sync, table);
-    if (seed == 81) {
-      CHECK(wire == full);  // nothing kept to diff against yet
-      CHECK_THAT(table.str(), !Contains("delta sync:"));
-    } else {
-      CHECK(deltas > 0);
-      CHECK(wire * 10 < full);
-      CHECK_THAT(table.str(), Contains(absl::StrCat(deltas, " chunks as deltas")));
-    }
-  }
 }
 
 }  // namespace

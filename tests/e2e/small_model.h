@@ -2,6 +2,8 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,35 @@ inline void RequireReady(Deployment& deployment) {
 // A repeated rank field as a vector, to compare.
 inline std::vector<int32_t> Ranks(const google::protobuf::RepeatedField<int32_t>& ranks) {
   return {ranks.begin(), ranks.end()};
+}
+
+// Two 1 MiB tensors over 4 ranks: with small staging, many rounds per sync.
+inline std::string ManyRoundsModelJson() {
+  return R"({"model": {"tensors": [
+      {"name": "big", "shape": [1024, 512], "style": "COLUMN"},
+      {"name": "wide", "shape": [512, 1024], "style": "ROW"}],
+    "zero_stage": 3, "dp_ranks": [0, 1, 2, 3], "replicas": [{"ranks": [0, 1, 2, 3]}]}})";
+}
+
+// Waits until the log file at `path` contains `text`; false at the deadline.
+inline bool WaitForLogLine(const std::string& path, const std::string& text, absl::Duration timeout) {
+  for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    std::ifstream log(path);
+    if (std::string(std::istreambuf_iterator<char>(log), {}).find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Starts `rank`'s killed agent again and registers its trainer and rollout again.
+inline void RestartAgent(Cluster& cluster, Deployment& deployment, int rank) {
+  cluster.agent(rank).Wait(absl::Seconds(5));
+  cluster.StartAgent(rank);
+  for (Process* client : {&deployment.trainer(rank), &deployment.rollout(rank)}) {
+    client->WriteLine("reregister");
+    CHECK_THAT(client->ReadLine(absl::Seconds(20)), Catch::Matchers::StartsWith("ready"));
+  }
+  REQUIRE(deployment.WaitPublished());
 }
 
 }  // namespace shardsync::localsync

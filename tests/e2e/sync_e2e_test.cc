@@ -379,34 +379,6 @@ TEST_CASE("both daemons answer the standard health check and serve Prometheus me
 std::pair<int, std::string> Ctl(const Cluster& cluster, std::vector<std::string> args);
 
 // A model that the smallest staging budget syncs in over a hundred rounds.
-std::string ManyRoundsModelJson() {
-  return R"({"model": {"tensors": [
-      {"name": "big", "shape": [1024, 512], "style": "COLUMN"},
-      {"name": "wide", "shape": [512, 1024], "style": "ROW"}],
-    "zero_stage": 3, "dp_ranks": [0, 1, 2, 3], "replicas": [{"ranks": [0, 1, 2, 3]}]}})";
-}
-
-// Waits until the log file at `path` contains `text`; false at the deadline.
-bool WaitForLogLine(const std::string& path, const std::string& text, absl::Duration timeout) {
-  for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(10))) {
-    std::ifstream log(path);
-    if (std::string(std::istreambuf_iterator<char>(log), {}).find(text) != std::string::npos) return true;
-  }
-  return false;
-}
-
-// Starts `rank`'s killed agent again and registers its trainer and rollout again.
-void RestartAgent(Cluster& cluster, Deployment& deployment, int rank) {
-  cluster.agent(rank).Wait(absl::Seconds(5));
-  cluster.StartAgent(rank);
-  for (Process* client : {&deployment.trainer(rank), &deployment.rollout(rank)}) {
-    client->WriteLine("reregister");
-    CHECK_THAT(client->ReadLine(absl::Seconds(20)), StartsWith("ready"));
-  }
-  REQUIRE(deployment.WaitPublished());
-}
-
 TEST_CASE("an agent killed during a sync fails it naming the rank, targets turn invalid; restarted, it syncs again") {
   constexpr int kStallRound = 8;
   ClusterOptions options;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "executor/delta_snapshots.h"
+
 namespace shardsync::executor {
 namespace {
 
@@ -125,6 +127,33 @@ TEST_CASE("a malformed encoding is refused before the baseline is touched") {
     (void)apply(mutated);
     (void)apply(encoded.substr(0, k));
   }
+}
+
+TEST_CASE("a snapshot is found only for its plan, chunk, sync and size; otherwise it says why not") {
+  DeltaSnapshots snapshots(64);
+  const uint8_t chunk[48] = {7};
+  // A new process: nothing kept before its first sync.
+  CHECK(std::string(snapshots.Find("plan-a", 1, 0, "sync-0", 48).missing) == "restarted_agent");
+  REQUIRE(snapshots.Keep("plan-a", 1, 0, "sync-1", chunk, 48));
+  CHECK(std::string(snapshots.Find("plan-a", 2, 0, "sync-0", 48).missing) == "restarted_agent");
+  REQUIRE(snapshots.Keep("plan-a", 1, 0, "sync-2", chunk, 48));
+  const SnapshotLookup found = snapshots.Find("plan-a", 1, 0, "sync-2", 48);
+  REQUIRE(found.data != nullptr);
+  CHECK(std::memcmp(found.data->data(), chunk, 48) == 0);
+  CHECK(std::string(snapshots.Find("plan-a", 1, 0, "sync-1", 48).missing) == "stale_snapshot");
+  CHECK(std::string(snapshots.Find("plan-a", 1, 0, "sync-2", 40).missing) == "stale_snapshot");
+  CHECK(std::string(snapshots.Find("plan-a", 2, 0, "sync-2", 48).missing) == "stale_snapshot");
+  CHECK(std::string(snapshots.Find("plan-b", 1, 0, "sync-2", 48).missing) == "new_epoch");
+  // 48 + 48 bytes do not fit 64: the second chunk goes whole until it fits again.
+  CHECK_FALSE(snapshots.Keep("plan-a", 2, 0, "sync-2", chunk, 48));
+  CHECK(std::string(snapshots.Find("plan-a", 2, 0, "sync-2", 48).missing) == "over_budget");
+  CHECK(snapshots.bytes() == 48);
+  REQUIRE(snapshots.Keep("plan-a", 2, 0, "sync-2", chunk, 16));
+  CHECK(snapshots.Find("plan-a", 2, 0, "sync-2", 16).data != nullptr);
+  // Another plan drops every snapshot of the one before.
+  REQUIRE(snapshots.Keep("plan-b", 1, 0, "sync-3", chunk, 8));
+  CHECK(snapshots.bytes() == 8);
+  CHECK(std::string(snapshots.Find("plan-b", 2, 0, "sync-2", 16).missing) == "stale_snapshot");
 }
 
 }  // namespace

@@ -176,6 +176,7 @@ TEST_CASE("delta sync: changed sources move as deltas onto the targets' last syn
         total.sent_bytes += results[r]->sent_bytes;
         total.wire_bytes += results[r]->wire_bytes;
         total.delta_chunks += results[r]->delta_chunks;
+        for (const auto& [why, chunks] : results[r]->full_chunks) total.full_chunks[why] += chunks;
       }
       const std::vector<std::string> errors = testing::CheckSync(*input, values, before, buffers);
       INFO(id << ": " << (errors.empty() ? std::string() : errors.front()));
@@ -185,6 +186,8 @@ TEST_CASE("delta sync: changed sources move as deltas onto the targets' last syn
     const ExecutionStats first = sync("sync-1", "", 0.0);
     CHECK(first.delta_chunks == 0);
     CHECK(first.wire_bytes == first.sent_bytes);
+    CHECK(first.full_chunks.size() == (first.sent_bytes > 0 ? 1 : 0));  // every chunk: its target holds nothing
+    CHECK(first.full_chunks.count("new_target") == first.full_chunks.size());
     full_wire += first.wire_bytes;
     const ExecutionStats unchanged = sync("sync-2", "sync-1", 0.0);
     CHECK(unchanged.wire_bytes <= unchanged.sent_bytes);
@@ -195,6 +198,8 @@ TEST_CASE("delta sync: changed sources move as deltas onto the targets' last syn
     sync("sync-5", "sync-4", 1.0);
     const ExecutionStats stale = sync("sync-6", "sync-4", 0.1);  // the targets hold sync-5's
     CHECK(stale.delta_chunks == 0);
+    CHECK(stale.full_chunks.size() == (stale.sent_bytes > 0 ? 1 : 0));  // every chunk: another sync's snapshot
+    CHECK(stale.full_chunks.count("stale_snapshot") == stale.full_chunks.size());
     sync("sync-7", "sync-6", 0.001);
   }
   INFO("unchanged: " << delta_wire << " bytes on the wire for " << sent);
