@@ -11,7 +11,16 @@ Cases, each at every --rates value (Mbit/s, both directions of every node's link
 Prints a table: planned bytes, the floor, the median of --syncs timed syncs (the
 coordinator's whole-sync seconds, after one warm-up sync), and their ratio. Needs root.
 
+With --delta-changed F1,F2,...: instead, delta sync against full, side by side. For
+each case, rate and fraction, a cluster with --delta off and one with --delta always
+each run --syncs syncs after a warm-up, the trainer changing a fraction F of its
+elements before each (demo_client "refill SEED F": the same F of the elements take a
+new seed's values at every step, the rest keep the first seed's).
+Prints the bytes that crossed into the rollout's node (its link's counters), the wire
+bytes the agents reported, the 16-bit words that changed, and the median sync time.
+
     bazel run -c opt //bench/nodes:links_bench -- --rates 100,400,1000
+    bazel run -c opt //bench/nodes:links_bench -- --rates 200 --cases node-to-node --delta-changed 0.005,0.05
 """
 
 import argparse
@@ -48,7 +57,7 @@ def spec(rows, dp, replicas):
 
 
 class Case:
-    def __init__(self, bed, tls, folder, name, rows, staging_bytes):
+    def __init__(self, bed, tls, folder, name, rows, staging_bytes, delta="off"):
         nodes, dp, replicas = CASES[name]
         self.bed, self.tls, self.nodes = bed, tls, nodes
         self.logs = tempfile.mkdtemp(prefix=f"{name}-", dir=folder)
@@ -56,11 +65,12 @@ class Case:
         self.cluster = LocalCluster(None, len(nodes), self.logs, agent_bin=AGENT, coordinator_bin=COORDINATOR,
                                     hosts=hosts, coordinator_host=Host(bed.enter("a"), bed.address("a"), tls["a"]),
                                     nodes=[nodes[r] for r in sorted(nodes)], relay="always",
-                                    staging_bytes=staging_bytes, sync_timeout_ms=600000)
+                                    staging_bytes=staging_bytes, sync_timeout_ms=600000,
+                                    coordinator_flags=["--delta", delta])
         path = os.path.join(self.logs, "spec.json")
         with open(path, "w") as f:
             json.dump(spec(rows, dp, replicas), f)
-        self.clients = []
+        self.clients, self.sources = [], []
         targets = {r for replica in replicas for r in replica}
         for rank in sorted(nodes):
             for role in (["source"] if rank in dp else []) + (["target"] if rank in targets else []):
@@ -75,6 +85,19 @@ class Case:
                 if not line.startswith("ready"):
                     raise RuntimeError(f"{client_id}: {line.strip()}")
                 self.clients.append(process)
+                if role == "source":
+                    self.sources.append(process)
+
+    def refill(self, seed, changed):
+        """Every trainer rewrites its sources: the fraction `changed` of elements take
+        seed `seed`'s values, the rest the first seed's."""
+        for process in self.sources:
+            process.stdin.write(f"refill {seed} {changed}\n")
+            process.stdin.flush()
+        for process in self.sources:
+            line = process.stdout.readline()
+            if not line.startswith("refilled"):
+                raise RuntimeError(f"a trainer answered {line.strip()!r} to refill")
 
     def ctl(self, *args):
         ca, cert, key = self.tls["a"]
@@ -108,6 +131,38 @@ class Case:
         self.cluster.stop()
 
 
+def delta_table(bed, tls, folder, args):
+    """Delta sync against full on shaped links (--delta-changed)."""
+    print(f"{'case':<14} {'Mbit/s':>7} {'F':>6} {'words changed':>13} {'delta':>6} {'link bytes into c':>18} "
+          f"{'wire bytes':>11} {'sync s (median)':>16}")
+    for name in args.cases.split(","):
+        for mbit in [float(r) for r in args.rates.split(",")]:
+            for node in ("a", "b", "c"):
+                bed.set_rate(node, mbit)
+            for changed in [float(f) for f in args.delta_changed.split(",")]:
+                for delta in ("off", "always"):
+                    case = Case(bed, tls, folder, name, args.rows, args.staging_bytes, delta)
+                    try:
+                        case.ctl("sync")  # warm-up: plans, connects, the snapshots of delta sync
+                        times, into_c, wire, words, elements = [], [], [], [], []
+                        for k in range(args.syncs):
+                            case.refill(100 + k, changed)
+                            before = bed.link_bytes("c")[0]
+                            result = case.ctl("sync")
+                            into_c.append(bed.link_bytes("c")[0] - before)
+                            times.append(result["seconds"])
+                            ranks = result["ranks"]
+                            wire.append(sum(int(r.get("wire_bytes", 0)) for r in ranks))
+                            words.append(sum(int(r.get("changed_words", 0)) for r in ranks))
+                            elements.append(sum(int(r.get("sent_bytes", 0)) for r in ranks) // 2)
+                    finally:
+                        case.close()
+                    changed_words = f"{100 * statistics.median(words) / max(1, statistics.median(elements)):.2f}%"
+                    print(f"{name:<14} {mbit:>7.0f} {changed:>6g} {changed_words if delta != 'off' else '':>13} "
+                          f"{delta:>6} {int(statistics.median(into_c)):>18} {int(statistics.median(wire)):>11} "
+                          f"{statistics.median(times):>16.3f}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="100,400,1000", help="link rates, Mbit/s")
@@ -115,14 +170,20 @@ def main():
     parser.add_argument("--syncs", type=int, default=3, help="timed syncs per case")
     parser.add_argument("--staging-bytes", type=int, default=None, help="the coordinator's --staging-bytes")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--delta-changed", default="", help="fractions: delta sync against full instead")
     args = parser.parse_args()
     why = testbed.missing()
     if why:
         sys.exit(f"links_bench: {why}")
     folder = tempfile.mkdtemp(prefix="ss-links-bench-")
-    print(f"{'case':<14} {'Mbit/s':>7} {'bytes':>12} {'floor s':>9} {'sync s (median, min-max)':>26} {'x floor':>8}")
     with testbed.TestBed(["a", "b", "c"]) as bed:
         tls = bed.certificates(folder)
+        if args.delta_changed:
+            delta_table(bed, tls, folder, args)
+            print(f"logs: {folder}")
+            return
+        print(f"{'case':<14} {'Mbit/s':>7} {'bytes':>12} {'floor s':>9} {'sync s (median, min-max)':>26} "
+              f"{'x floor':>8}")
         for name in args.cases.split(","):
             for mbit in [float(r) for r in args.rates.split(",")]:
                 for node in ("a", "b", "c"):
