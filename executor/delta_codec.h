@@ -2,19 +2,24 @@
 // became since the receiver's copy of it. Bit patterns are compared as 16-bit words
 // (bfloat16 elements; never float equality, so -0.0, NaN payloads and denormals are
 // changes like any other), in blocks of kDeltaBlockBytes; each block is sent the
-// smallest way: not at all (unchanged), as a bitmask of changed words and their
-// values, as the changed words' indices and values, or raw. The encoding holds no
-// baseline: the receiver applies it onto its own copy, which must hold the same bytes.
+// smallest way: not at all (unchanged), raw, or as where the changed words are and
+// their values. The encoding holds no baseline: the receiver applies it onto its own
+// copy, which must hold the same bytes.
 //
 // Format, per block in order: one mode byte, then
 //   kUnchanged: nothing;
 //   kRaw: the block's bytes;
-//   kBitmask: one bit per word (bit k of byte k / 8), then the changed words;
-//   kIndices: a little-endian uint16 count, that many uint16 word indices ascending,
-//             then the changed words.
-// The last block may be short; an odd last byte is a word of its own (sent raw when it
-// changed).
-#pragma once
+//   otherwise where the changed words are, then their values:
+//     kBitmask: one bit per word (bit k of byte k / 8);
+//     kIndices: a little-endian uint16 count, that many uint16 word indices ascending;
+//     kGaps: a uint16 count, then per changed word the words skipped since the one
+//            before (the first: since the block's start) in one byte, or 0xFF and a
+//            uint16 when 255 or more;
+//   and with kLowBytes set in the mode byte (every changed word kept its high byte,
+//   as a small step of a bfloat16 does) one byte per changed word, its new first
+//   byte; else the changed words whole.
+// The last block may be short; an odd last byte is a word of its own (one byte of value).
+#pragma once #pragma once
 
 #include <cstdint>
 #include <string>
@@ -25,12 +30,14 @@ namespace shardsync::executor {
 
 inline constexpr int64_t kDeltaBlockBytes = 4096;
 
-enum class DeltaMode : uint8_t { kUnchanged = 0, kRaw = 1, kBitmask = 2, kIndices = 3 };
+enum class DeltaMode : uint8_t { kUnchanged = 0, kRaw = 1, kBitmask = 2, kIndices = 3, kGaps = 4 };
+inline constexpr uint8_t kLowBytes = 0x10;  // in a mode byte: values are the words' first bytes
 
 struct DeltaCounts {
-  int64_t changed_words = 0;         // 16-bit words whose bits differ
-  int64_t encoded_bytes = 0;         // what was appended
-  int64_t blocks[4] = {0, 0, 0, 0};  // by DeltaMode
+  int64_t changed_words = 0;            // 16-bit words whose bits differ
+  int64_t encoded_bytes = 0;            // what was appended
+  int64_t blocks[5] = {0, 0, 0, 0, 0};  // by DeltaMode
+  int64_t low_byte_blocks = 0;          // of those, with kLowBytes
 };
 
 // Appends the encoding of `current` against `baseline` (both `bytes` long) to `out`.

@@ -2,6 +2,7 @@
 // bit, at every change fraction and length, with the changes a float comparison would
 // miss (-0.0 for +0.0, another NaN payload, denormals); it costs no more than the raw
 // bytes plus a byte a block; a malformed encoding is refused before anything is written.
+// Snapshots: found only for their plan, chunk, sync and size, else say why not.
 #include "executor/delta_codec.h"
 
 #include <catch2/catch.hpp>
@@ -23,13 +24,17 @@ std::vector<uint8_t> RandomBytes(int64_t bytes, std::mt19937_64& rng) {
   return out;
 }
 
-// `baseline` with about `fraction` of its 16-bit words changed, each to another value.
-std::vector<uint8_t> Changed(const std::vector<uint8_t>& baseline, double fraction, std::mt19937_64& rng) {
+// `baseline` with about `fraction` of its 16-bit words changed, each to another value:
+// only in its first byte (a small step of a bfloat16: mantissa bits), or anywhere.
+std::vector<uint8_t> Changed(const std::vector<uint8_t>& baseline, double fraction, std::mt19937_64& rng,
+                             bool first_byte_only = false) {
   std::vector<uint8_t> out = baseline;
   std::bernoulli_distribution pick(fraction);
   for (size_t k = 0; k < out.size(); k += 2) {
     if (!pick(rng)) continue;
-    out[k] ^= static_cast<uint8_t>(1 + rng() % 255);  // never the same
+    const bool both = !first_byte_only && k + 1 < out.size() && rng() % 2 == 0;
+    out[k + (both ? 1 : 0)] ^= static_cast<uint8_t>(1 + rng() % 255);  // never the same
+    if (both && rng() % 2 == 0) out[k] ^= static_cast<uint8_t>(rng());
   }
   return out;
 }
@@ -62,11 +67,12 @@ TEST_CASE("a delta applied onto its baseline gives the current bytes at every fr
       INFO(bytes << " bytes, " << fraction << " changed");
       const std::vector<uint8_t> baseline = RandomBytes(bytes, rng);
       CheckRoundTrip(baseline, Changed(baseline, fraction, rng));
+      CheckRoundTrip(baseline, Changed(baseline, fraction, rng, /*first_byte_only=*/true));
     }
   }
 }
 
-TEST_CASE("the encoding shrinks with the change: nothing for none, about 4 bytes a word for a few, raw for all") {
+TEST_CASE("the encoding shrinks with the change: nothing for none, about 3 bytes a word for a few, raw for all") {
   std::mt19937_64 rng(22);
   const std::vector<uint8_t> baseline = RandomBytes(1 << 20, rng);
   const auto encoded_bytes = [&](const std::vector<uint8_t>& current) {
@@ -76,9 +82,20 @@ TEST_CASE("the encoding shrinks with the change: nothing for none, about 4 bytes
   const DeltaCounts none = encoded_bytes(baseline);
   CHECK(none.encoded_bytes == 256);  // a mode byte per block
   CHECK(none.blocks[static_cast<int>(DeltaMode::kUnchanged)] == 256);
+  // 1% of the words, in random places: a byte of gap and two of value each.
   const DeltaCounts few = encoded_bytes(Changed(baseline, 0.01, rng));
-  CHECK(few.encoded_bytes < 256 + 3 + 4 * few.changed_words + 2 * 256);
-  CHECK(few.blocks[static_cast<int>(DeltaMode::kIndices)] > 0);
+  CHECK(few.encoded_bytes < 256 * 3 + 3 * few.changed_words + 256 * 2 * 3);
+  CHECK(few.blocks[static_cast<int>(DeltaMode::kGaps)] == 256);
+  CHECK(few.low_byte_blocks == 0);
+  // The same where only first bytes change (bfloat16 steps in the mantissa): one of value.
+  const DeltaCounts small_steps = encoded_bytes(Changed(baseline, 0.01, rng, /*first_byte_only=*/true));
+  CHECK(small_steps.encoded_bytes < 256 * 3 + 2 * small_steps.changed_words + 256 * 2 * 2);
+  CHECK(small_steps.low_byte_blocks == 256);
+  // Very few: indices beat gaps past 255 words.
+  std::vector<uint8_t> sparse = baseline;
+  for (size_t k = 0; k < sparse.size(); k += 1200) sparse[k + 1] ^= 0x40;
+  const DeltaCounts apart = encoded_bytes(sparse);
+  CHECK(apart.blocks[static_cast<int>(DeltaMode::kIndices)] > 0);
   const DeltaCounts half = encoded_bytes(Changed(baseline, 0.5, rng));
   CHECK(half.blocks[static_cast<int>(DeltaMode::kBitmask)] == 256);
   CHECK(half.encoded_bytes < (1 << 20));
@@ -120,12 +137,29 @@ TEST_CASE("a malformed encoding is refused before the baseline is touched") {
   std::string unknown = encoded;
   unknown[0] = 9;
   CHECK_THAT(std::string(apply(unknown).message()), Contains("mode 9 is unknown"));
-  // Any single byte changed, and any truncation: refused, or applied within bounds.
-  for (size_t k = 0; k < encoded.size(); ++k) {
-    std::string mutated = encoded;
-    mutated[k] = static_cast<char>(mutated[k] ^ (1 + rng() % 255));
-    (void)apply(mutated);
-    (void)apply(encoded.substr(0, k));
+  unknown[0] = static_cast<char>(static_cast<uint8_t>(DeltaMode::kRaw) | kLowBytes);
+  CHECK_THAT(std::string(apply(unknown).message()), Contains("is unknown"));
+  // A gap that runs past the block: the first block as gaps, one changed word at 2048.
+  std::string past(1, static_cast<char>(DeltaMode::kGaps));
+  past += std::string("\x01\x00\xff\x00\x08", 5);  // count 1, gap 2048 (escaped)
+  past += "ab";
+  std::vector<uint8_t> one_block = RandomBytes(4096, rng);
+  CHECK_THAT(std::string(ApplyDelta(reinterpret_cast<const uint8_t*>(past.data()), static_cast<int64_t>(past.size()),
+                                    one_block.data(), 4096)
+                             .message()),
+             Contains("index 2048 is out of order or past a 2048-word block"));
+  // Any single byte changed, and any truncation: refused, or applied within bounds; of
+  // an encoding with whole values and of one with first bytes.
+  std::string small_steps;
+  EncodeDelta(Changed(baseline, 0.01, rng, /*first_byte_only=*/true).data(), baseline.data(),
+              static_cast<int64_t>(baseline.size()), small_steps);
+  for (const std::string& valid : {encoded, small_steps}) {
+    for (size_t k = 0; k < valid.size(); ++k) {
+      std::string mutated = valid;
+      mutated[k] = static_cast<char>(mutated[k] ^ (1 + rng() % 255));
+      (void)apply(mutated);
+      (void)apply(valid.substr(0, k));
+    }
   }
 }
 
