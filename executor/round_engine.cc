@@ -237,7 +237,7 @@ absl::Status RoundEngine::RunRound(const RunInputs& run, const planner::Stage& s
     const planner::Chunk& chunk = stream.chunks[round];
     std::vector<planner::ChunkPart> parts = planner::ChunkParts(plan, stream, chunk);
     uint8_t* into = UnstagedAddress(plan, parts, run.buffers, /*source=*/false);
-    const bool baseline = run.delta != nullptr && run.delta->receive;
+    const bool baseline = run.delta != nullptr && run.delta->senders.count(stream.peer) > 0;
     if (into == nullptr) {
       SHARDSYNC_ASSIGN_OR_RETURN(into, device_.Staging(stream.peer, /*send=*/false, slot, tally.slot_bytes));
       if (baseline) {  // an unstaged receive lands on its targets, which are the baseline

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,13 +82,13 @@ struct DirectLinks {
 // chunk this rank sends through the transport is kept as its snapshot for the next
 // sync; a chunk to a peer whose targets hold `peer_versions[peer]` goes as a delta
 // against the snapshot of that version, where one is kept and the delta is smaller.
-// `receive`: this rank's targets hold the version its senders were told, so each
-// receive gathers its baseline from them first.
+// `senders`: the peers that may send deltas here (this rank's targets hold the version
+// they were told), so each receive from them gathers its baseline from them first.
 struct DeltaRun {
   std::string digest;                            // of the plan: snapshots are per plan
   std::map<int32_t, std::string> peer_versions;  // by receiving peer
   std::map<int32_t, std::string> full_peers;     // peers every chunk goes whole to, with why (a word)
-  bool receive = false;
+  std::set<int32_t> senders;
   DeltaSnapshots* snapshots = nullptr;
 };
 

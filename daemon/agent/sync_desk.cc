@@ -253,7 +253,7 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
     delta.digest = request.digest();
     delta.peer_versions.insert(request.delta().peer_versions().begin(), request.delta().peer_versions().end());
     delta.full_peers.insert(request.delta().full_peers().begin(), request.delta().full_peers().end());
-    delta.receive = request.delta().receive();
+    delta.senders.insert(request.delta().delta_senders().begin(), request.delta().delta_senders().end());
     delta.snapshots = &snapshots_;
     run.delta = &delta;
   }

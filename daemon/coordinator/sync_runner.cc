@@ -385,7 +385,6 @@ std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
   const std::map<int32_t, std::string> unversioned = validity_.Unversioned(by_own_word);
   for (int32_t rank : on_host) {
     v1::DeltaSpec& spec = specs[rank];
-    spec.set_receive(versions.count(rank) > 0);
     for (const auto& [peer, word] : by_own_word) {
       if (peer == rank || on_host.count(peer) == 0) continue;
       if (options_.delta == DeltaMode::kAuto && nodes[peer] == nodes[rank]) {  // fast inside a node
@@ -396,6 +395,9 @@ std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
         (*spec.mutable_full_peers())[peer] = unversioned.at(peer);
       }
     }
+  }
+  for (auto& [rank, spec] : specs) {
+    for (const auto& [peer, version] : spec.peer_versions()) specs.at(peer).add_delta_senders(rank);
   }
   return specs;
 }

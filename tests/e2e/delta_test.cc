@@ -180,5 +180,33 @@ TEST_CASE("delta sync after an agent is killed, during a sync or between two: wh
   CHECK(MetricValue(metrics, "shardsync_wire_bytes_total") < MetricValue(metrics, "shardsync_staged_bytes_total"));
 }
 
+TEST_CASE("delta sync auto: deltas between nodes, whole inside one, named same_node; exact") {
+  ClusterOptions options;
+  options.delta = "auto";
+  options.direct = "never";
+  options.relay = "never";  // every rank's chunks to every peer: links inside and between nodes
+  options.staging_bytes = 1 << 16;
+  options.nodes = {"node-a", "node-a", "node-b", "node-b"};
+  Cluster cluster(options);
+  Deployment deployment(cluster, "delta-auto", ManyRoundsModelJson(), 70);
+  RequireReady(deployment);
+  deployment.SetChanged(0.01);
+  for (uint64_t seed = 70; seed <= 72; ++seed) {
+    if (seed > 70) deployment.Refill(seed);
+    auto sync = SyncOnce(cluster, absl::Seconds(60));
+    if (!sync.ok()) cluster.DumpLogs();
+    REQUIRE(sync.ok());
+    CHECK(deployment.CheckTargets(seed).empty());
+    const DeltaTotals totals = TotalsOf(*sync);
+    CHECK(totals.full_chunks.count("same_node") == 1);
+    if (seed == 70) {
+      CHECK(totals.delta_chunks == 0);
+    } else {
+      CHECK(totals.delta_chunks > 0);
+      CHECK(totals.full_chunks.size() == 1);  // every chunk between nodes went as a delta
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardsync::localsync

@@ -163,9 +163,10 @@ TEST_CASE("delta sync: changed sources move as deltas onto the targets' last syn
       for (int32_t r = 0; r < plan->num_ranks; ++r) {
         deltas[r].digest = "plan";
         deltas[r].snapshots = &snapshots[r];
-        deltas[r].receive = !baseline.empty();
         for (int32_t peer = 0; peer < plan->num_ranks; ++peer) {
-          if (!baseline.empty() && peer != r) deltas[r].peer_versions[peer] = baseline;
+          if (baseline.empty() || peer == r) continue;
+          deltas[r].peer_versions[peer] = baseline;
+          deltas[r].senders.insert(peer);
         }
       }
       const auto results = RunEveryRankDelta(*plan, *schedules, buffers, budget, id, deltas);
