@@ -212,11 +212,13 @@ void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send,
       send = SendOp{send.peer, reinterpret_cast<const uint8_t*>(out.data()), counts.encoded_bytes, true};
       ++stats.delta_chunks;
       stats.changed_words += counts.changed_words;
+      stats.peer_wire[send.peer].changed_words += counts.changed_words;
     } else {
       whole = "no_gain";
     }
   }
   if (whole != nullptr) ++stats.full_chunks[whole];
+  stats.peer_wire[send.peer].wire_bytes += send.bytes;
   // What the peer holds after this sync, if it succeeds: this sync's bytes.
   delta.snapshots->Keep(delta.digest, send.peer, round, std::string(run.sync_id), chunk, bytes);
   stats.encode_seconds += absl::ToDoubleSeconds(absl::Now() - start);

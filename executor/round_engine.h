@@ -58,6 +58,11 @@ struct ExecutionStats {
   // peer's targets hold no version), one of SnapshotLookup's, or "no_gain" (the
   // encoding was not smaller).
   std::map<std::string, int64_t> full_chunks;
+  struct PeerWire {
+    int64_t wire_bytes = 0;
+    int64_t changed_words = 0;
+  };
+  std::map<int32_t, PeerWire> peer_wire;  // the same per receiving peer
 };
 
 // How far a run is, readable from another thread while it goes.

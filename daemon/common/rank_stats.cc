@@ -41,6 +41,12 @@ v1::RankStats RankStatsOf(int32_t rank, const executor::ExecutionStats& measured
   out.set_baseline_seconds(measured.baseline_seconds);
   out.set_apply_seconds(measured.apply_seconds);
   out.mutable_full_chunks()->insert(measured.full_chunks.begin(), measured.full_chunks.end());
+  for (const auto& [peer, wire] : measured.peer_wire) {
+    v1::PeerWire* link = out.add_peer_wire();
+    link->set_peer(peer);
+    link->set_wire_bytes(wire.wire_bytes);
+    link->set_changed_words(wire.changed_words);
+  }
   out.set_seconds(measured.seconds);
   out.set_local_seconds(measured.local_seconds);
   out.set_direct_wait_seconds(measured.direct_wait_seconds);

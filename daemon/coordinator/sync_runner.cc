@@ -1,8 +1,10 @@
 #include "daemon/coordinator/sync_runner.h"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -187,7 +189,17 @@ void SyncRunner::FillFromPlan(std::vector<v1::ExecuteResponse>& responses, v1::S
   response.set_network_bytes(plan_->compiled.network_bytes);
   response.set_relayed_bytes(plan_->compiled.relayed_bytes);
   response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
-  for (v1::LinkBytes& link : LinksOfPlan()) *response.add_links() = std::move(link);
+  std::map<std::pair<int32_t, int32_t>, const v1::PeerWire*> wire;  // by (sender, receiver)
+  for (const v1::ExecuteResponse& r : responses) {
+    for (const v1::PeerWire& peer : r.stats().peer_wire()) wire[{r.stats().rank(), peer.peer()}] = &peer;
+  }
+  for (v1::LinkBytes& link : LinksOfPlan()) {
+    if (const auto sent = wire.find({link.from_rank(), link.to_rank()}); sent != wire.end()) {
+      link.set_wire_bytes(sent->second->wire_bytes());
+      link.set_changed_words(sent->second->changed_words());
+    }
+    *response.add_links() = std::move(link);
+  }
   for (v1::ExecuteResponse& r : responses) {
     response.set_quantized_bytes(response.quantized_bytes() + r.stats().quantized_bytes());
     *response.add_ranks() = std::move(*r.mutable_stats());

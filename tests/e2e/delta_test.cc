@@ -168,6 +168,22 @@ TEST_CASE("delta sync after an agent is killed, during a sync or between two: wh
     CHECK(other.full_chunks().count("restarted_agent") == 1);  // to rank 1
     CHECK(other.full_chunks().count("invalid_target") == 0);
   }
+  // Per link: whole into rank 1 and out of it, deltas between the others.
+  int64_t link_wire = 0;
+  for (const v1::LinkBytes& link : after_restart.links()) {
+    INFO("link " << link.from_rank() << " -> " << link.to_rank());
+    link_wire += link.wire_bytes();
+    if (link.from_rank() == 1 || link.to_rank() == 1) {
+      CHECK(link.wire_bytes() == link.bytes());
+      CHECK(link.changed_words() == 0);
+    } else {
+      CHECK(link.wire_bytes() * 10 < link.bytes());
+      CHECK(link.changed_words() > 0);
+    }
+  }
+  int64_t rank_wire = 0;
+  for (const v1::RankStats& r : after_restart.ranks()) rank_wire += r.wire_bytes();
+  CHECK(link_wire == rank_wire);
   const DeltaTotals last = TotalsOf(sync_exact(66));
   CHECK(last.delta_chunks > 0);
   CHECK(last.full_chunks.count("restarted_agent") == 0);
