@@ -84,7 +84,6 @@ void CoordinatorLink::Loop() {
     v1::JoinRequest join_request = config_.join;
     {
       absl::MutexLock lock(&mu_);
-      join_request.set_targets_valid(!target_version_.empty());
       join_request.set_target_version(target_version_);
     }
     v1::JoinResponse joined;
@@ -117,7 +116,6 @@ void CoordinatorLink::Loop() {
     request.set_incarnation(config_.join.incarnation());
     {
       absl::MutexLock lock(&mu_);
-      request.set_targets_valid(!target_version_.empty());
       request.set_target_version(target_version_);
     }
     int64_t version = 0;

@@ -169,8 +169,7 @@ absl::StatusOr<int64_t> AgentDirectory::Replace(const v1::PublishRequest& reques
   v1::PublishRequest fresh(request);
   published_[request.rank()].Swap(&fresh);
   replaced.Swap(&fresh);
-  agent->second.join.set_targets_valid(request.targets_valid());  // its word, newer than its last Join
-  agent->second.join.set_target_version(request.target_version());
+  agent->second.join.set_target_version(request.target_version());  // its word, newer than its last Join
   ++epoch_;
   spdlog::info("rank {} published {} layouts; layout epoch {}", request.rank(), request.layouts_size(), epoch_);
   return epoch_;
@@ -252,7 +251,7 @@ std::map<int32_t, std::string> AgentDirectory::TargetVersionsByOwnWord() const {
   for (int32_t rank : coordinator::TargetRanks(published_)) {
     const auto agent = agents_.find(rank);
     if (agent == agents_.end()) continue;
-    versions[rank] = agent->second.join.targets_valid() ? agent->second.join.target_version() : "";
+    versions[rank] = agent->second.join.target_version();
   }
   return versions;
 }
