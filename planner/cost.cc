@@ -6,10 +6,13 @@ namespace shardsync::planner {
 
 namespace {
 
-int32_t NodeOf(const Plan& plan, int32_t rank) { return plan.node_of_rank.empty() ? 0 : plan.node_of_rank[rank]; }
+int32_t NodeOf(const std::vector<int32_t>& node_of_rank, int32_t rank) {
+  return node_of_rank.empty() ? 0 : node_of_rank[rank];
+}
+int32_t NodeOf(const Plan& plan, int32_t rank) { return NodeOf(plan.node_of_rank, rank); }
 
 // Adds a segment's bytes to the ranks it touches.
-void CountSegment(const Plan& plan, const Segment& s, std::vector<RankStats>& ranks) {
+void CountSegment(const std::vector<int32_t>& node_of_rank, const Segment& s, std::vector<RankStats>& ranks) {
   const int64_t bytes = SegmentBytes(s);
   RankStats& from = ranks[s.src.rank];
   ++from.segments;
@@ -22,22 +25,45 @@ void CountSegment(const Plan& plan, const Segment& s, std::vector<RankStats>& ra
   ++to.segments;
   from.sent_bytes += bytes;
   to.received_bytes += bytes;
-  if (NodeOf(plan, s.src.rank) != NodeOf(plan, s.dst.rank)) {
+  if (NodeOf(node_of_rank, s.src.rank) != NodeOf(node_of_rank, s.dst.rank)) {
     from.network_sent_bytes += bytes;
     to.network_received_bytes += bytes;
   }
+}
+
+// A plan's fills and quantizes, added to its stage bytes.
+void CountFillsAndQuantizes(const Plan& plan, std::vector<std::vector<RankStats>>& stages) {
+  for (const FillOp& f : plan.fills) {
+    stages[0][f.fill.holder.rank].fill_bytes += NumElements(f.fill.shape) * ElementBytes(f.dtype);
+  }
+  for (const QuantizeOp& q : plan.quantizes) stages[q.stage][q.target.rank].quantized_bytes += q.rows * q.cols;
 }
 
 }  // namespace
 
 std::vector<std::vector<RankStats>> StageBytes(const Plan& plan) {
   std::vector<std::vector<RankStats>> stages(plan.stages, std::vector<RankStats>(plan.num_ranks));
-  for (const Segment& s : plan.segments) CountSegment(plan, s, stages[s.stage]);
-  for (const FillOp& f : plan.fills) {
-    stages[0][f.fill.holder.rank].fill_bytes += NumElements(f.fill.shape) * ElementBytes(f.dtype);
-  }
-  for (const QuantizeOp& q : plan.quantizes) stages[q.stage][q.target.rank].quantized_bytes += q.rows * q.cols;
+  for (const Segment& s : plan.segments) CountSegment(plan.node_of_rank, s, stages[s.stage]);
+  CountFillsAndQuantizes(plan, stages);
   return stages;
+}
+
+StreamedStageBytes::StreamedStageBytes(const PlanInput& input) : node_of_rank_(input.node_of_rank) {
+  for (const Buffer& b : input.buffers) num_ranks_ = std::max(num_ranks_, b.holder.rank + 1);
+}
+
+void StreamedStageBytes::Add(absl::Span<const Segment> segments) {
+  for (const Segment& s : segments) {
+    while (static_cast<int32_t>(stages_.size()) <= s.stage) stages_.emplace_back(num_ranks_);
+    CountSegment(node_of_rank_, s, stages_[s.stage]);
+  }
+  segments_ += static_cast<int64_t>(segments.size());
+}
+
+std::vector<std::vector<RankStats>> StreamedStageBytes::Finish(const Plan& plan) {
+  while (static_cast<int32_t>(stages_.size()) < plan.stages) stages_.emplace_back(num_ranks_);
+  CountFillsAndQuantizes(plan, stages_);
+  return std::move(stages_);
 }
 
 PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules) {

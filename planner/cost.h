@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 
@@ -51,6 +52,23 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
 // PlanStats::stages alone (bytes per stage and rank): what the floor needs, without the
 // per-link map.
 std::vector<std::vector<RankStats>> StageBytes(const Plan& plan);
+
+// StageBytes of a plan made by StreamPlan: its segments added as they come, then its
+// fills and quantizes from the plan StreamPlan returns. Holds bytes per stage and rank
+// only, never a segment.
+class StreamedStageBytes {
+ public:
+  explicit StreamedStageBytes(const PlanInput& input);  // its ranks and nodes
+  void Add(absl::Span<const Segment> segments);
+  std::vector<std::vector<RankStats>> Finish(const Plan& plan);
+  int64_t segments() const { return segments_; }
+
+ private:
+  std::vector<int32_t> node_of_rank_;
+  int32_t num_ranks_ = 0;
+  std::vector<std::vector<RankStats>> stages_;
+  int64_t segments_ = 0;
+};
 
 // The floor: within a stage every rank's sends, receives and local copies overlap, and
 // so do its link to its node and its share of the network, so a rank needs the largest

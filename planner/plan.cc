@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <type_traits>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -134,7 +135,7 @@ bool TryMergeRuns(Segment& into, const Segment& next) {
 
 // A piece held by several sources: its segment is made once the policy has chosen.
 struct Pending {
-  size_t segment;  // position reserved in Plan::segments
+  size_t segment;  // position reserved among its tensor's segments
   int32_t tensor;
   int32_t target;
   Box box;
@@ -277,9 +278,10 @@ void GatherCandidates(const TensorLayouts& t, const SourceIndex& index, const Bo
 
 // Phase 2: pieces held by several sources, chosen by the policy in canonical order, with
 // every forced load already counted in `sent`; each fills the segment it reserved.
+template <typename Segments>
 void ChoosePending(const PlanInput& input, const std::vector<Pending>& pending, const std::vector<int32_t>& pool,
                    const ReplicaPolicy& policy, const std::vector<int8_t>& first_stage, std::vector<int64_t>& sent,
-                   Plan& plan) {
+                   Segments& segments) {
   std::vector<int32_t> ranks;
   for (const Pending& p : pending) {
     const TensorLayouts& t = input.tensors[p.tensor];
@@ -289,23 +291,23 @@ void ChoosePending(const PlanInput& input, const std::vector<Pending>& pending, 
       ranks.push_back(t.source.placements[pool[p.sources_begin + i]].holder.rank);
     const size_t pick = policy.Choose(target.holder.rank, ranks, sent);
     if (ranks[pick] != target.holder.rank) sent[ranks[pick]] += Volume(p.box) * ElementBytes(t.target_dtype);
-    plan.segments[p.segment] =
-        MakeSegment(p.tensor, t.source.placements[pool[p.sources_begin + pick]], t.source_dtype, target, t.target_dtype,
-                    p.box, first_stage.empty() ? 0 : first_stage[p.tensor]);
+    segments[p.segment] = MakeSegment(p.tensor, t.source.placements[pool[p.sources_begin + pick]], t.source_dtype,
+                                      target, t.target_dtype, p.box, first_stage.empty() ? 0 : first_stage[p.tensor]);
   }
 }
 
 // Contiguous runs that continue each other become one segment (forced ones are merged
 // as they are made; this pass is for those phase 2 made). Segments move only after the
-// first merge: writing a large plan again costs as much as making it.
-void MergeRuns(Plan& plan) {
+// first merge.
+template <typename Segments>
+void MergeRuns(Segments& segments) {
   size_t kept = 0;
-  for (size_t i = 0; i < plan.segments.size(); ++i) {
-    if (kept > 0 && TryMergeRuns(plan.segments[kept - 1], plan.segments[i])) continue;
-    if (kept != i) plan.segments[kept] = plan.segments[i];
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (kept > 0 && TryMergeRuns(segments[kept - 1], segments[i])) continue;
+    if (kept != i) segments[kept] = segments[i];
     ++kept;
   }
-  plan.segments.resize(kept);
+  segments.resize(kept);
 }
 
 // Every target fill with elements, as the plan's fill ops.
@@ -318,32 +320,53 @@ void AddFills(const PlanInput& input, Plan& plan) {
   }
 }
 
-// MakePlan on validated input. `first_stage` gives each tensor's first stage (see
-// Segment), `quantized` the tensors that are never relayed; both empty: every tensor
-// starts in stage 0 and may be relayed.
+// How a pass goes over the batch. kWhole (MakePlan): every segment kept, forced
+// pieces counted as they are made, the shared ones chosen at the end. StreamPlan's two
+// passes make the same choices with one tensor's segments at a time: kForcedLoads
+// counts the forced pieces alone, then kTensorByTensor makes each tensor's segments
+// and chooses its shared pieces with every forced piece of the batch counted.
+enum class Pass { kWhole, kForcedLoads, kTensorByTensor };
+
+// A pass on validated input, its segments in `segments` (kWhole: all; kTensorByTensor:
+// each tensor's in turn, handed to `sink`). `first_stage` gives each tensor's first
+// stage (see Segment), `quantized` the tensors that are never relayed; both empty:
+// every tensor starts in stage 0 and may be relayed. `sent`: the bytes each rank sends
+// so far (kTensorByTensor: from kForcedLoads' count).
+template <typename Segments>
 absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t>& first_stage,
                                 const std::vector<bool>& quantized, const ReplicaPolicy& policy,
-                                const PlanOptions& options) {
+                                const PlanOptions& options, Pass pass, std::vector<int64_t>& sent, Segments& segments,
+                                const SegmentSink& sink) {
   const auto first_stage_of = [&](size_t tensor) -> int8_t { return first_stage.empty() ? 0 : first_stage[tensor]; };
   Plan plan;
   plan.node_of_rank = input.node_of_rank;
   for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
   const bool many_nodes = SpansNodes(input.node_of_rank);
   const auto node = [&](int32_t rank) { return many_nodes ? input.node_of_rank[rank] : 0; };
-  std::vector<int64_t> sent(plan.num_ranks, 0);          // bytes each rank sends so far
+  const bool counting = pass != Pass::kTensorByTensor;  // forced pieces load their senders here
+  const bool making = pass != Pass::kForcedLoads;       // segments are made
+  const bool by_tensor = pass == Pass::kTensorByTensor;
+  sent.resize(plan.num_ranks, 0);
   std::vector<int64_t> from_network(plan.num_ranks, 0);  // bytes each rank receives from other nodes
   std::vector<Pending> pending;
   std::vector<int32_t> pool;  // sources of pending pieces
   std::vector<int32_t> near;  // a piece's sources on the target's node
   Coverer coverer;
   CoverCache covers;
-  size_t made_from = 0;  // plan.segments from here on are made (none waits for phase 2)
+  size_t made_from = 0;  // segments from here on are made (none waits for phase 2)
 
-  // Phase 1: cover every target box in canonical order. A piece with one holder is
-  // forced: its segment is made now (merged with its neighbour where the boxes join)
-  // and loads its sender. A piece with several holders keeps its place for phase 2.
+  // Tensor by tensor. Phase 1: cover every target box in canonical order. A piece with
+  // one holder is forced: its segment is made now (merged with its neighbour where the
+  // boxes join) and loads its sender. A piece with several holders keeps its place for
+  // phase 2, which chooses its holder once the tensor's forced pieces are counted.
   for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
     const TensorLayouts& t = input.tensors[ti];
+    if (by_tensor) {
+      segments.clear();
+      pending.clear();
+      pool.clear();
+      made_from = 0;
+    }
     plan.tensor_names.push_back(t.name);
     const int64_t element = ElementBytes(t.target_dtype);
     const SourceIndex index = IndexSources(t);
@@ -369,17 +392,16 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
       int8_t open_stage = 0;
       Box open_box;
       const auto flush = [&] {
-        if (open_from == nullptr) return;
+        if (open_from == nullptr || !making) return;
         const DType from_dtype = open_stage == 0 ? t.source_dtype : t.target_dtype;
         const Segment made = MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype,
                                          open_box, static_cast<int8_t>(first_stage_of(ti) + open_stage));
         plan.stages = std::max(plan.stages, made.stage + 1);
-        if (plan.segments.size() <= made_from || !TryMergeRuns(plan.segments.back(), made))
-          plan.segments.push_back(made);
+        if (segments.size() <= made_from || !TryMergeRuns(segments.back(), made)) segments.push_back(made);
         open_from = nullptr;
       };
       const auto force = [&](const Placement& from, int8_t stage, const Box& box, int64_t bytes) {
-        if (from.holder.rank != target.holder.rank) sent[from.holder.rank] += bytes;
+        if (counting && from.holder.rank != target.holder.rank) sent[from.holder.rank] += bytes;
         if (open_from == &from && TryMergeBoxes(open_box, box)) return;
         flush();
         open_from = &from;
@@ -412,12 +434,13 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
         ++position;
         if (relay >= 0 && relay != me) return force(t.target.placements[relay], 1, box, bytes);
         if (usable.size() == 1) return force(t.source.placements[usable[0]], 0, box, bytes);
+        if (!making) return;  // chosen in the next pass
         flush();
-        pending.push_back(Pending{plan.segments.size(), static_cast<int32_t>(ti), me, box,
+        pending.push_back(Pending{segments.size(), static_cast<int32_t>(ti), me, box,
                                   static_cast<uint32_t>(pool.size()), static_cast<uint32_t>(usable.size())});
         pool.insert(pool.end(), usable.begin(), usable.end());
-        plan.segments.emplace_back();  // made in phase 2
-        made_from = plan.segments.size();
+        segments.emplace_back();  // made in phase 2
+        made_from = segments.size();
       };
       if (pieces == nullptr) {
         absl::Status status = absl::FailedPreconditionError(
@@ -433,28 +456,65 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
       }
       flush();
     }
+    if (!by_tensor) continue;
+    ChoosePending(input, pending, pool, policy, first_stage, sent, segments);
+    if (!pending.empty()) MergeRuns(segments);
+    if constexpr (std::is_same_v<Segments, std::vector<Segment>>) SHARDSYNC_RETURN_IF_ERROR(sink(segments));
   }
-
-  ChoosePending(input, pending, pool, policy, first_stage, sent, plan);
-  if (!pending.empty()) MergeRuns(plan);
+  if (pass == Pass::kWhole) {
+    ChoosePending(input, pending, pool, policy, first_stage, sent, segments);
+    if (!pending.empty()) MergeRuns(segments);
+  }
   AddFills(input, plan);
+  return plan;
+}
+
+// Checks `input`, then plans it through `passes` (the planning of a PlanInput, given
+// its tensors' first stages and those never relayed): block-quantized targets first go
+// through scratch (planner/quantize.h).
+absl::StatusOr<Plan> PlanWithScratch(
+    const PlanInput& input, const PlanOptions& options,
+    const std::function<absl::StatusOr<Plan>(const PlanInput&, const std::vector<int8_t>&, const std::vector<bool>&)>&
+        passes) {
+  SHARDSYNC_RETURN_IF_ERROR(ValidatePlanInput(input));
+  const bool quantizes = std::any_of(input.tensors.begin(), input.tensors.end(),
+                                     [](const TensorLayouts& t) { return !t.target_scales.empty(); });
+  if (!quantizes) return passes(input, {}, {});
+  SHARDSYNC_ASSIGN_OR_RETURN(ScratchLayout scratch, PlaceScratch(input, options.scratch_bytes));
+  SHARDSYNC_ASSIGN_OR_RETURN(Plan plan, passes(scratch.input, scratch.first_stage, scratch.quantized));
+  for (const QuantizeOp& q : scratch.quantizes) plan.stages = std::max<int32_t>(plan.stages, q.stage + 1);
+  plan.scratch = std::move(scratch.scratch);
+  plan.quantizes = std::move(scratch.quantizes);
   return plan;
 }
 
 }  // namespace
 
+absl::StatusOr<Plan> StreamPlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options,
+                                const SegmentSink& sink) {
+  return PlanWithScratch(
+      input, options,
+      [&](const PlanInput& in, const std::vector<int8_t>& first_stage,
+          const std::vector<bool>& quantized) -> absl::StatusOr<Plan> {
+        std::vector<int64_t> sent;
+        std::vector<Segment> segments;  // one tensor's, reused
+        SHARDSYNC_RETURN_IF_ERROR(
+            PlanStages(in, first_stage, quantized, policy, options, Pass::kForcedLoads, sent, segments, sink).status());
+        return PlanStages(in, first_stage, quantized, policy, options, Pass::kTensorByTensor, sent, segments, sink);
+      });
+}
+
 absl::StatusOr<Plan> MakePlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options) {
-  SHARDSYNC_RETURN_IF_ERROR(ValidatePlanInput(input));
-  const bool quantizes = std::any_of(input.tensors.begin(), input.tensors.end(),
-                                     [](const TensorLayouts& t) { return !t.target_scales.empty(); });
-  if (!quantizes) return PlanStages(input, {}, {}, policy, options);
-  SHARDSYNC_ASSIGN_OR_RETURN(ScratchLayout scratch, PlaceScratch(input, options.scratch_bytes));
-  SHARDSYNC_ASSIGN_OR_RETURN(Plan plan,
-                             PlanStages(scratch.input, scratch.first_stage, scratch.quantized, policy, options));
-  for (const QuantizeOp& q : scratch.quantizes) plan.stages = std::max<int32_t>(plan.stages, q.stage + 1);
-  plan.scratch = std::move(scratch.scratch);
-  plan.quantizes = std::move(scratch.quantizes);
-  return plan;
+  return PlanWithScratch(input, options,
+                         [&](const PlanInput& in, const std::vector<int8_t>& first_stage,
+                             const std::vector<bool>& quantized) -> absl::StatusOr<Plan> {
+                           std::vector<int64_t> sent;
+                           BlockVector<Segment> segments;
+                           SHARDSYNC_ASSIGN_OR_RETURN(Plan plan, PlanStages(in, first_stage, quantized, policy, options,
+                                                                            Pass::kWhole, sent, segments, nullptr));
+                           plan.segments = std::move(segments);
+                           return plan;
+                         });
 }
 
 }  // namespace shardsync::planner

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -132,8 +133,20 @@ struct PlanOptions {
   int64_t scratch_bytes = kDefaultScratchBytes;
 };
 
-// Plans the whole batch at once. Fails before anything is planned on bad input, with
-// the tensor, rank and box named. A piece that a holder on the target's own node has
+// Takes one tensor's segments, in canonical order; an error stops the planning.
+using SegmentSink = std::function<absl::Status(absl::Span<const Segment>)>;
+
+// Plans the whole batch, tensor by tensor: each tensor's segments go to `sink` once they
+// are made and are not kept, so memory holds one tensor's at a time. The plan returned
+// has everything but its segments. Two passes: the first covers every target and
+// counts the bytes each rank must send (pieces only it holds), the second makes the
+// segments, the policy choosing among the holders of a shared piece with those counted.
+// Fails before the first tensor goes to `sink` on bad input or an uncovered target
+// box, with the tensor, rank and box named.
+absl::StatusOr<Plan> StreamPlan(const PlanInput& input, const ReplicaPolicy& policy, const PlanOptions& options,
+                                const SegmentSink& sink);
+
+// Plans the whole batch at once: StreamPlan, every segment kept. A piece that a holder on the target's own node has
 // is read there (by the policy, among those holders): the network carries only what
 // the node lacks. Block-quantized targets are planned as bfloat16 into scratch, in
 // groups within options.scratch_bytes (planner/quantize.h).

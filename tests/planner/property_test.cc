@@ -2,6 +2,7 @@
 // host reference executor; every target element must equal its source, bit for bit.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <random>
 
 #include "planner/cost.h"
@@ -100,6 +101,77 @@ TEST_CASE("under ZeRO-1/2 with TP targets on the same ranks no byte crosses rank
     CHECK(stats.total_sent_bytes == 0);
     CHECK(stats.total_local_bytes > 0);
   }
+}
+
+TEST_CASE("a streamed plan is the whole plan, one tensor at a time, for random models with and without relay") {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto input = planner::ExpandModel(RandomModel(rng));
+    REQUIRE(input.ok());
+    const bool relay = seed % 2 == 0;
+    if (relay) PlaceOnRandomNodes(*input, 2 + seed % 3, rng);
+    INFO("seed " << seed);
+    auto whole = planner::MakePlan(*input, *policy, planner::PlanOptions{relay});
+    REQUIRE(whole.ok());
+    size_t at = 0;
+    int32_t last_tensor = -1;
+    bool one_tensor_each = true, same = true;
+    planner::StreamedStageBytes bytes(*input);
+    auto streamed =
+        planner::StreamPlan(*input, *policy, planner::PlanOptions{relay}, [&](absl::Span<const planner::Segment> made) {
+          bytes.Add(made);
+          for (const planner::Segment& s : made) {
+            one_tensor_each = one_tensor_each && s.tensor == made.front().tensor && s.tensor > last_tensor;
+            same = same && at < whole->segments.size() &&
+                   std::memcmp(&s, &whole->segments[at], sizeof(planner::Segment)) == 0;
+            ++at;
+          }
+          if (!made.empty()) last_tensor = made.front().tensor;
+          return absl::OkStatus();
+        });
+    REQUIRE(streamed.ok());
+    CHECK(one_tensor_each);
+    CHECK(same);
+    CHECK(at == whole->segments.size());
+    CHECK(streamed->segments.size() == 0);
+    CHECK(streamed->stages == whole->stages);
+    CHECK(streamed->fills.size() == whole->fills.size());
+    CHECK(streamed->quantizes.size() == whole->quantizes.size());
+    // Its bytes per stage and rank, counted as it streamed, are the whole plan's.
+    CHECK(bytes.segments() == static_cast<int64_t>(whole->segments.size()));
+    const auto fields = [](const planner::RankStats& r) {
+      return std::vector<int64_t>{
+          r.sent_bytes,         r.received_bytes,         r.local_bytes,   r.fill_bytes,     r.segments,
+          r.network_sent_bytes, r.network_received_bytes, r.relayed_bytes, r.quantized_bytes};
+    };
+    const auto expected = planner::StageBytes(*whole);
+    const auto counted = bytes.Finish(*streamed);
+    REQUIRE(counted.size() == expected.size());
+    for (size_t stage = 0; stage < expected.size(); ++stage) {
+      REQUIRE(counted[stage].size() == expected[stage].size());
+      for (size_t r = 0; r < expected[stage].size(); ++r)
+        CHECK(fields(counted[stage][r]) == fields(expected[stage][r]));
+    }
+  }
+}
+
+TEST_CASE("a streamed plan refuses an uncovered box before its first tensor goes out") {
+  std::mt19937_64 rng(5);
+  auto input = planner::ExpandModel(RandomModel(rng));
+  REQUIRE(input.ok());
+  // The last tensor's sources hold only its first row: the rest has none.
+  planner::TensorLayouts& last = input->tensors.back();
+  REQUIRE(last.shape[0] > 1);
+  for (planner::Placement& p : last.source.placements) p.box.hi[0] = std::min<int64_t>(p.box.hi[0], 1);
+  int calls = 0;
+  auto streamed = planner::StreamPlan(*input, *planner::LocalFirstLeastLoaded(), {}, [&](auto) {
+    ++calls;
+    return absl::OkStatus();
+  });
+  REQUIRE_FALSE(streamed.ok());
+  CHECK_THAT(std::string(streamed.status().message()), Catch::Matchers::Contains("has no source"));
+  CHECK(calls == 0);
 }
 
 }  // namespace
