@@ -2,6 +2,7 @@
 // repeats) of planning and scheduling, and what the plan moves.
 //   bazel run -c opt //bench:planner_bench -- [--case NAME]... [--repeats N] [--staging-bytes B]
 //                                              [--moe-layers N] [--moe-dense-layers N]
+//                                              [--moe-streamed-layers N]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@ struct Config {
   // in every rollout group makes ~10M segments per layer, so the whole model does not
   // fit this machine's memory; the case runs a slice of it.
   int moe_dense_layers = 2;
+  int moe_streamed_layers = 61;  // layers of the streamed MoE case (experts and dense)
 };
 
 struct Case {
@@ -43,6 +45,7 @@ struct Case {
   int repeats;  // the MoE cases run once
   std::function<planner::PlanInput()> make;
   planner::RelayMode relay = planner::RelayMode::kNever;
+  bool streamed = false;  // StreamPlan: bytes counted as segments come, none kept, no schedules
 };
 
 using Clock = std::chrono::steady_clock;
@@ -94,6 +97,8 @@ std::vector<Case> AllCases(const Config& config) {
   experts.dense = false;
   MoeShape dense;
   dense.layers = config.moe_dense_layers;
+  MoeShape whole;
+  whole.layers = config.moe_streamed_layers;
   return {
       {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
       {"qwen3-8b zero3x8 -> tp8", 0, [] { return Qwen8B(8); }},
@@ -105,6 +110,8 @@ std::vector<Case> AllCases(const Config& config) {
        [experts] { return MoeLayout(experts); }},
       {absl::StrCat("moe-1t experts + dense zero3x1024 -> 8x(ep32xtp4), ", dense.layers, " of 61 layers"), 1,
        [dense] { return MoeLayout(dense); }},
+      {absl::StrCat("moe-1t streamed, experts + dense zero3x1024 -> 8x(ep32xtp4), ", whole.layers, " of 61 layers"), 1,
+       [whole] { return MoeLayout(whole); }, planner::RelayMode::kNever, /*streamed=*/true},
   };
 }
 
@@ -114,10 +121,52 @@ int64_t PeakRssMiB() {
   return usage.ru_maxrss / 1024;
 }
 
+// StreamPlan of a case: its segments counted (bytes per stage and rank) and dropped.
+int RunStreamedCase(const Case& c, const planner::PlanInput& input, double layout_ms) {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  planner::StreamedStageBytes bytes(input);
+  const auto start = Clock::now();
+  auto plan = planner::StreamPlan(input, *policy, planner::PlanOptions{}, [&](absl::Span<const planner::Segment> made) {
+    bytes.Add(made);
+    return absl::OkStatus();
+  });
+  const double plan_ms = Ms(start, Clock::now());
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(plan.status().message()).c_str());
+    return 1;
+  }
+  const int64_t segments = bytes.segments();
+  const std::vector<std::vector<planner::RankStats>> stages = bytes.Finish(*plan);
+  int64_t sent = 0, max_sent = 0, max_received = 0;
+  std::vector<planner::RankStats> ranks(plan->num_ranks);
+  for (const auto& stage : stages) {
+    for (int32_t r = 0; r < plan->num_ranks; ++r) {
+      ranks[r].sent_bytes += stage[r].sent_bytes;
+      ranks[r].received_bytes += stage[r].received_bytes;
+    }
+  }
+  for (const planner::RankStats& r : ranks) {
+    sent += r.sent_bytes;
+    max_sent = std::max(max_sent, r.sent_bytes);
+    max_received = std::max(max_received, r.received_bytes);
+  }
+  std::printf(
+      "{\"case\":\"%s\",\"tensors\":%zu,\"ranks\":%d,\"segments\":%lld,\"layout_ms\":%.2f,\"plan_ms\":%.2f,"
+      "\"ns_per_segment\":%.1f,\"bytes_sent\":%lld,\"max_rank_sent\":%lld,\"max_rank_received\":%lld,"
+      "\"floor_ms_at_360GBps_50GBps_network\":%.3f,\"peak_rss_mib\":%lld}\n",
+      c.name.c_str(), input.tensors.size(), plan->num_ranks, static_cast<long long>(segments), layout_ms, plan_ms,
+      1e6 * plan_ms / std::max<int64_t>(1, segments), static_cast<long long>(sent), static_cast<long long>(max_sent),
+      static_cast<long long>(max_received), 1e3 * planner::CostFloorSeconds(stages, kBandwidths),
+      static_cast<long long>(PeakRssMiB()));
+  std::fflush(stdout);
+  return 0;
+}
+
 int RunCase(const Case& c, const Config& config) {
   const auto t0 = Clock::now();
   const planner::PlanInput input = c.make();
   const double layout_ms = Ms(t0, Clock::now());
+  if (c.streamed) return RunStreamedCase(c, input, layout_ms);
   const auto policy = planner::LocalFirstLeastLoaded();
   std::vector<double> plan_ms, schedule_ms;
   planner::Plan plan;
@@ -166,14 +215,16 @@ int RunCase(const Case& c, const Config& config) {
   }
   std::printf(
       "{\"case\":\"%s\",\"tensors\":%zu,\"ranks\":%d,\"segments\":%lld,\"chunks\":%lld,\"rounds\":%d,"
-      "\"layout_ms\":%.2f,\"plan_ms\":%.2f,\"schedule_ms\":%.2f,\"total_ms\":%.2f,\"repeats\":%zu,"
+      "\"layout_ms\":%.2f,\"plan_ms\":%.2f,\"ns_per_segment\":%.1f,\"schedule_ms\":%.2f,\"total_ms\":%.2f,"
+      "\"repeats\":%zu,"
       "\"bytes_sent\":%lld,\"bytes_local\":%lld,\"max_rank_sent\":%lld,\"max_rank_received\":%lld,"
       "\"max_rank_local\":%lld,\"max_rank_segments\":%lld,\"floor_ms_at_360GBps_50GBps_network\":%.3f,"
       "\"stage_floors_ms\":[%s],\"stages\":%d,\"bytes_network\":%lld,\"bytes_relayed\":%lld,\"digest\":\"%s\","
       "\"digest_ms\":%.2f,"
       "\"peak_rss_mib\":%lld,\"per_rank\":[%s]}\n",
       c.name.c_str(), input.tensors.size(), plan.num_ranks, static_cast<long long>(stats.segments),
-      static_cast<long long>(stats.chunks), stats.rounds, layout_ms, Median(plan_ms), Median(schedule_ms),
+      static_cast<long long>(stats.chunks), stats.rounds, layout_ms, Median(plan_ms),
+      1e6 * Median(plan_ms) / std::max<int64_t>(1, stats.segments), Median(schedule_ms),
       Median(plan_ms) + Median(schedule_ms), plan_ms.size(), static_cast<long long>(stats.total_sent_bytes),
       static_cast<long long>(stats.total_local_bytes), static_cast<long long>(max_sent),
       static_cast<long long>(max_received), static_cast<long long>(max_local), static_cast<long long>(max_segments),
@@ -201,17 +252,20 @@ int main(int argc, char** argv) {
       config.moe_layers = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--moe-dense-layers" && has_value) {
       config.moe_dense_layers = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--moe-streamed-layers" && has_value) {
+      config.moe_streamed_layers = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--staging-bytes" && has_value) {
       config.staging_bytes = std::atoll(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: planner_bench [--case NAME]... [--repeats N] [--staging-bytes B] [--moe-layers N]\n"
-                   "                     [--moe-dense-layers N]\n"
+                   "                     [--moe-dense-layers N] [--moe-streamed-layers N]\n"
                    "  --case NAME         run only cases whose name starts with NAME (repeatable)\n"
                    "  --repeats N         timed repeats of the small cases, median reported (5)\n"
                    "  --staging-bytes B   staging budget per peer, both directions (134217728)\n"
                    "  --moe-layers N        layers of the experts-only MoE case (61)\n"
-                   "  --moe-dense-layers N  layers of the MoE case with dense tensors (2)\n");
+                   "  --moe-dense-layers N  layers of the MoE case with dense tensors (2)\n"
+                   "  --moe-streamed-layers N  layers of the streamed MoE case, experts and dense (61)\n");
       return 2;
     }
   }
