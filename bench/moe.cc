@@ -1,5 +1,6 @@
 #include "bench/moe.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,9 @@ planner::PlanInput MoeLayout(const MoeShape& m) {
   const int per_replica = m.infer_ep * m.infer_tp;
   auto tp_group = [&](int replica, int ep) {
     std::vector<int32_t> ranks;
-    for (int t = 0; t < m.infer_tp; ++t) ranks.push_back(replica * per_replica + ep * m.infer_tp + t);
+    for (int t = 0; t < m.infer_tp; ++t) {
+      ranks.push_back(m.rollout_first_rank + replica * per_replica + ep * m.infer_tp + t);
+    }
     return ranks;
   };
 
@@ -131,8 +134,15 @@ planner::PlanInput MoeLayout(const MoeShape& m) {
       }
     }
   }
+  int32_t ranks = 0;
   for (const auto* packer : {&expert_flat, &dense_flat, &arena}) {
-    for (const planner::Buffer& b : packer->Buffers()) input.buffers.push_back(b);
+    for (const planner::Buffer& b : packer->Buffers()) {
+      input.buffers.push_back(b);
+      ranks = std::max(ranks, b.holder.rank + 1);
+    }
+  }
+  if (m.gpus_per_node > 0) {
+    for (int32_t r = 0; r < ranks; ++r) input.node_of_rank.push_back(r / m.gpus_per_node);
   }
   return input;
 }

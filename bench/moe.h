@@ -19,6 +19,10 @@ struct MoeShape {
   int infer_ep = 32;
   int infer_tp = 4;
   bool dense = true;  // include attention, shared expert, router, embeddings
+  // The rollout's ranks start here (trainer ranks 0..train_ep*train_dp-1): past them,
+  // the two sides are on different GPUs.
+  int rollout_first_rank = 0;
+  int gpus_per_node = 0;  // > 0: rank r on node r / gpus_per_node (PlanInput::node_of_rank)
 };
 
 planner::PlanInput MoeLayout(const MoeShape& shape);
