@@ -2,12 +2,12 @@
 
 namespace shardsync::executor {
 
-SnapshotLookup DeltaSnapshots::Find(const std::string& digest, int32_t peer, int32_t round, const std::string& version,
-                                    int64_t bytes) const {
-  const auto held = held_.find({peer, round});
-  if (!kept_before_ && held == held_.end()) return {nullptr, "restarted_agent"};
-  if (digest != digest_) return {nullptr, "new_epoch"};
+SnapshotLookup DeltaSnapshots::Find(const std::string& sync_id, const std::string& digest, int32_t peer, int32_t round,
+                                    const std::string& version, int64_t bytes) const {
+  if (first_sync_.empty() || first_sync_ == sync_id) return {nullptr, "restarted_agent"};
+  if (digest != digest_ || digest_since_ == sync_id) return {nullptr, "new_epoch"};
   if (over_budget_.count({peer, round}) > 0) return {nullptr, "over_budget"};
+  const auto held = held_.find({peer, round});
   if (held == held_.end() || held->second.version != version ||
       static_cast<int64_t>(held->second.data.size()) != bytes) {
     return {nullptr, "stale_snapshot"};
@@ -17,13 +17,13 @@ SnapshotLookup DeltaSnapshots::Find(const std::string& digest, int32_t peer, int
 
 bool DeltaSnapshots::Keep(const std::string& digest, int32_t peer, int32_t round, const std::string& version,
                           const uint8_t* data, int64_t bytes) {
-  if (first_version_.empty()) first_version_ = version;
-  if (version != first_version_) kept_before_ = true;
+  if (first_sync_.empty()) first_sync_ = version;
   if (digest != digest_) {
     held_.clear();
     over_budget_.clear();
     held_bytes_ = 0;
     digest_ = digest;
+    digest_since_ = version;
   }
   const auto held = held_.find({peer, round});
   if (held != held_.end()) {

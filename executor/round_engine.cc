@@ -201,8 +201,8 @@ void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send,
     whole = full->second.c_str();
   } else if (const auto version = delta.peer_versions.find(send.peer); version == delta.peer_versions.end()) {
     whole = "new_target";
-  } else if (const SnapshotLookup snapshot =
-                 delta.snapshots->Find(delta.digest, send.peer, round, version->second, bytes);
+  } else if (const SnapshotLookup snapshot = delta.snapshots->Find(std::string(run.sync_id), delta.digest, send.peer,
+                                                                   round, version->second, bytes);
              snapshot.data == nullptr) {
     whole = snapshot.missing;
   } else {

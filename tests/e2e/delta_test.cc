@@ -59,6 +59,35 @@ TEST_CASE("delta sync: a trainer changing 1% of its elements puts a few percent 
       CHECK_THAT(table.str(), Contains(absl::StrCat(deltas, " chunks as deltas")));
     }
   }
+  // A rollout that restarted registers new memory with the same layout (the plan keeps
+  // its digest): chunks into its rank go whole, as new targets; the other ranks keep
+  // getting deltas; the sync after, every rank does.
+  REQUIRE_THAT(deployment.RestartRollout(3), Catch::Matchers::StartsWith("ready"));
+  for (uint64_t seed = 85; seed <= 86; ++seed) {
+    deployment.Refill(seed);
+    auto sync = SyncOnce(cluster, absl::Seconds(30));
+    REQUIRE(sync.ok());
+    CHECK(deployment.CheckTargets(seed).empty());
+    std::map<std::string, int64_t> whole;
+    int64_t deltas = 0;
+    for (const v1::RankStats& r : sync->ranks()) {
+      deltas += r.delta_chunks();
+      for (const auto& [why, chunks] : r.full_chunks()) whole[why] += chunks;
+    }
+    INFO("seed " << seed);
+    if (seed == 85) {
+      CHECK(deltas > 0);
+      CHECK(whole.count("new_target") == 1);
+      CHECK(whole.size() == 1);
+      for (const v1::LinkBytes& link : sync->links()) {
+        if (link.path() == v1::STAGED && link.to_rank() == 3) CHECK(link.wire_bytes() == link.bytes());
+      }
+    } else {
+      CHECK(deltas > 0);
+      CHECK(whole.count("new_epoch") == 0);
+      CHECK(whole.count("new_target") == 0);
+    }
+  }
 }
 
 // A sync's delta words, summed over its ranks.

@@ -166,28 +166,31 @@ TEST_CASE("a malformed encoding is refused before the baseline is touched") {
 TEST_CASE("a snapshot is found only for its plan, chunk, sync and size; otherwise it says why not") {
   DeltaSnapshots snapshots(64);
   const uint8_t chunk[48] = {7};
-  // A new process: nothing kept before its first sync.
-  CHECK(std::string(snapshots.Find("plan-a", 1, 0, "sync-0", 48).missing) == "restarted_agent");
+  // A new process: nothing kept before its first sync, also once that sync kept some.
+  CHECK(std::string(snapshots.Find("sync-1", "plan-a", 1, 0, "sync-0", 48).missing) == "restarted_agent");
   REQUIRE(snapshots.Keep("plan-a", 1, 0, "sync-1", chunk, 48));
-  CHECK(std::string(snapshots.Find("plan-a", 2, 0, "sync-0", 48).missing) == "restarted_agent");
-  REQUIRE(snapshots.Keep("plan-a", 1, 0, "sync-2", chunk, 48));
-  const SnapshotLookup found = snapshots.Find("plan-a", 1, 0, "sync-2", 48);
+  CHECK(std::string(snapshots.Find("sync-1", "plan-a", 2, 0, "sync-0", 48).missing) == "restarted_agent");
+  // The next sync finds sync-1's chunk, and nothing else.
+  const SnapshotLookup found = snapshots.Find("sync-2", "plan-a", 1, 0, "sync-1", 48);
   REQUIRE(found.data != nullptr);
   CHECK(std::memcmp(found.data->data(), chunk, 48) == 0);
-  CHECK(std::string(snapshots.Find("plan-a", 1, 0, "sync-1", 48).missing) == "stale_snapshot");
-  CHECK(std::string(snapshots.Find("plan-a", 1, 0, "sync-2", 40).missing) == "stale_snapshot");
-  CHECK(std::string(snapshots.Find("plan-a", 2, 0, "sync-2", 48).missing) == "stale_snapshot");
-  CHECK(std::string(snapshots.Find("plan-b", 1, 0, "sync-2", 48).missing) == "new_epoch");
+  CHECK(std::string(snapshots.Find("sync-2", "plan-a", 1, 0, "sync-0", 48).missing) == "stale_snapshot");
+  CHECK(std::string(snapshots.Find("sync-2", "plan-a", 1, 0, "sync-1", 40).missing) == "stale_snapshot");
+  CHECK(std::string(snapshots.Find("sync-2", "plan-a", 2, 0, "sync-1", 48).missing) == "stale_snapshot");
+  CHECK(std::string(snapshots.Find("sync-2", "plan-b", 1, 0, "sync-1", 48).missing) == "new_epoch");
   // 48 + 48 bytes do not fit 64: the second chunk goes whole until it fits again.
   CHECK_FALSE(snapshots.Keep("plan-a", 2, 0, "sync-2", chunk, 48));
-  CHECK(std::string(snapshots.Find("plan-a", 2, 0, "sync-2", 48).missing) == "over_budget");
+  CHECK(std::string(snapshots.Find("sync-3", "plan-a", 2, 0, "sync-2", 48).missing) == "over_budget");
   CHECK(snapshots.bytes() == 48);
-  REQUIRE(snapshots.Keep("plan-a", 2, 0, "sync-2", chunk, 16));
-  CHECK(snapshots.Find("plan-a", 2, 0, "sync-2", 16).data != nullptr);
-  // Another plan drops every snapshot of the one before.
-  REQUIRE(snapshots.Keep("plan-b", 1, 0, "sync-3", chunk, 8));
+  REQUIRE(snapshots.Keep("plan-a", 2, 0, "sync-3", chunk, 16));
+  CHECK(snapshots.Find("sync-4", "plan-a", 2, 0, "sync-3", 16).data != nullptr);
+  // Another plan drops every snapshot of the one before: its first sync finds none, even
+  // once it kept some; the sync after finds them.
+  REQUIRE(snapshots.Keep("plan-b", 1, 0, "sync-4", chunk, 8));
   CHECK(snapshots.bytes() == 8);
-  CHECK(std::string(snapshots.Find("plan-b", 2, 0, "sync-2", 16).missing) == "stale_snapshot");
+  CHECK(std::string(snapshots.Find("sync-4", "plan-b", 2, 0, "sync-3", 16).missing) == "new_epoch");
+  CHECK(snapshots.Find("sync-5", "plan-b", 1, 0, "sync-4", 8).data != nullptr);
+  CHECK(std::string(snapshots.Find("sync-5", "plan-b", 2, 0, "sync-4", 16).missing) == "stale_snapshot");
 }
 
 }  // namespace
