@@ -327,6 +327,127 @@ void AddFills(const PlanInput& input, Plan& plan) {
 // and chooses its shared pieces with every forced piece of the batch counted.
 enum class Pass { kWhole, kForcedLoads, kTensorByTensor };
 
+// What a pass carries from tensor to tensor.
+template <typename Segments>
+struct PassState {
+  const PlanInput& input;
+  const std::vector<int8_t>& first_stage;  // by tensor; empty: every tensor starts in stage 0
+  bool counting;                           // forced pieces load their senders in this pass
+  bool making;                             // segments are made in this pass
+  bool many_nodes;
+  Plan& plan;
+  Segments& segments;
+  std::vector<int64_t>& sent;         // bytes each rank sends so far
+  std::vector<int64_t> from_network;  // bytes each rank receives from other nodes so far
+  std::vector<Pending> pending;
+  std::vector<int32_t> pool;  // sources of pending pieces
+  std::vector<int32_t> near;  // a piece's sources on the target's node
+  size_t made_from = 0;       // segments from here on are made (none waits for phase 2)
+
+  int32_t Node(int32_t rank) const { return many_nodes ? input.node_of_rank[rank] : 0; }
+};
+
+// Phase 1 of one target placement: its pieces in cover order. A piece with one holder
+// (or a relay in its replica group) is forced: its segment is made at once, merged
+// with the one before where their boxes join, and loads its sender. A piece with
+// several holders keeps its place for phase 2.
+template <typename Segments>
+class PlacementCover {
+ public:
+  PlacementCover(PassState<Segments>& state, int32_t tensor, int32_t placement, ReplicaGroups* groups)
+      : state_(state),
+        tensor_(tensor),
+        t_(state.input.tensors[tensor]),
+        me_(placement),
+        target_(t_.target.placements[placement]),
+        members_(groups ? groups->Members(placement) : nullptr),
+        relays_(members_ ? &groups->Relays(groups->Lead(placement)) : nullptr),
+        lead_(members_ && groups->Lead(placement) == placement) {}
+
+  void Emit(const Box& box, absl::Span<const int32_t> sources) {
+    const int64_t bytes = Volume(box) * ElementBytes(t_.target_dtype);
+    absl::Span<const int32_t> usable = sources;
+    bool remote = false;
+    if (state_.many_nodes) {
+      std::vector<int32_t>& near = state_.near;
+      near.clear();
+      for (int32_t s : sources) {
+        if (state_.Node(t_.source.placements[s].holder.rank) == state_.Node(target_.holder.rank)) near.push_back(s);
+      }
+      remote = near.empty();
+      if (!remote) usable = near;
+    }
+    int32_t relay = -1;  // this piece's relay in the group, if it has one
+    if (relays_ != nullptr) {
+      if (lead_) relays_->push_back(remote ? ChooseRelay(t_, *members_, bytes, state_.from_network) : -1);
+      if (position_ >= relays_->size()) {
+        misaligned_ = true;
+        return;
+      }
+      relay = (*relays_)[position_];
+    } else if (remote) {
+      state_.from_network[target_.holder.rank] += bytes;
+    }
+    ++position_;
+    if (relay >= 0 && relay != me_) return Force(t_.target.placements[relay], 1, box, bytes);
+    if (usable.size() == 1) return Force(t_.source.placements[usable[0]], 0, box, bytes);
+    if (!state_.making) return;  // chosen in the next pass
+    Flush();
+    state_.pending.push_back(Pending{state_.segments.size(), tensor_, me_, box,
+                                     static_cast<uint32_t>(state_.pool.size()), static_cast<uint32_t>(usable.size())});
+    state_.pool.insert(state_.pool.end(), usable.begin(), usable.end());
+    state_.segments.emplace_back();  // made in phase 2
+    state_.made_from = state_.segments.size();
+  }
+
+  // After the last piece: the open segment made; INTERNAL when the replicas of a box
+  // were cut into different pieces (the relay needs them alike).
+  absl::Status Finish() {
+    if (misaligned_ || (relays_ != nullptr && position_ != relays_->size())) {
+      return absl::InternalError(absl::StrCat("tensor '", t_.name, "': replicas of one box on rank ",
+                                              target_.holder.rank, " were cut into different pieces"));
+    }
+    Flush();
+    return absl::OkStatus();
+  }
+
+ private:
+  void Force(const Placement& from, int8_t stage, const Box& box, int64_t bytes) {
+    if (state_.counting && from.holder.rank != target_.holder.rank) state_.sent[from.holder.rank] += bytes;
+    if (open_from_ == &from && TryMergeBoxes(open_box_, box)) return;
+    Flush();
+    open_from_ = &from;
+    open_stage_ = stage;
+    open_box_ = box;
+  }
+
+  void Flush() {
+    if (open_from_ == nullptr || !state_.making) return;
+    const DType from_dtype = open_stage_ == 0 ? t_.source_dtype : t_.target_dtype;
+    const int8_t first = state_.first_stage.empty() ? 0 : state_.first_stage[tensor_];
+    const Segment made = MakeSegment(tensor_, *open_from_, from_dtype, target_, t_.target_dtype, open_box_,
+                                     static_cast<int8_t>(first + open_stage_));
+    state_.plan.stages = std::max(state_.plan.stages, made.stage + 1);
+    Segments& segments = state_.segments;
+    if (segments.size() <= state_.made_from || !TryMergeRuns(segments.back(), made)) segments.push_back(made);
+    open_from_ = nullptr;
+  }
+
+  PassState<Segments>& state_;
+  const int32_t tensor_;
+  const TensorLayouts& t_;
+  const int32_t me_;
+  const Placement& target_;
+  const std::vector<int32_t>* const members_;  // its replica group on its node, if any
+  std::vector<int32_t>* const relays_;         // the group's relay of each piece
+  const bool lead_;
+  size_t position_ = 0;  // of the piece in cover order: the same in every member
+  bool misaligned_ = false;
+  const Placement* open_from_ = nullptr;  // the forced piece not yet made a segment
+  int8_t open_stage_ = 0;
+  Box open_box_;
+};
+
 // A pass on validated input, its segments in `segments` (kWhole: all; kTensorByTensor:
 // each tensor's in turn, handed to `sink`). `first_stage` gives each tensor's first
 // stage (see Segment), `quantized` the tensors that are never relayed; both empty:
@@ -337,42 +458,33 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
                                 const std::vector<bool>& quantized, const ReplicaPolicy& policy,
                                 const PlanOptions& options, Pass pass, std::vector<int64_t>& sent, Segments& segments,
                                 const SegmentSink& sink) {
-  const auto first_stage_of = [&](size_t tensor) -> int8_t { return first_stage.empty() ? 0 : first_stage[tensor]; };
   Plan plan;
   plan.node_of_rank = input.node_of_rank;
   for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
-  const bool many_nodes = SpansNodes(input.node_of_rank);
-  const auto node = [&](int32_t rank) { return many_nodes ? input.node_of_rank[rank] : 0; };
-  const bool counting = pass != Pass::kTensorByTensor;  // forced pieces load their senders here
-  const bool making = pass != Pass::kForcedLoads;       // segments are made
-  const bool by_tensor = pass == Pass::kTensorByTensor;
   sent.resize(plan.num_ranks, 0);
-  std::vector<int64_t> from_network(plan.num_ranks, 0);  // bytes each rank receives from other nodes
-  std::vector<Pending> pending;
-  std::vector<int32_t> pool;  // sources of pending pieces
-  std::vector<int32_t> near;  // a piece's sources on the target's node
+  const bool by_tensor = pass == Pass::kTensorByTensor;
+  PassState<Segments> state{input, first_stage, !by_tensor, pass != Pass::kForcedLoads, SpansNodes(input.node_of_rank),
+                            plan,  segments,    sent};
+  state.from_network.assign(plan.num_ranks, 0);
   Coverer coverer;
   CoverCache covers;
-  size_t made_from = 0;  // segments from here on are made (none waits for phase 2)
-
-  // Tensor by tensor. Phase 1: cover every target box in canonical order. A piece with
-  // one holder is forced: its segment is made now (merged with its neighbour where the
-  // boxes join) and loads its sender. A piece with several holders keeps its place for
-  // phase 2, which chooses its holder once the tensor's forced pieces are counted.
+  // Tensor by tensor: phase 1 covers every target box in canonical order (PlacementCover);
+  // phase 2 chooses the holders of the shared pieces, once the forced ones are counted.
   for (size_t ti = 0; ti < input.tensors.size(); ++ti) {
     const TensorLayouts& t = input.tensors[ti];
     if (by_tensor) {
       segments.clear();
-      pending.clear();
-      pool.clear();
-      made_from = 0;
+      state.pending.clear();
+      state.pool.clear();
+      state.made_from = 0;
     }
     plan.tensor_names.push_back(t.name);
-    const int64_t element = ElementBytes(t.target_dtype);
     const SourceIndex index = IndexSources(t);
     covers.StartTensor(t);
     std::optional<ReplicaGroups> groups;
-    if (options.relay && many_nodes && (quantized.empty() || !quantized[ti])) groups.emplace(t, input.node_of_rank);
+    if (options.relay && state.many_nodes && (quantized.empty() || !quantized[ti])) {
+      groups.emplace(t, input.node_of_rank);
+    }
     for (size_t pi = 0; pi < t.target.placements.size(); ++pi) {
       const Placement& target = t.target.placements[pi];
       if (IsEmpty(target.box)) continue;
@@ -382,66 +494,6 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
         GatherCandidates(t, index, target.box, coverer.candidates());
         pieces = covers.Cover(coverer, target.box, &uncovered);
       }
-      const int32_t me = static_cast<int32_t>(pi);
-      const std::vector<int32_t>* members = groups ? groups->Members(me) : nullptr;
-      std::vector<int32_t>* relays = members ? &groups->Relays(groups->Lead(me)) : nullptr;
-      const bool lead = members && groups->Lead(me) == me;
-      size_t position = 0;  // of the piece in cover order: the same in every member
-      bool misaligned = false;
-      const Placement* open_from = nullptr;  // the forced piece not yet made a segment
-      int8_t open_stage = 0;
-      Box open_box;
-      const auto flush = [&] {
-        if (open_from == nullptr || !making) return;
-        const DType from_dtype = open_stage == 0 ? t.source_dtype : t.target_dtype;
-        const Segment made = MakeSegment(static_cast<int32_t>(ti), *open_from, from_dtype, target, t.target_dtype,
-                                         open_box, static_cast<int8_t>(first_stage_of(ti) + open_stage));
-        plan.stages = std::max(plan.stages, made.stage + 1);
-        if (segments.size() <= made_from || !TryMergeRuns(segments.back(), made)) segments.push_back(made);
-        open_from = nullptr;
-      };
-      const auto force = [&](const Placement& from, int8_t stage, const Box& box, int64_t bytes) {
-        if (counting && from.holder.rank != target.holder.rank) sent[from.holder.rank] += bytes;
-        if (open_from == &from && TryMergeBoxes(open_box, box)) return;
-        flush();
-        open_from = &from;
-        open_stage = stage;
-        open_box = box;
-      };
-      const auto emit = [&](const Box& box, absl::Span<const int32_t> sources) {
-        const int64_t bytes = Volume(box) * element;
-        absl::Span<const int32_t> usable = sources;
-        bool remote = false;
-        if (many_nodes) {
-          near.clear();
-          for (int32_t s : sources) {
-            if (node(t.source.placements[s].holder.rank) == node(target.holder.rank)) near.push_back(s);
-          }
-          remote = near.empty();
-          if (!remote) usable = near;
-        }
-        int32_t relay = -1;  // this piece's relay in the group, if it has one
-        if (relays != nullptr) {
-          if (lead) relays->push_back(remote ? ChooseRelay(t, *members, bytes, from_network) : -1);
-          if (position >= relays->size()) {
-            misaligned = true;
-            return;
-          }
-          relay = (*relays)[position];
-        } else if (remote) {
-          from_network[target.holder.rank] += bytes;
-        }
-        ++position;
-        if (relay >= 0 && relay != me) return force(t.target.placements[relay], 1, box, bytes);
-        if (usable.size() == 1) return force(t.source.placements[usable[0]], 0, box, bytes);
-        if (!making) return;  // chosen in the next pass
-        flush();
-        pending.push_back(Pending{segments.size(), static_cast<int32_t>(ti), me, box,
-                                  static_cast<uint32_t>(pool.size()), static_cast<uint32_t>(usable.size())});
-        pool.insert(pool.end(), usable.begin(), usable.end());
-        segments.emplace_back();  // made in phase 2
-        made_from = segments.size();
-      };
       if (pieces == nullptr) {
         absl::Status status = absl::FailedPreconditionError(
             absl::StrCat("tensor '", t.name, "': the target in ", BufferLabel(input, target.holder),
@@ -449,21 +501,19 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
         status.SetPayload(kUncoveredTensorPayload, absl::Cord(t.name));
         return status;
       }
-      for (const CoverCache::Piece& piece : *pieces) emit(piece.box, covers.Sources(piece));
-      if (misaligned || (relays != nullptr && position != relays->size())) {
-        return absl::InternalError(absl::StrCat("tensor '", t.name, "': replicas of one box on rank ",
-                                                target.holder.rank, " were cut into different pieces"));
-      }
-      flush();
+      PlacementCover<Segments> cover(state, static_cast<int32_t>(ti), static_cast<int32_t>(pi),
+                                     groups ? &*groups : nullptr);
+      for (const CoverCache::Piece& piece : *pieces) cover.Emit(piece.box, covers.Sources(piece));
+      SHARDSYNC_RETURN_IF_ERROR(cover.Finish());
     }
     if (!by_tensor) continue;
-    ChoosePending(input, pending, pool, policy, first_stage, sent, segments);
-    if (!pending.empty()) MergeRuns(segments);
+    ChoosePending(input, state.pending, state.pool, policy, first_stage, sent, segments);
+    if (!state.pending.empty()) MergeRuns(segments);
     if constexpr (std::is_same_v<Segments, std::vector<Segment>>) SHARDSYNC_RETURN_IF_ERROR(sink(segments));
   }
   if (pass == Pass::kWhole) {
-    ChoosePending(input, pending, pool, policy, first_stage, sent, segments);
-    if (!pending.empty()) MergeRuns(segments);
+    ChoosePending(input, state.pending, state.pool, policy, first_stage, sent, segments);
+    if (!state.pending.empty()) MergeRuns(segments);
   }
   AddFills(input, plan);
   return plan;
