@@ -18,7 +18,7 @@ void PeerDesk::Expect(const std::string& sync_id, PlannedWriters writers) {
 }
 
 absl::StatusOr<std::set<std::string>> PeerDesk::PlannedFor(const std::string& sync_id, int32_t peer,
-                                                           int64_t* scratch_bytes) {
+                                                           int64_t* scratch_bytes, bool* refused) {
   absl::MutexLock lock(&mu_);
   const auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return planned_.count(sync_id) > 0; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&known), wait_)) {
@@ -26,9 +26,8 @@ absl::StatusOr<std::set<std::string>> PeerDesk::PlannedFor(const std::string& sy
                                                     peer, " asked for its target memory)"));
   }
   const PlannedWriters& planned = planned_.at(sync_id);
-  if (planned.refused) {
-    return absl::AbortedError(absl::StrCat("rank ", rank_, " refused sync '", sync_id, "'"));
-  }
+  *refused = planned.refused;
+  if (planned.refused) return std::set<std::string>();
   const auto writes = planned.buffers.find(peer);
   if (writes == planned.buffers.end()) {
     return absl::PermissionDeniedError(
@@ -43,8 +42,14 @@ absl::StatusOr<v1::TargetMemoryResponse> PeerDesk::TargetMemory(const v1::Target
     return absl::InvalidArgumentError(absl::StrCat("target memory asked for by rank ", request.from_rank()));
   }
   int64_t scratch_bytes = 0;
+  bool refused = false;
   SHARDSYNC_ASSIGN_OR_RETURN(const std::set<std::string> planned,
-                             PlannedFor(request.sync_id(), request.from_rank(), &scratch_bytes));
+                             PlannedFor(request.sync_id(), request.from_rank(), &scratch_bytes, &refused));
+  v1::TargetMemoryResponse response;
+  if (refused) {
+    response.set_refused(true);
+    return response;
+  }
   for (const std::string& name : request.buffers()) {
     if (planned.count(name) == 0) {
       return absl::PermissionDeniedError(absl::StrCat("sync '", request.sync_id(), "' has rank ", request.from_rank(),
@@ -59,7 +64,6 @@ absl::StatusOr<v1::TargetMemoryResponse> PeerDesk::TargetMemory(const v1::Target
     }
     SHARDSYNC_RETURN_IF_ERROR(registry_.ProvideScratch(scratch_bytes));
   }
-  v1::TargetMemoryResponse response;
   std::vector<std::pair<std::string, int64_t>> handed;
   for (const std::string& name : request.buffers()) {
     int64_t registered_at = 0;

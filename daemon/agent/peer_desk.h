@@ -34,8 +34,8 @@ class PeerDesk {
   // The handles of this rank's targets request.buffers, for peer request.from_rank,
   // once this rank prepares sync request.sync_id (waiting up to `wait`); refuses
   // (PERMISSION_DENIED) a peer or buffer that sync does not have write here, and a
-  // scratch of another size; ABORTED when this rank refused the sync. Makes the plan's
-  // scratch first where it is asked for.
+  // scratch of another size; answers `refused` (no buffers) when this rank refused the
+  // sync. Makes the plan's scratch first where it is asked for.
   absl::StatusOr<v1::TargetMemoryResponse> TargetMemory(const v1::TargetMemoryRequest& request);
   // Every direct peer of `prepared` that writes this rank's targets mapped the
   // registrations they have now: else this rank is not ready.
@@ -45,8 +45,10 @@ class PeerDesk {
   static constexpr size_t kSyncsKept = 16;
 
   // The buffers sync `sync_id` has `peer` write here, and this rank's scratch size in
-  // it, waiting up to `wait_` for this rank to prepare it.
-  absl::StatusOr<std::set<std::string>> PlannedFor(const std::string& sync_id, int32_t peer, int64_t* scratch_bytes);
+  // it, waiting up to `wait_` for this rank to prepare it; `refused` set (no buffers)
+  // when this rank refused it.
+  absl::StatusOr<std::set<std::string>> PlannedFor(const std::string& sync_id, int32_t peer, int64_t* scratch_bytes,
+                                                   bool* refused);
 
   const int32_t rank_;
   Registry& registry_;

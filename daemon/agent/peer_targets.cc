@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "proto/shardsync.grpc.pb.h"
@@ -51,6 +52,11 @@ absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets
                                                                " gave no target memory for the direct "
                                                                "path: ",
                                                                response.status().message()));
+  }
+  if (response->refused()) {
+    absl::Status refused = absl::AbortedError(absl::StrCat("rank ", peer, " refused sync '", sync_id, "'"));
+    refused.SetPayload(kPeerRefusedPayload, absl::Cord(sync_id));
+    return refused;
   }
   if (response->buffers_size() != static_cast<int>(names.size()) ||
       response->registered_at_size() != response->buffers_size()) {

@@ -23,6 +23,10 @@
 
 namespace shardsync::agent {
 
+// The payload (type URL) of PeerTargets::Map's error when the peer refused the sync
+// itself: this rank then refuses as its follower (PrepareResponse.peer_refused).
+inline constexpr char kPeerRefusedPayload[] = "type.shardsync/agent.PeerRefused";
+
 class PeerTargets {
  public:
   // One TargetMemory call to the agent at `address`.

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "daemon/agent/peer_targets.h"
 #include "daemon/common/rank_stats.h"
 #include "executor/verify.h"
 #include "planner/quantize.h"
@@ -45,7 +46,7 @@ v1::PrepareResponse SyncDesk::Prepare(const v1::PrepareRequest& request) {
     status = prepared.status();
     if (prepared.ok()) kept = parts_.ledger.Keep(request.digest(), *std::move(prepared), ticket);
   }
-  const bool peer_refused = absl::IsAborted(status);  // PeerDesk's answer for a refused sync
+  const bool peer_refused = status.GetPayload(kPeerRefusedPayload).has_value();
   if (status.ok() && !kept) {
     status =
         absl::AbortedError(absl::StrCat("sync ", request.sync_id(), " was prepared again since this Prepare came"));

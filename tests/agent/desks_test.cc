@@ -1,7 +1,8 @@
 // The agent's desks do not wait on each other: a Prepare that waits for a slow direct
 // peer (its TargetMemory answer) holds up no other call of the agent, not even the next
 // Prepare, and does not replace what that one kept when it ends. Target memory goes only
-// to the peers a sync has write here.
+// to the peers a sync has write here; a rank that refused a sync says so, and only that
+// answer makes the asking rank a follower in the refusal.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -190,6 +191,41 @@ TEST_CASE("target memory goes to the peers a sync this rank prepares has write h
   quick.Expect("sync-a", writers);
   for (int k = 0; k < 16; ++k) quick.Expect(absl::StrCat("sync-later-", k), writers);
   CHECK_THAT(std::string(quick.TargetMemory(ask).status().message()), Contains("has not prepared sync 'sync-a'"));
+}
+
+TEST_CASE("a rank that refused a sync says so to a peer that asks; the peer refuses as its follower") {
+  HeapBackend backend;
+  Registry refusing(1, {&backend});
+  REQUIRE(refusing.Add(WholeRollout(1), Peer{2, 0}).ok());
+  PeerDesk desk(1, refusing, absl::Minutes(5));  // a hang deadline
+  PlannedWriters none;
+  none.refused = true;
+  desk.Expect("sync-r", none);
+  v1::TargetMemoryRequest ask;
+  ask.set_from_rank(0);
+  ask.set_sync_id("sync-r");
+  ask.add_buffers("arena");
+  const absl::StatusOr<v1::TargetMemoryResponse> answered = desk.TargetMemory(ask);
+  REQUIRE(answered.ok());
+  CHECK(answered->refused());
+  CHECK(answered->buffers_size() == 0);  // no memory for a refused sync
+
+  // The asking rank's mapping fails with the follower's mark, naming the peer; any
+  // other failure carries no such mark.
+  Registry asking(0, {&backend});
+  PeerTargets targets(0, asking, [&](const std::string&, const v1::TargetMemoryRequest& request, absl::Time) {
+    return desk.TargetMemory(request);
+  });
+  const auto mapped = targets.Map(1, "127.0.0.1:1", "sync-r", {"arena"}, 0, absl::Now() + absl::Minutes(5));
+  REQUIRE_FALSE(mapped.ok());
+  CHECK(mapped.status().GetPayload(kPeerRefusedPayload).has_value());
+  CHECK_THAT(std::string(mapped.status().message()), Contains("rank 1 refused sync 'sync-r'"));
+  PeerTargets aborting(0, asking, [&](const std::string&, const v1::TargetMemoryRequest&, absl::Time) {
+    return absl::StatusOr<v1::TargetMemoryResponse>(absl::AbortedError("the peer's server is going away"));
+  });
+  const auto failed = aborting.Map(1, "127.0.0.1:1", "sync-r", {"arena"}, 0, absl::Now() + absl::Minutes(5));
+  REQUIRE_FALSE(failed.ok());
+  CHECK_FALSE(failed.status().GetPayload(kPeerRefusedPayload).has_value());
 }
 
 }  // namespace
