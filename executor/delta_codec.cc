@@ -80,9 +80,13 @@ DeltaCounts EncodeDelta(const uint8_t* current, const uint8_t* baseline, int64_t
     const bool last_changed = n > 0 && changed[n - 1] == words - 1;
     const bool low = !changes.high_changed;
     const int64_t value_bytes = low ? n : kWordBytes * n - (block_bytes % kWordBytes != 0 && last_changed ? 1 : 0);
-    int64_t gaps = 2;
-    for (int64_t i = 0, previous = -1; i < n; previous = changed[i++]) gaps += GapBytes(Gap(changed[i], previous));
-    const int64_t where[] = {(words + 7) / 8, 2 + 2 * n, gaps};  // kBitmask, kIndices, kGaps
+    const int64_t mask_bytes = (words + 7) / 8;
+    int64_t gaps = 2 + n;  // at least a byte a word: counted only where that could beat the mask
+    if (gaps < mask_bytes) {
+      gaps = 2;
+      for (int64_t i = 0, previous = -1; i < n; previous = changed[i++]) gaps += GapBytes(Gap(changed[i], previous));
+    }
+    const int64_t where[] = {mask_bytes, 2 + 2 * n, gaps};  // kBitmask, kIndices, kGaps
     const int64_t best = std::min_element(where, where + 3) - where;
     DeltaMode mode = DeltaMode::kRaw;
     if (n == 0) {
@@ -126,9 +130,13 @@ DeltaCounts EncodeDelta(const uint8_t* current, const uint8_t* baseline, int64_t
       for (int64_t i = 0; i < n; ++i) value[i] = now[changed[i] * kWordBytes];
     } else {
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t length = WordLength(changed[i], block_bytes);
-        std::memcpy(value, now + changed[i] * kWordBytes, length);
-        value += length;
+        const uint8_t* word = now + changed[i] * kWordBytes;
+        if (WordLength(changed[i], block_bytes) == kWordBytes) {
+          std::memcpy(value, word, kWordBytes);  // a fixed size: no call
+          value += kWordBytes;
+        } else {
+          *value++ = *word;  // the odd last byte
+        }
       }
     }
   }
@@ -250,9 +258,13 @@ absl::Status ReadBlock(const uint8_t* encoded, int64_t encoded_bytes, int64_t& a
 void WriteBlock(const BlockChanges& block, uint8_t* data, int64_t block_bytes) {
   const uint8_t* value = block.values;
   const auto write = [&](int64_t k) {
-    const int64_t length = block.low_bytes ? 1 : WordLength(k, block_bytes);
-    std::memcpy(data + k * kWordBytes, value, length);
-    value += length;
+    uint8_t* word = data + k * kWordBytes;
+    if (!block.low_bytes && WordLength(k, block_bytes) == kWordBytes) {
+      std::memcpy(word, value, kWordBytes);  // a fixed size: no call
+      value += kWordBytes;
+    } else {
+      *word = *value++;  // a first byte, or the odd last byte
+    }
   };
   switch (block.mode) {
     case DeltaMode::kUnchanged:
