@@ -19,6 +19,38 @@ void PrintJson(const google::protobuf::Message& message, std::ostream& out) {
   out << json << "\n";
 }
 
+namespace {
+
+// A NIC per rank: the busiest rank's network bytes in and out against an even share,
+// in over every rank that receives (each could take its node's share), out over the
+// ranks that send to other nodes.
+void PrintNics(const v1::ExplainResponse& report, std::ostream& out) {
+  int64_t into = 0, out_of = 0, busiest_in = 0, busiest_out = 0;
+  int receivers = 0, senders = 0;
+  for (const v1::RankStats& r : report.ranks()) {
+    if (r.received_bytes() > 0) {
+      ++receivers;
+      into += r.network_received_bytes();
+      busiest_in = std::max(busiest_in, r.network_received_bytes());
+    }
+    if (r.network_sent_bytes() > 0) {
+      ++senders;
+      out_of += r.network_sent_bytes();
+      busiest_out = std::max(busiest_out, r.network_sent_bytes());
+    }
+  }
+  if (receivers == 0 || senders == 0 || into == 0) return;
+  const double even_in = static_cast<double>(into) / receivers;
+  const double even_out = static_cast<double>(out_of) / senders;
+  out << absl::StrFormat(
+      "NICs (one a rank): into the busiest %s, %.3fx an even share over the %d ranks that receive (%.3f ms at %g "
+      "GB/s); out of the busiest %s, %.3fx an even share over the %d that send\n",
+      Bytes(busiest_in), busiest_in / even_in, receivers, even_in / (report.network_gbps() * 1e9) * 1e3,
+      report.network_gbps(), Bytes(busiest_out), busiest_out / even_out, senders);
+}
+
+}  // namespace
+
 void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title, bool links, std::ostream& out) {
   out << absl::StrFormat("%s, digest %s: %d tensors on %d ranks, %d segments, %d chunks, %d rounds\n", title,
                          report.digest(), report.tensors(), report.ranks_size(), report.segments(), report.chunks(),
@@ -57,6 +89,7 @@ void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title,
   out << absl::StrFormat("floor %.3f ms at %g GB/s per link direction, %g GB/s memory (read + write)%s\n",
                          report.floor_seconds() * 1e3, report.link_gbps(), report.memory_gbps(),
                          nodes ? absl::StrFormat(", %g GB/s network", report.network_gbps()) : "");
+  if (nodes) PrintNics(report, out);
   // Imbalance: the busiest rank's link bytes over the mean; 1.00 is perfectly even.
   int64_t busiest = 0, sum = 0, busiest_rank = 0;
   for (const v1::RankStats& r : report.ranks()) {

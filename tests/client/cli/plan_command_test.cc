@@ -96,7 +96,12 @@ TEST_CASE("plan prints the same report as tables, with the bytes between nodes w
   PlanCommandConfig nodes = SmallModel(/*json=*/false);
   nodes.rollout_rank = 4;
   nodes.ranks_per_node = 4;
-  CHECK_THAT(Plan(nodes), Contains("between nodes ") && Contains("net received") && Contains("GB/s network"));
+  const std::string spanning = Plan(nodes);
+  CHECK_THAT(spanning, Contains("between nodes ") && Contains("net received") && Contains("GB/s network"));
+  // Ranks 4-7 take the rollout's bytes from node 0, relayed: each rank's NIC its share.
+  CHECK_THAT(spanning, Contains("NICs (one a rank): into the busiest ") &&
+                           Contains("x an even share over the 4 ranks that receive") &&
+                           Contains("x an even share over the 4 that send"));
   nodes.json = true;
   REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(nodes), &report).ok());
   CHECK(report.network_bytes() > 0);
