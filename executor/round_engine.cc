@@ -199,6 +199,12 @@ void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send,
   const char* whole = nullptr;  // why the chunk goes whole, if it does
   if (const auto full = delta.full_peers.find(send.peer); full != delta.full_peers.end()) {
     whole = full->second.c_str();
+    if (full->second == kSameNodeWord) {  // never a delta link: no snapshot spends the budget
+      ++stats.full_chunks[whole];
+      stats.peer_wire[send.peer].wire_bytes += send.bytes;
+      stats.encode_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+      return;
+    }
   } else if (const auto version = delta.peer_versions.find(send.peer); version == delta.peer_versions.end()) {
     whole = "new_target";
   } else if (const SnapshotLookup snapshot = delta.snapshots->Find(std::string(run.sync_id), delta.digest, send.peer,

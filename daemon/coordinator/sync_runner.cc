@@ -400,7 +400,7 @@ std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
     for (const auto& [peer, word] : by_own_word) {
       if (peer == rank || on_host.count(peer) == 0) continue;
       if (options_.delta == DeltaMode::kAuto && nodes[peer] == nodes[rank]) {  // fast inside a node
-        (*spec.mutable_full_peers())[peer] = "same_node";
+        (*spec.mutable_full_peers())[peer] = "same_node";  // executor::kSameNodeWord: nothing kept for it
       } else if (const auto version = versions.find(peer); version != versions.end()) {
         (*spec.mutable_peer_versions())[peer] = version->second;
       } else {

@@ -209,6 +209,43 @@ TEST_CASE("delta sync: changed sources move as deltas onto the targets' last syn
   CHECK(full_wire == sent);
 }
 
+TEST_CASE("delta sync: links inside a node under auto go whole, named, and keep no snapshot") {
+  std::mt19937_64 rng(77);
+  auto input = planner::ExpandModel(testing::RandomModel(rng));
+  REQUIRE(input.ok());
+  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  REQUIRE(plan->quantizes.empty());
+  auto schedules = planner::MakeSchedules(*plan, 4096);
+  REQUIRE(schedules.ok());
+  testing::HostBuffers buffers = testing::AllocateBuffers(*input);
+  testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
+  std::vector<DeltaSnapshots> snapshots(plan->num_ranks, DeltaSnapshots(int64_t{1} << 30));
+  std::vector<DeltaRun> deltas(plan->num_ranks);
+  for (int32_t r = 0; r < plan->num_ranks; ++r) {
+    deltas[r].digest = "plan";
+    deltas[r].snapshots = &snapshots[r];
+    for (int32_t peer = 0; peer < plan->num_ranks; ++peer) {
+      if (peer != r) deltas[r].full_peers[peer] = kSameNodeWord;
+    }
+  }
+  const testing::HostBuffers before = buffers;
+  const auto results = RunEveryRankDelta(*plan, *schedules, buffers, 4096, "sync-1", deltas);
+  int64_t whole = 0, sent = 0;
+  for (int32_t r = 0; r < plan->num_ranks; ++r) {
+    REQUIRE(results[r].ok());
+    CHECK(snapshots[r].bytes() == 0);
+    for (const auto& [why, chunks] : results[r]->full_chunks) {
+      CHECK(why == kSameNodeWord);
+      whole += chunks;
+    }
+    sent += results[r]->sent_bytes;
+  }
+  CHECK(sent > 0);
+  CHECK(whole > 0);
+  CHECK(testing::CheckSync(*input, values, before, buffers).empty());
+}
+
 TEST_CASE("a delta for a receive without its baseline is refused, naming the sender") {
   Mailbox mailbox;
   uint8_t target[8] = {};
