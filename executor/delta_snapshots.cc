@@ -2,7 +2,7 @@
 
 namespace shardsync::executor {
 
-SnapshotLookup DeltaSnapshots::Find(const std::string& sync_id, const std::string& digest, int32_t peer, int32_t round,
+SnapshotLookup DeltaSnapshots::Find(absl::string_view sync_id, const std::string& digest, int32_t peer, int32_t round,
                                     const std::string& version, int64_t bytes) const {
   if (first_sync_.empty() || first_sync_ == sync_id) return {nullptr, "restarted_agent"};
   if (digest != digest_ || digest_since_ == sync_id) return {nullptr, "new_epoch"};

@@ -10,6 +10,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/string_view.h"
+
 namespace shardsync::executor {
 
 // A lookup's answer: the snapshot, or why there is none (a reason word of the stats:
@@ -29,7 +31,7 @@ class DeltaSnapshots {
   // For sync `sync_id` (what it kept so far does not count): the snapshot of the chunk
   // of round `round` to `peer` in plan `digest`, when it holds sync `version`'s bytes,
   // `bytes` of them.
-  SnapshotLookup Find(const std::string& sync_id, const std::string& digest, int32_t peer, int32_t round,
+  SnapshotLookup Find(absl::string_view sync_id, const std::string& digest, int32_t peer, int32_t round,
                       const std::string& version, int64_t bytes) const;
   // Keeps `data` as that chunk's snapshot of sync `version`, replacing the one before;
   // false (the old one dropped) when it does not fit the budget.

@@ -197,18 +197,14 @@ void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send,
   const uint8_t* chunk = send.data;
   const int64_t bytes = send.bytes;
   const char* whole = nullptr;  // why the chunk goes whole, if it does
+  bool keep = true;             // the peer may take a delta of it next time
   if (const auto full = delta.full_peers.find(send.peer); full != delta.full_peers.end()) {
     whole = full->second.c_str();
-    if (full->second == kSameNodeWord) {  // never a delta link: no snapshot spends the budget
-      ++stats.full_chunks[whole];
-      stats.peer_wire[send.peer].wire_bytes += send.bytes;
-      stats.encode_seconds += absl::ToDoubleSeconds(absl::Now() - start);
-      return;
-    }
+    keep = full->second != kSameNodeWord;  // never a delta link: no snapshot spends the budget
   } else if (const auto version = delta.peer_versions.find(send.peer); version == delta.peer_versions.end()) {
     whole = "new_target";
-  } else if (const SnapshotLookup snapshot = delta.snapshots->Find(std::string(run.sync_id), delta.digest, send.peer,
-                                                                   round, version->second, bytes);
+  } else if (const SnapshotLookup snapshot =
+                 delta.snapshots->Find(run.sync_id, delta.digest, send.peer, round, version->second, bytes);
              snapshot.data == nullptr) {
     whole = snapshot.missing;
   } else {
@@ -226,7 +222,7 @@ void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send,
   if (whole != nullptr) ++stats.full_chunks[whole];
   stats.peer_wire[send.peer].wire_bytes += send.bytes;
   // What the peer holds after this sync, if it succeeds: this sync's bytes.
-  delta.snapshots->Keep(delta.digest, send.peer, round, std::string(run.sync_id), chunk, bytes);
+  if (keep) delta.snapshots->Keep(delta.digest, send.peer, round, std::string(run.sync_id), chunk, bytes);
   stats.encode_seconds += absl::ToDoubleSeconds(absl::Now() - start);
 }
 

@@ -83,6 +83,10 @@ struct DirectLinks {
   bool Has(int32_t peer) const { return std::binary_search(peers.begin(), peers.end(), peer); }
 };
 
+// The word of DeltaRun::full_peers (the coordinator's DeltaSpec.full_peers) for a link
+// inside a node under --delta auto.
+inline constexpr char kSameNodeWord[] = "same_node";
+
 // Delta sync of one run (host transports, plans without block-quantized targets). Every
 // chunk this rank sends through the transport is kept as its snapshot for the next
 // sync; a chunk to a peer whose targets hold `peer_versions[peer]` goes as a delta
@@ -90,10 +94,6 @@ struct DirectLinks {
 // `senders`: the peers that may send deltas here (this rank's targets hold the version
 // they were told), so each receive from them gathers its baseline from them first. A
 // peer in `full_peers` for kSameNodeWord never gets deltas: nothing is kept for it.
-// The word of DeltaRun::full_peers (the coordinator's DeltaSpec.full_peers) for a link
-// inside a node under --delta auto.
-inline constexpr char kSameNodeWord[] = "same_node";
-
 struct DeltaRun {
   std::string digest;                            // of the plan: snapshots are per plan
   std::map<int32_t, std::string> peer_versions;  // by receiving peer
