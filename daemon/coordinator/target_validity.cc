@@ -41,26 +41,27 @@ void TargetValidity::PartlyWritten(const std::vector<int32_t>& ranks) {
   }
 }
 
+const std::string* TargetValidity::VersionLocked(int32_t rank, const std::string& own_word) const {
+  if (part_written_.count(rank) > 0) return nullptr;
+  if (synced_.count(rank) == 0) return own_word.empty() ? nullptr : &own_word;
+  const auto written = written_by_.find(rank);
+  return written == written_by_.end() ? nullptr : &written->second;
+}
+
 std::map<int32_t, std::string> TargetValidity::Versions(const std::map<int32_t, std::string>& by_own_word) const {
   absl::MutexLock lock(&mu_);
   std::map<int32_t, std::string> versions;
   for (const auto& [rank, word] : by_own_word) {
-    if (part_written_.count(rank) > 0) continue;
-    if (synced_.count(rank) == 0) {
-      if (!word.empty()) versions[rank] = word;
-      continue;
-    }
-    if (const auto written = written_by_.find(rank); written != written_by_.end()) versions[rank] = written->second;
+    if (const std::string* version = VersionLocked(rank, word)) versions[rank] = *version;
   }
   return versions;
 }
 
 std::map<int32_t, std::string> TargetValidity::Unversioned(const std::map<int32_t, std::string>& by_own_word) const {
-  const std::map<int32_t, std::string> versions = Versions(by_own_word);
   absl::MutexLock lock(&mu_);
   std::map<int32_t, std::string> why;
   for (const auto& [rank, word] : by_own_word) {
-    if (versions.count(rank) > 0) continue;
+    if (VersionLocked(rank, word) != nullptr) continue;
     if (restarted_.count(rank) > 0) {
       why[rank] = "restarted_agent";
     } else if (published_.count(rank) > 0) {
@@ -76,7 +77,7 @@ std::set<int32_t> TargetValidity::Invalid(const std::map<int32_t, std::string>& 
   absl::MutexLock lock(&mu_);
   std::set<int32_t> invalid = part_written_;
   for (const auto& [rank, word] : by_own_word) {
-    if (word.empty() && synced_.count(rank) == 0) invalid.insert(rank);
+    if (VersionLocked(rank, word) == nullptr) invalid.insert(rank);
   }
   return invalid;
 }

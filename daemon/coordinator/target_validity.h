@@ -40,6 +40,9 @@ class TargetValidity {
   std::map<int32_t, std::string> Unversioned(const std::map<int32_t, std::string>& by_own_word) const;
 
  private:
+  // The version of `rank`'s targets, given its agent's word; null when they hold none.
+  const std::string* VersionLocked(int32_t rank, const std::string& own_word) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   std::set<int32_t> part_written_ ABSL_GUARDED_BY(mu_);
   std::set<int32_t> synced_ ABSL_GUARDED_BY(mu_);                   // since their last publication
