@@ -75,21 +75,15 @@ int Run(const ClusterCase& c, bool relay) {
   const int64_t segments = bytes.segments();
   const auto stages = bytes.Finish(*plan);
   const int32_t first = c.shape.rollout_first_rank;
-  std::vector<int64_t> into(plan->num_ranks, 0), out(plan->num_ranks, 0);
-  for (const auto& stage : stages) {
-    for (int32_t r = 0; r < plan->num_ranks; ++r) {
-      into[r] += stage[r].network_received_bytes;
-      out[r] += stage[r].network_sent_bytes;
-    }
-  }
+  const std::vector<planner::RankStats> ranks = planner::SumStages(stages, plan->num_ranks);
   int64_t into_rollout = 0, busiest_into = 0, out_of_trainer = 0, busiest_out = 0;
   for (int32_t r = 0; r < plan->num_ranks; ++r) {
     if (r >= first) {
-      into_rollout += into[r];
-      busiest_into = std::max(busiest_into, into[r]);
+      into_rollout += ranks[r].network_received_bytes;
+      busiest_into = std::max(busiest_into, ranks[r].network_received_bytes);
     } else {
-      out_of_trainer += out[r];
-      busiest_out = std::max(busiest_out, out[r]);
+      out_of_trainer += ranks[r].network_sent_bytes;
+      busiest_out = std::max(busiest_out, ranks[r].network_sent_bytes);
     }
   }
   int64_t model_bytes = 0;

@@ -138,14 +138,7 @@ int RunStreamedCase(const Case& c, const planner::PlanInput& input, double layou
   const int64_t segments = bytes.segments();
   const std::vector<std::vector<planner::RankStats>> stages = bytes.Finish(*plan);
   int64_t sent = 0, max_sent = 0, max_received = 0;
-  std::vector<planner::RankStats> ranks(plan->num_ranks);
-  for (const auto& stage : stages) {
-    for (int32_t r = 0; r < plan->num_ranks; ++r) {
-      ranks[r].sent_bytes += stage[r].sent_bytes;
-      ranks[r].received_bytes += stage[r].received_bytes;
-    }
-  }
-  for (const planner::RankStats& r : ranks) {
+  for (const planner::RankStats& r : planner::SumStages(stages, plan->num_ranks)) {
     sent += r.sent_bytes;
     max_sent = std::max(max_sent, r.sent_bytes);
     max_received = std::max(max_received, r.received_bytes);

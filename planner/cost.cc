@@ -66,13 +66,11 @@ std::vector<std::vector<RankStats>> StreamedStageBytes::Finish(const Plan& plan)
   return std::move(stages_);
 }
 
-PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules) {
-  PlanStats stats;
-  stats.stages = StageBytes(plan);
-  stats.ranks.resize(plan.num_ranks);
-  for (const std::vector<RankStats>& stage : stats.stages) {
-    for (int32_t r = 0; r < plan.num_ranks; ++r) {
-      RankStats& total = stats.ranks[r];
+std::vector<RankStats> SumStages(const std::vector<std::vector<RankStats>>& stages, int32_t num_ranks) {
+  std::vector<RankStats> ranks(num_ranks);
+  for (const std::vector<RankStats>& stage : stages) {
+    for (int32_t r = 0; r < num_ranks; ++r) {
+      RankStats& total = ranks[r];
       const RankStats& part = stage[r];
       total.sent_bytes += part.sent_bytes;
       total.received_bytes += part.received_bytes;
@@ -85,6 +83,13 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
       total.quantized_bytes += part.quantized_bytes;
     }
   }
+  return ranks;
+}
+
+PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules) {
+  PlanStats stats;
+  stats.stages = StageBytes(plan);
+  stats.ranks = SumStages(stats.stages, plan.num_ranks);
   for (const Segment& s : plan.segments) {
     const int64_t bytes = SegmentBytes(s);
     ++stats.segments;

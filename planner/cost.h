@@ -53,6 +53,9 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
 // per-link map.
 std::vector<std::vector<RankStats>> StageBytes(const Plan& plan);
 
+// Each rank's bytes over every stage (bytes only: chunks and rounds stay 0).
+std::vector<RankStats> SumStages(const std::vector<std::vector<RankStats>>& stages, int32_t num_ranks);
+
 // StageBytes of a plan made by StreamPlan: its segments added as they come, then its
 // fills and quantizes from the plan StreamPlan returns. Holds bytes per stage and rank
 // only, never a segment.
