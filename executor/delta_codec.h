@@ -19,7 +19,7 @@
 //   as a small step of a bfloat16 does) one byte per changed word, its new first
 //   byte; else the changed words whole.
 // The last block may be short; an odd last byte is a word of its own (one byte of value).
-#pragma once #pragma once
+#pragma once
 
 #include <cstdint>
 #include <string>

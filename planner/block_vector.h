@@ -112,6 +112,12 @@ class BlockVector {
   const_iterator begin() const { return const_iterator(this, 0); }
   const_iterator end() const { return const_iterator(this, size_); }
 
+  // Calls f with each block's elements as one contiguous run, in order.
+  template <typename F>
+  void ForEachBlock(F&& f) const {
+    for (const std::vector<T>& block : blocks_) f(static_cast<const std::vector<T>&>(block));
+  }
+
   friend bool operator==(const BlockVector& a, const BlockVector& b) { return a.blocks_ == b.blocks_; }
   friend bool operator!=(const BlockVector& a, const BlockVector& b) { return !(a == b); }
 

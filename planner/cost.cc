@@ -1,6 +1,9 @@
 #include "planner/cost.h"
 
 #include <algorithm>
+#include <string>
+
+#include "common/status_macros.h"
 
 namespace shardsync::planner {
 
@@ -9,7 +12,6 @@ namespace {
 int32_t NodeOf(const std::vector<int32_t>& node_of_rank, int32_t rank) {
   return node_of_rank.empty() ? 0 : node_of_rank[rank];
 }
-int32_t NodeOf(const Plan& plan, int32_t rank) { return NodeOf(plan.node_of_rank, rank); }
 
 // Adds a segment's bytes to the ranks it touches.
 void CountSegment(const std::vector<int32_t>& node_of_rank, const Segment& s, std::vector<RankStats>& ranks) {
@@ -31,6 +33,20 @@ void CountSegment(const std::vector<int32_t>& node_of_rank, const Segment& s, st
   }
 }
 
+// Adds a segment to a plan's link bytes and totals.
+void CountTotals(const std::vector<int32_t>& node_of_rank, const Segment& s, PlanStats& stats) {
+  const int64_t bytes = SegmentBytes(s);
+  ++stats.segments;
+  if (IsRelayStage(s.stage)) stats.total_relayed_bytes += bytes;
+  if (s.src.rank == s.dst.rank) {
+    stats.total_local_bytes += bytes;
+    return;
+  }
+  if (NodeOf(node_of_rank, s.src.rank) != NodeOf(node_of_rank, s.dst.rank)) stats.total_network_bytes += bytes;
+  stats.link_bytes[{s.src.rank, s.dst.rank}] += bytes;
+  stats.total_sent_bytes += bytes;
+}
+
 // A plan's fills and quantizes, added to its stage bytes.
 void CountFillsAndQuantizes(const Plan& plan, std::vector<std::vector<RankStats>>& stages) {
   for (const FillOp& f : plan.fills) {
@@ -48,7 +64,8 @@ std::vector<std::vector<RankStats>> StageBytes(const Plan& plan) {
   return stages;
 }
 
-StreamedStageBytes::StreamedStageBytes(const PlanInput& input) : node_of_rank_(input.node_of_rank) {
+StreamedStageBytes::StreamedStageBytes(const PlanInput& input, int32_t num_ranks)
+    : node_of_rank_(input.node_of_rank), num_ranks_(num_ranks) {
   for (const Buffer& b : input.buffers) num_ranks_ = std::max(num_ranks_, b.holder.rank + 1);
 }
 
@@ -90,18 +107,7 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
   PlanStats stats;
   stats.stages = StageBytes(plan);
   stats.ranks = SumStages(stats.stages, plan.num_ranks);
-  for (const Segment& s : plan.segments) {
-    const int64_t bytes = SegmentBytes(s);
-    ++stats.segments;
-    if (IsRelayStage(s.stage)) stats.total_relayed_bytes += bytes;
-    if (s.src.rank == s.dst.rank) {
-      stats.total_local_bytes += bytes;
-      continue;
-    }
-    if (NodeOf(plan, s.src.rank) != NodeOf(plan, s.dst.rank)) stats.total_network_bytes += bytes;
-    stats.link_bytes[{s.src.rank, s.dst.rank}] += bytes;
-    stats.total_sent_bytes += bytes;
-  }
+  for (const Segment& s : plan.segments) CountTotals(plan.node_of_rank, s, stats);
   for (const Schedule& schedule : schedules) {
     RankStats& r = stats.ranks[schedule.rank];
     for (const Stage& stage : schedule.stages) {
@@ -113,6 +119,50 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
     r.rounds = schedule.rounds();
     stats.rounds = std::max(stats.rounds, r.rounds);
   }
+  return stats;
+}
+
+namespace {
+
+std::vector<std::string> TensorNames(const PlanInput& input) {
+  std::vector<std::string> names;
+  names.reserve(input.tensors.size());
+  for (const TensorLayouts& t : input.tensors) names.push_back(t.name);
+  return names;
+}
+
+int32_t NumRanks(const PlanInput& input, int32_t ranks) {
+  for (const Buffer& b : input.buffers) ranks = std::max(ranks, b.holder.rank + 1);
+  return ranks;
+}
+
+}  // namespace
+
+StreamedStats::StreamedStats(const PlanInput& input, int64_t staging_bytes, int32_t num_ranks)
+    : stage_bytes_(input, num_ranks),
+      rounds_(NumRanks(input, num_ranks), staging_bytes, TensorNames(input)),
+      node_of_rank_(input.node_of_rank) {}
+
+absl::Status StreamedStats::Add(absl::Span<const Segment> segments) {
+  SHARDSYNC_RETURN_IF_ERROR(rounds_.Add(segments));
+  stage_bytes_.Add(segments);
+  for (const Segment& s : segments) CountTotals(node_of_rank_, s, totals_);
+  return absl::OkStatus();
+}
+
+PlanStats StreamedStats::Finish(const Plan& plan, std::vector<int32_t>* first_rounds) {
+  PlanStats stats = std::move(totals_);
+  stats.stages = stage_bytes_.Finish(plan);
+  stats.ranks = SumStages(stats.stages, plan.num_ranks);
+  RoundCounts counts = rounds_.Finish(plan.stages);
+  for (int32_t r = 0; r < plan.num_ranks && r < static_cast<int32_t>(counts.chunks.size()); ++r) {
+    RankStats& rank = stats.ranks[r];
+    rank.chunks = counts.chunks[r];
+    for (const std::vector<int32_t>& stage : counts.rounds) rank.rounds += stage[r];
+    stats.rounds = std::max(stats.rounds, rank.rounds);
+  }
+  stats.chunks = counts.link_chunks;
+  *first_rounds = std::move(counts.first_rounds);
   return stats;
 }
 

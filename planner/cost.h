@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
@@ -61,7 +62,8 @@ std::vector<RankStats> SumStages(const std::vector<std::vector<RankStats>>& stag
 // only, never a segment.
 class StreamedStageBytes {
  public:
-  explicit StreamedStageBytes(const PlanInput& input);  // its ranks and nodes
+  // The input's ranks and nodes; at least `num_ranks` ranks.
+  explicit StreamedStageBytes(const PlanInput& input, int32_t num_ranks = 0);
   void Add(absl::Span<const Segment> segments);
   std::vector<std::vector<RankStats>> Finish(const Plan& plan);
   int64_t segments() const { return segments_; }
@@ -71,6 +73,26 @@ class StreamedStageBytes {
   int32_t num_ranks_ = 0;
   std::vector<std::vector<RankStats>> stages_;
   int64_t segments_ = 0;
+};
+
+// PlanStats of a plan made by StreamPlan, chunks and rounds as MakeSchedules cuts them
+// at `staging_bytes`, from its segments as they come; and each stage's first round.
+// Holds counts per rank, stage and link only, never a segment. Add refuses what
+// MakeSchedules refuses.
+class StreamedStats {
+ public:
+  // At least `num_ranks` ranks (those of the input's buffers and any past them).
+  StreamedStats(const PlanInput& input, int64_t staging_bytes, int32_t num_ranks);
+  absl::Status Add(absl::Span<const Segment> segments);
+  // `plan`: what StreamPlan returned (its fills and quantizes are counted here), with
+  // num_ranks as given above.
+  PlanStats Finish(const Plan& plan, std::vector<int32_t>* first_rounds);
+
+ private:
+  StreamedStageBytes stage_bytes_;
+  RoundCounter rounds_;
+  PlanStats totals_;  // link bytes and the totals
+  std::vector<int32_t> node_of_rank_;
 };
 
 // The floor: within a stage every rank's sends, receives and local copies overlap, and

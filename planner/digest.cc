@@ -6,44 +6,21 @@ namespace shardsync::planner {
 
 namespace {
 
-// Two independent 64-bit lanes, each mixing one word at a time (splitmix64 finalizer).
-class Digest {
- public:
-  void Add(uint64_t value) {
-    a_ = Mix(a_ ^ value);
-    b_ = Mix(b_ + value * 0x9e3779b97f4a7c15ULL);
-  }
-  void Add(int64_t value) { Add(static_cast<uint64_t>(value)); }
-  template <typename Values>
-  void AddAll(const Values& values, size_t count) {
-    Add(static_cast<uint64_t>(count));
-    for (size_t k = 0; k < count; ++k) Add(static_cast<int64_t>(values[k]));
-  }
-  // Folds another digest in (the lanes of the odd segments).
-  void Add(const Digest& other) {
-    Add(other.a_);
-    Add(other.b_);
-  }
-  std::string Hex() const { return absl::StrFormat("%016x%016x", a_, b_); }
-
- private:
-  static uint64_t Mix(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  }
-  uint64_t a_ = 0xcbf29ce484222325ULL;
-  uint64_t b_ = 0x84222325cbf29ce4ULL;
-};
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
 
 uint64_t Pair(int32_t low, int32_t high) {
   return static_cast<uint32_t>(low) | (static_cast<uint64_t>(static_cast<uint32_t>(high)) << 32);
 }
 
 // Every field of a segment, two 32-bit values to a word.
-void AddSegment(const Segment& s, Digest& d) {
+template <typename Lanes>
+void AddSegment(const Segment& s, Lanes& d) {
   d.Add(Pair(s.tensor, s.stage | (int32_t(s.src_dtype) << 8) | (int32_t(s.dst_dtype) << 16) | (int32_t(s.axes) << 24)));
   d.Add(Pair(s.src.rank, s.src.buffer));
   d.Add(Pair(s.dst.rank, s.dst.buffer));
@@ -55,29 +32,46 @@ void AddSegment(const Segment& s, Digest& d) {
 
 }  // namespace
 
-std::string PlanDigest(const Plan& plan, int64_t staging_bytes) {
-  Digest d;
-  d.Add(staging_bytes);
-  d.Add(int64_t{plan.num_ranks});
-  d.Add(int64_t{plan.stages});
-  d.Add(static_cast<uint64_t>(plan.segments.size()));
-  // Even and odd segments in separate digests: two chains of multiplies run side by side.
-  Digest even = d, odd;
-  const size_t n = plan.segments.size();
-  for (size_t i = 0; i + 1 < n; i += 2) {
-    AddSegment(plan.segments[i], even);
-    AddSegment(plan.segments[i + 1], odd);
+void PlanDigester::Lanes::Add(uint64_t value) {
+  a_ = Mix(a_ ^ value);
+  b_ = Mix(b_ + value * 0x9e3779b97f4a7c15ULL);
+}
+
+void PlanDigester::Lanes::Add(const Lanes& other) {
+  Add(other.a_);
+  Add(other.b_);
+}
+
+std::string PlanDigester::Lanes::Hex() const { return absl::StrFormat("%016x%016x", a_, b_); }
+
+void PlanDigester::Add(absl::Span<const Segment> segments) {
+  size_t i = 0;
+  if (segments_ % 2 == 1 && i < segments.size()) AddSegment(segments[i++], odd_);
+  for (; i + 1 < segments.size(); i += 2) {
+    AddSegment(segments[i], even_);
+    AddSegment(segments[i + 1], odd_);
   }
-  if (n % 2 == 1) AddSegment(plan.segments[n - 1], even);
-  d = even;
-  d.Add(odd);
+  if (i < segments.size()) AddSegment(segments[i], even_);
+  segments_ += segments.size();
+}
+
+std::string PlanDigester::Finish(const Plan& plan, int64_t staging_bytes) const {
+  Lanes d = even_;
+  d.Add(odd_);
+  const auto add_all = [&d](const auto& values) {
+    d.Add(static_cast<uint64_t>(values.size()));
+    for (int64_t v : values) d.Add(v);
+  };
+  for (int64_t v : {staging_bytes, int64_t{plan.num_ranks}, int64_t{plan.stages}, static_cast<int64_t>(segments_)}) {
+    d.Add(v);
+  }
   for (const FillOp& f : plan.fills) {
     for (int64_t v : {int64_t{f.tensor}, int64_t{f.fill.holder.rank}, int64_t{f.fill.holder.buffer}, f.fill.base,
                       int64_t(f.dtype)}) {
       d.Add(v);
     }
-    d.AddAll(f.fill.shape, f.fill.shape.size());
-    d.AddAll(f.fill.strides, f.fill.strides.size());
+    add_all(f.fill.shape);
+    add_all(f.fill.strides);
   }
   for (const Buffer& b : plan.scratch) {
     for (int64_t v : {int64_t{b.holder.rank}, int64_t{b.holder.buffer}, b.bytes}) d.Add(v);
@@ -91,6 +85,12 @@ std::string PlanDigest(const Plan& plan, int64_t staging_bytes) {
     }
   }
   return d.Hex();
+}
+
+std::string PlanDigest(const Plan& plan, int64_t staging_bytes) {
+  PlanDigester digester;
+  plan.segments.ForEachBlock([&](absl::Span<const Segment> block) { digester.Add(block); });
+  return digester.Finish(plan, staging_bytes);
 }
 
 }  // namespace shardsync::planner

@@ -463,9 +463,19 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
   for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
   sent.resize(plan.num_ranks, 0);
   const bool by_tensor = pass == Pass::kTensorByTensor;
-  PassState<Segments> state{input, first_stage, !by_tensor, pass != Pass::kForcedLoads, SpansNodes(input.node_of_rank),
-                            plan,  segments,    sent};
-  state.from_network.assign(plan.num_ranks, 0);
+  PassState<Segments> state{input,
+                            first_stage,
+                            !by_tensor,
+                            pass != Pass::kForcedLoads,
+                            SpansNodes(input.node_of_rank),
+                            plan,
+                            segments,
+                            sent,
+                            std::vector<int64_t>(plan.num_ranks, 0),
+                            {},
+                            {},
+                            {},
+                            0};
   Coverer coverer;
   CoverCache covers;
   // Tensor by tensor: phase 1 covers every target box in canonical order (PlacementCover);

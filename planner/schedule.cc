@@ -4,27 +4,24 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace shardsync::planner {
 namespace {
 
-// Cuts one stream into chunks of at most MaxChunkBytes(staging_bytes) as its segments
-// arrive in plan order; a segment larger than what is left of a chunk is split at an
-// element (outer axes included).
+// Cuts one stream into chunks of at most a budget of bytes as its segments arrive in
+// plan order; a segment larger than what is left of a chunk is split at an element
+// (outer axes included). Chunks that close go to `chunks`, or are only counted when it
+// is null.
 class ChunkCutter {
  public:
   explicit ChunkCutter(int64_t budget) : budget_(budget) {}
 
-  void Add(PeerStream& stream, int32_t index, int64_t total, int64_t element) {
-    const int32_t position = static_cast<int32_t>(stream.segments.size());
-    stream.segments.push_back(index);
-    stream.bytes += total * element;
+  // A segment of `total` elements of `element` bytes, at `position` of its stream.
+  void Add(int32_t position, int64_t total, int64_t element, std::vector<Chunk>* chunks) {
     for (int64_t at = 0; at < total;) {
       int64_t room = (budget_ - chunk_.bytes) / element;
-      if (open_ && room == 0) {
-        stream.chunks.push_back(chunk_);
-        open_ = false;
-      }
+      if (open_ && room == 0) Close(chunks);
       if (!open_) {
         chunk_ = Chunk{position, position, at, at, 0};
         open_ = true;
@@ -37,15 +34,57 @@ class ChunkCutter {
       at += take;
     }
   }
-  void Finish(PeerStream& stream) {
-    if (open_) stream.chunks.push_back(chunk_);
+  void Finish(std::vector<Chunk>* chunks) {
+    if (open_) Close(chunks);
+  }
+  int64_t chunks() const { return closed_; }
+
+ private:
+  void Close(std::vector<Chunk>* chunks) {
+    if (chunks != nullptr) chunks->push_back(chunk_);
+    ++closed_;
     open_ = false;
   }
 
- private:
   int64_t budget_;
   Chunk chunk_;
   bool open_ = false;
+  int64_t closed_ = 0;
+};
+
+// What MakeSchedules checks of a segment before it goes on a link: one element fits a
+// slot, and the plan so far fits kMaxChunksPerPlan chunks.
+class LinkBudget {
+ public:
+  explicit LinkBudget(int64_t staging_bytes)
+      : staging_bytes_(staging_bytes),
+        budget_(MaxChunkBytes(staging_bytes)),
+        most_bytes_(static_cast<__int128>(kMaxChunksPerPlan) * std::max<int64_t>(budget_, 1)) {}
+
+  int64_t budget() const { return budget_; }
+  // The segment's element size in bytes, once checked.
+  absl::StatusOr<int64_t> Add(const Segment& s, absl::string_view tensor_name) {
+    const int64_t element = ElementBytes(s.dst_dtype);
+    if (element > budget_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "staging budget of ", staging_bytes_, " bytes (", kStagingBuffersPerPeer, " slots of ", budget_,
+          ") cannot hold one ", DTypeName(s.dst_dtype), " element of tensor '", tensor_name, "' per slot"));
+    }
+    // Chunks are at least bytes / budget: more bytes than this make too many.
+    link_bytes_ += SegmentElements(s) * element;
+    if (link_bytes_ > most_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat("a staging budget of ", staging_bytes_,
+                                                       " bytes per peer cuts this plan into more than ",
+                                                       kMaxChunksPerPlan, " chunks; raise the staging budget"));
+    }
+    return element;
+  }
+
+ private:
+  int64_t staging_bytes_;
+  int64_t budget_;
+  __int128 most_bytes_;
+  __int128 link_bytes_ = 0;
 };
 
 // The stream from one rank to another, built once and given to both ends.
@@ -122,6 +161,79 @@ absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t sta
   return absl::OkStatus();
 }
 
+struct RoundCounter::Links {
+  explicit Links(int64_t staging_bytes) : budget(staging_bytes) {}
+  LinkBudget budget;
+  // By stage, by (sender, receiver) packed in 64 bits.
+  std::vector<absl::flat_hash_map<uint64_t, ChunkCutter>> cutters;
+  // The cutter of (last_stage, last_pair): a target's pieces come one after another.
+  ChunkCutter* last = nullptr;
+  int8_t last_stage = -1;
+  uint64_t last_pair = 0;
+};
+
+RoundCounter::RoundCounter(int32_t num_ranks, int64_t staging_bytes, std::vector<std::string> tensor_names)
+    : num_ranks_(num_ranks), tensor_names_(std::move(tensor_names)), links_(std::make_unique<Links>(staging_bytes)) {}
+
+RoundCounter::~RoundCounter() = default;
+
+absl::Status RoundCounter::Add(absl::Span<const Segment> segments) {
+  Links& l = *links_;
+  for (const Segment& s : segments) {
+    if (s.src.rank == s.dst.rank) continue;
+    SHARDSYNC_ASSIGN_OR_RETURN(const int64_t element, l.budget.Add(s, tensor_names_.at(s.tensor)));
+    const uint64_t pair = (static_cast<uint64_t>(s.src.rank) << 32) | static_cast<uint32_t>(s.dst.rank);
+    if (l.last == nullptr || pair != l.last_pair || s.stage != l.last_stage) {
+      while (static_cast<int32_t>(l.cutters.size()) <= s.stage) l.cutters.emplace_back();
+      l.last = &l.cutters[s.stage].try_emplace(pair, l.budget.budget()).first->second;
+      l.last_pair = pair;
+      l.last_stage = s.stage;
+    }
+    l.last->Add(0, SegmentElements(s), element, nullptr);
+  }
+  return absl::OkStatus();
+}
+
+RoundCounts RoundCounter::Finish(int32_t stages) {
+  RoundCounts counts;
+  counts.chunks.assign(num_ranks_, 0);
+  int32_t first_round = 0;
+  for (int32_t k = 0; k < stages; ++k) {
+    std::vector<int32_t>& rounds = counts.rounds.emplace_back(num_ranks_, 0);
+    if (k < static_cast<int32_t>(links_->cutters.size())) {
+      for (auto& [pair, cutter] : links_->cutters[k]) {
+        cutter.Finish(nullptr);
+        const int32_t from = static_cast<int32_t>(pair >> 32), to = static_cast<int32_t>(pair & 0xffffffffu);
+        const int32_t chunks = static_cast<int32_t>(cutter.chunks());
+        for (int32_t rank : {from, to}) {
+          rounds[rank] = std::max(rounds[rank], chunks);
+          counts.chunks[rank] += chunks;
+        }
+        counts.link_chunks += chunks;
+      }
+    }
+    counts.first_rounds.push_back(first_round);
+    first_round += rounds.empty() ? 0 : *std::max_element(rounds.begin(), rounds.end());
+  }
+  links_ = std::make_unique<Links>(0);
+  return counts;
+}
+
+absl::StatusOr<Schedule> MakeRankSchedule(const Plan& rank_plan, int32_t rank, int64_t staging_bytes,
+                                          absl::Span<const int32_t> first_rounds) {
+  SHARDSYNC_ASSIGN_OR_RETURN(std::vector<Schedule> schedules, MakeSchedules(rank_plan, staging_bytes));
+  if (rank < 0 || rank >= static_cast<int32_t>(schedules.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside a plan of ", schedules.size()));
+  }
+  Schedule schedule = std::move(schedules[rank]);
+  if (first_rounds.size() != schedule.stages.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first rounds of ", first_rounds.size(), " stages for a plan of ", schedule.stages.size()));
+  }
+  for (size_t k = 0; k < schedule.stages.size(); ++k) schedule.stages[k].first_round = first_rounds[k];
+  return schedule;
+}
+
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes) {
   if (staging_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("staging budget must be positive, got ", staging_bytes));
@@ -134,10 +246,7 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
   for (size_t i = 0; i < plan.fills.size(); ++i) {
     schedules[plan.fills[i].fill.holder.rank].fills.push_back(static_cast<int32_t>(i));
   }
-  const int64_t budget = MaxChunkBytes(staging_bytes);
-  // Chunks are at least bytes / budget: more bytes than this make too many.
-  const __int128 most_bytes = static_cast<__int128>(kMaxChunksPerPlan) * std::max<int64_t>(budget, 1);
-  __int128 link_bytes = 0;
+  LinkBudget budget(staging_bytes);
   int32_t first_round = 0;
   for (int32_t k = 0; k < plan.stages; ++k) {
     // One pass in plan order, the order both ends derive their streams from; each
@@ -156,32 +265,25 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
         schedules[s.src.rank].stages[k].local_segments.push_back(index);
         continue;
       }
-      const int64_t element = ElementBytes(s.dst_dtype);
-      if (element > budget) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("staging budget of ", staging_bytes, " bytes (", kStagingBuffersPerPeer, " slots of ", budget,
-                         ") cannot hold one ", DTypeName(s.dst_dtype), " element of tensor '",
-                         plan.tensor_names[s.tensor], "' per slot"));
-      }
-      link_bytes += SegmentElements(s) * element;
-      if (link_bytes > most_bytes) {
-        return absl::ResourceExhaustedError(absl::StrCat("a staging budget of ", staging_bytes,
-                                                         " bytes per peer cuts this plan into more than ",
-                                                         kMaxChunksPerPlan, " chunks; raise the staging budget"));
-      }
+      SHARDSYNC_ASSIGN_OR_RETURN(const int64_t element, budget.Add(s, plan.tensor_names[s.tensor]));
       const uint64_t pair = (static_cast<uint64_t>(s.src.rank) << 32) | static_cast<uint32_t>(s.dst.rank);
       if (pair != last_pair) {
         const auto [it, added] = link_from[s.dst.rank].emplace(s.src.rank, static_cast<int32_t>(links.size()));
-        if (added) links.push_back(LinkStream{s.src.rank, PeerStream{s.dst.rank, {}, {}, 0}, ChunkCutter(budget)});
+        if (added) {
+          links.push_back(LinkStream{s.src.rank, PeerStream{s.dst.rank, {}, {}, 0}, ChunkCutter(budget.budget())});
+        }
         last_pair = pair;
         last_link = it->second;
       }
-      LinkStream& link = links[last_link];
-      link.cutter.Add(link.stream, index, SegmentElements(s), element);
+      PeerStream& stream = links[last_link].stream;
+      const int64_t elements = SegmentElements(s);
+      links[last_link].cutter.Add(static_cast<int32_t>(stream.segments.size()), elements, element, &stream.chunks);
+      stream.segments.push_back(index);
+      stream.bytes += elements * element;
     }
     // Each rank's sends and receives by ascending peer: links sorted by (from, to) for
     // the senders, by (to, from) for the receivers (on packed keys, not the links).
-    for (LinkStream& link : links) link.cutter.Finish(link.stream);
+    for (LinkStream& link : links) link.cutter.Finish(&link.stream.chunks);
     std::vector<std::pair<uint64_t, int32_t>> order(links.size());
     const auto sort_by = [&](bool sender) {
       for (size_t i = 0; i < links.size(); ++i) {

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "planner/plan.h"
 
 namespace shardsync::planner {
@@ -86,6 +89,38 @@ struct Schedule {
 // peer (both directions); each of its slots must hold one element of every dtype moved,
 // and the plan must fit kMaxChunksPerPlan chunks (else RESOURCE_EXHAUSTED).
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
+
+// Chunks and rounds as MakeSchedules cuts them, counted from a plan's segments as they
+// come in plan order (StreamPlan's sink), none kept: a streamed plan's rounds, and the
+// first round of each stage that every rank's schedule carries.
+struct RoundCounts {
+  std::vector<int32_t> first_rounds;         // by stage: Stage::first_round on every rank
+  std::vector<std::vector<int32_t>> rounds;  // [stage][rank]: Stage::rounds
+  std::vector<int64_t> chunks;               // by rank: sent and received
+  int64_t link_chunks = 0;                   // every chunk once
+};
+
+class RoundCounter {
+ public:
+  // `tensor_names` by tensor index, for errors; MakeSchedules' checks and errors.
+  RoundCounter(int32_t num_ranks, int64_t staging_bytes, std::vector<std::string> tensor_names);
+  ~RoundCounter();
+  absl::Status Add(absl::Span<const Segment> segments);
+  RoundCounts Finish(int32_t stages);
+
+ private:
+  struct Links;  // a cutter per link and stage
+  int32_t num_ranks_;
+  std::vector<std::string> tensor_names_;
+  std::unique_ptr<Links> links_;
+};
+
+// One rank's schedule from a plan that holds only that rank's segments (its sends,
+// receives and local copies, in plan order) and every fill and quantize: MakeSchedules'
+// schedule of `rank`, with each stage's first round taken from the whole plan's
+// (RoundCounts::first_rounds).
+absl::StatusOr<Schedule> MakeRankSchedule(const Plan& rank_plan, int32_t rank, int64_t staging_bytes,
+                                          absl::Span<const int32_t> first_rounds);
 
 // What an executor checks of a schedule it was sent: every chunk's bytes are its parts'
 // (none empty) and fit one slot of `staging_bytes`; no stream has more chunks than its

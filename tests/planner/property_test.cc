@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "planner/cost.h"
+#include "planner/digest.h"
 #include "planner/model_layout.h"
 #include "planner/plan.h"
+#include "planner/relay.h"
 #include "planner/schedule.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/reference_executor.h"
@@ -154,6 +157,107 @@ TEST_CASE("a streamed plan is the whole plan, one tensor at a time, for random m
         CHECK(fields(counted[stage][r]) == fields(expected[stage][r]));
     }
   }
+}
+
+// A schedule as numbers, each segment index replaced by `renumber` of it: two schedules
+// of one rank compare equal when they move the same segments in the same chunks.
+std::vector<int64_t> Flatten(const planner::Schedule& schedule, const std::function<int64_t(int32_t)>& renumber) {
+  std::vector<int64_t> out{schedule.rank, schedule.scratch_handoff};
+  for (int32_t f : schedule.fills) out.push_back(f);
+  for (const planner::Stage& stage : schedule.stages) {
+    out.insert(out.end(), {-1, stage.rounds, stage.first_round});
+    for (int32_t i : stage.local_segments) out.push_back(renumber(i));
+    for (int32_t q : stage.quantizes) out.push_back(q);
+    for (const auto* streams : {&stage.sends, &stage.receives}) {
+      out.push_back(-2);
+      for (const planner::PeerStream& stream : *streams) {
+        out.insert(out.end(), {stream.peer, stream.bytes});
+        for (int32_t i : stream.segments) out.push_back(renumber(i));
+        for (const planner::Chunk& c : stream.chunks)
+          out.insert(out.end(), {c.first, c.last, c.first_begin, c.last_end, c.bytes});
+      }
+    }
+  }
+  return out;
+}
+
+TEST_CASE("a plan streamed through PlanStreamed has the whole plan's stats, digest and each rank's schedule") {
+  const auto policy = planner::LocalFirstLeastLoaded();
+  int quantized = 0, compared_relay = 0, relayed = 0;  // seeds that tried each
+  for (uint64_t seed = 1; seed <= 120; ++seed) {
+    std::mt19937_64 rng(seed);
+    planner::ModelLayoutSpec spec = RandomModel(rng);
+    if (seed % 5 == 0) {  // float8 targets, from bfloat16 sources
+      spec.target_dtype = planner::DType::kFloat8E4M3;
+      for (planner::ModelTensor& t : spec.tensors) t.dtype = planner::DType::kBFloat16;
+    }
+    auto input = planner::ExpandModel(spec);
+    REQUIRE(input.ok());
+    const planner::RelayMode mode = seed % 3 == 0   ? planner::RelayMode::kAuto
+                                    : seed % 3 == 1 ? planner::RelayMode::kAlways
+                                                    : planner::RelayMode::kNever;
+    if (seed % 2 == 0) PlaceOnRandomNodes(*input, 2 + seed % 3, rng);
+    const int64_t budget = RandomBudget(*input, rng);
+    const planner::Bandwidths bandwidths{100e9, 1000e9, seed % 4 == 0 ? 1e9 : 50e9};
+    INFO("seed " << seed);
+    std::pair<double, double> floors{0, 0};
+    auto whole = planner::MakePlanWithRelay(*input, *policy, mode, bandwidths, &floors);
+    INFO(whole.status().ToString());
+    REQUIRE(whole.ok());
+    whole->num_ranks += 2;  // a world past the ranks with buffers, as the coordinator's may be
+    auto schedules = planner::MakeSchedules(*whole, budget);
+    REQUIRE(schedules.ok());
+    planner::BlockVector<planner::Segment> sunk;
+    auto streamed = planner::PlanStreamed(*input, *policy, mode, bandwidths, planner::kDefaultScratchBytes, budget,
+                                          whole->num_ranks, [&](absl::Span<const planner::Segment> tensor) {
+                                            for (const planner::Segment& s : tensor) sunk.push_back(s);
+                                            return absl::OkStatus();
+                                          });
+    REQUIRE(streamed.ok());
+    quantized += !whole->quantizes.empty();
+    compared_relay += floors.first > 0;
+    relayed += whole->stages > 1 && whole->quantizes.empty();
+    REQUIRE(sunk.size() == whole->segments.size());
+    CHECK(std::memcmp(&sunk[sunk.size() / 2], &whole->segments[sunk.size() / 2], sizeof(planner::Segment)) == 0);
+    CHECK(streamed->plan.segments.empty());
+    CHECK(streamed->plan.num_ranks == whole->num_ranks);
+    CHECK(streamed->digest == planner::PlanDigest(*whole, budget));
+    CHECK(streamed->floors == floors);
+    const planner::PlanStats expected = planner::ComputeStats(*whole, *schedules);
+    const planner::PlanStats& got = streamed->stats;
+    CHECK(got.segments == expected.segments);
+    CHECK(got.chunks == expected.chunks);
+    CHECK(got.rounds == expected.rounds);
+    CHECK(got.link_bytes == expected.link_bytes);
+    CHECK(got.total_sent_bytes == expected.total_sent_bytes);
+    CHECK(got.total_network_bytes == expected.total_network_bytes);
+    CHECK(got.total_relayed_bytes == expected.total_relayed_bytes);
+    CHECK(got.total_local_bytes == expected.total_local_bytes);
+    REQUIRE(got.ranks.size() == expected.ranks.size());
+    for (size_t r = 0; r < got.ranks.size(); ++r) {
+      CHECK(got.ranks[r].chunks == expected.ranks[r].chunks);
+      CHECK(got.ranks[r].rounds == expected.ranks[r].rounds);
+      CHECK(got.ranks[r].received_bytes == expected.ranks[r].received_bytes);
+    }
+    // Each rank's schedule from its own segments alone is the one the whole plan gives.
+    for (int32_t rank = 0; rank < whole->num_ranks; ++rank) {
+      planner::Plan rank_plan = streamed->plan;
+      std::vector<int64_t> position(whole->segments.size(), -1);
+      for (size_t i = 0; i < whole->segments.size(); ++i) {
+        const planner::Segment& s = whole->segments[i];
+        if (s.src.rank != rank && s.dst.rank != rank) continue;
+        position[i] = static_cast<int64_t>(rank_plan.segments.size());
+        rank_plan.segments.push_back(s);
+      }
+      auto schedule = planner::MakeRankSchedule(rank_plan, rank, budget, streamed->first_rounds);
+      REQUIRE(schedule.ok());
+      CHECK(Flatten(*schedule, [](int32_t i) { return i; }) ==
+            Flatten((*schedules)[rank], [&](int32_t i) { return position[i]; }));
+    }
+  }
+  CHECK(quantized > 0);
+  CHECK(compared_relay > 0);
+  CHECK(relayed > 0);
 }
 
 TEST_CASE("a streamed plan refuses an uncovered box before its first tensor goes out") {
