@@ -1,8 +1,9 @@
 // The coordinator's work before the first sync of a layout epoch, for the planner
-// benchmark's MoE (bench/moe.h): the plan, every rank's schedule, the digest, and one
-// PrepareRequest per rank, by the coordinator's own CompileEpoch. planner_bench times
-// the first two (the planning target); this times all four, and the requests' size.
-//   bazel run -c opt //bench:coordinator_plan_bench -- [--moe-layers N] [--dense]
+// benchmark's MoE (bench/moe.h): the streamed plan with each rank's segments written
+// to the plan's file (CompileEpoch), then one PrepareRequest per rank made from its
+// segments alone (ScheduleRequest), rank after rank as a Prepare fan-out limited to one
+// at a time would. Times both, the file's and the requests' size, and the peak RSS.
+//   bazel run -c opt //bench:coordinator_plan_bench -- [--moe-layers N] [--dense] [--plan-dir D]
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "bench/moe.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/epoch_plan.h"
@@ -18,7 +20,7 @@
 namespace shardsync::bench {
 namespace {
 
-int Run(int layers, bool dense, int64_t staging_bytes) {
+int Run(int layers, bool dense, int64_t staging_bytes, const std::string& plan_dir) {
   MoeShape shape;
   shape.layers = layers;
   shape.dense = dense;
@@ -33,26 +35,32 @@ int Run(int layers, bool dense, int64_t staging_bytes) {
   for (const planner::Buffer& b : input.buffers) options.world_size = std::max(options.world_size, b.holder.rank + 1);
   options.staging_bytes = staging_bytes;
   options.relay = planner::RelayMode::kNever;  // one node: nothing to relay
+  if (!plan_dir.empty()) options.plan_dir = plan_dir;
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);  // the layouts alone, as the agents published them
   const absl::StatusOr<coordinator::EpochPlan> epoch = coordinator::CompileEpoch(input, buffer_names, options);
   if (!epoch.ok()) return std::fprintf(stderr, "%s\n", std::string(epoch.status().message()).c_str()), 1;
-  const std::vector<const v1::PrepareRequest*>& requests = epoch->requests;
-  int64_t bytes = 0, max_bytes = 0, specs = 0;
-  for (const v1::PrepareRequest* r : requests) {
-    const int64_t n = static_cast<int64_t>(r->ByteSizeLong());
+  const absl::Time start = absl::Now();
+  int64_t bytes = 0, max_bytes = 0, records = 0;
+  for (int32_t rank = 0; rank < options.world_size; ++rank) {
+    const absl::StatusOr<v1::PrepareRequest> request = coordinator::ScheduleRequest(*epoch, rank);
+    if (!request.ok()) return std::fprintf(stderr, "%s\n", std::string(request.status().message()).c_str()), 1;
+    const int64_t n = static_cast<int64_t>(request->ByteSizeLong());
     bytes += n;
     max_bytes = std::max(max_bytes, n);
-    specs += static_cast<int64_t>(r->segment_table().size() / daemon::kSegmentRecordBytes);
+    records += static_cast<int64_t>(request->segment_table().size() / daemon::kSegmentRecordBytes);
   }
+  const double requests_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::printf(
-      "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%zu,\"segment_records\":%lld,\"plan_ms\":%.1f,"
-      "\"schedule_ms\":%.1f,\"digest_ms\":%.1f,\"encode_ms\":%.1f,\"total_ms\":%.1f,\"encoded_bytes\":%lld,"
-      "\"max_rank_encoded_bytes\":%lld,\"digest\":\"%s\",\"peak_rss_mib\":%ld}\n",
-      layers, dense ? " with dense tensors" : ", experts", epoch->plan.num_ranks, epoch->plan.segments.size(),
-      static_cast<long long>(specs), epoch->timings.plan_seconds * 1e3, epoch->timings.schedule_seconds * 1e3,
-      epoch->timings.digest_seconds * 1e3, epoch->timings.encode_seconds * 1e3, epoch->timings.total() * 1e3,
-      static_cast<long long>(bytes), static_cast<long long>(max_bytes), epoch->digest.c_str(), usage.ru_maxrss / 1024);
+      "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%lld,\"segment_records\":%lld,"
+      "\"plan_ms\":%.1f,\"plan_file_bytes\":%lld,\"requests_ms\":%.1f,\"encoded_bytes\":%lld,"
+      "\"max_rank_encoded_bytes\":%lld,\"digest\":\"%s\",\"layouts_rss_mib\":%ld,\"peak_rss_mib\":%ld}\n",
+      layers, dense ? " with dense tensors" : ", experts", epoch->planned.plan.num_ranks,
+      static_cast<long long>(epoch->planned.stats.segments), static_cast<long long>(records), epoch->plan_seconds * 1e3,
+      static_cast<long long>(epoch->segments->file_bytes()), requests_ms, static_cast<long long>(bytes),
+      static_cast<long long>(max_bytes), epoch->digest().c_str(), before.ru_maxrss / 1024, usage.ru_maxrss / 1024);
   return 0;
 }
 
@@ -63,22 +71,26 @@ int main(int argc, char** argv) {
   int layers = 61;
   bool dense = false;
   int64_t staging_bytes = int64_t{128} << 20;
+  std::string plan_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--moe-layers" && i + 1 < argc) {
       layers = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--dense") {
       dense = true;
+    } else if (arg == "--plan-dir" && i + 1 < argc) {
+      plan_dir = argv[++i];
     } else if (arg == "--staging-bytes" && i + 1 < argc) {
       staging_bytes = std::atoll(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: coordinator_plan_bench [--moe-layers N] [--dense] [--staging-bytes B]\n"
+                   "usage: coordinator_plan_bench [--moe-layers N] [--dense] [--staging-bytes B] [--plan-dir D]\n"
                    "  --moe-layers N      MoE layers (61)\n"
                    "  --dense             the dense tensors too (ZeRO-3 over all ranks; ~10 M segments a layer)\n"
-                   "  --staging-bytes B   staging budget per peer (134217728)\n");
+                   "  --staging-bytes B   staging budget per peer (134217728)\n"
+                   "  --plan-dir D        the plan's file (the coordinator's default: $TMPDIR, else /var/tmp)\n");
       return 2;
     }
   }
-  return shardsync::bench::Run(layers, dense, staging_bytes);
+  return shardsync::bench::Run(layers, dense, staging_bytes, plan_dir);
 }

@@ -9,12 +9,10 @@
 #include "common/status_macros.h"
 #include "daemon/common/plan_report.h"
 #include "planner/cost.h"
-#include "planner/digest.h"
 #include "planner/known_models.h"
 #include "planner/model_layout.h"
 #include "planner/plan.h"
 #include "planner/relay.h"
-#include "planner/schedule.h"
 #include "spec/layout_spec.h"
 
 namespace shardsync::cli {
@@ -62,21 +60,19 @@ int RunPlanCommand(const PlanCommandConfig& c, std::ostream& out, std::ostream& 
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   const planner::Bandwidths bandwidths{c.link_gbps * 1e9, c.memory_gbps * 1e9, c.network_gbps * 1e9};
-  std::pair<double, double> floors{0, 0};  // direct, relayed: what auto compared
-  auto plan = planner::MakePlanWithRelay(*input, *policy, c.relay, bandwidths, &floors);
+  int32_t ranks = 0;
+  for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
+  // Streamed, as the coordinator plans: no segment kept, so any model plans here.
+  auto planned =
+      planner::PlanStreamed(*input, *policy, c.relay, bandwidths, planner::kDefaultScratchBytes, c.staging_bytes, ranks,
+                            [](absl::Span<const planner::Segment>) { return absl::OkStatus(); });
   const auto t1 = Clock::now();
-  if (!plan.ok()) {
-    err << "shardsyncctl plan: " << plan.status().message() << "\n";
-    return 3;
-  }
-  auto schedules = planner::MakeSchedules(*plan, c.staging_bytes);
-  const auto t2 = Clock::now();
-  if (!schedules.ok()) {
-    err << "shardsyncctl plan: " << schedules.status().message() << "\n";
+  if (!planned.ok()) {
+    err << "shardsyncctl plan: " << planned.status().message() << "\n";
     return 3;
   }
   const v1::ExplainResponse report =
-      daemon::MakePlanReport(*plan, *schedules, planner::PlanDigest(*plan, c.staging_bytes), floors, bandwidths);
+      daemon::MakePlanReport(planned->plan, planned->stats, planned->digest, planned->floors, bandwidths);
   if (c.json) {
     PrintJson(report, out);
     return 0;
@@ -85,9 +81,7 @@ int RunPlanCommand(const PlanCommandConfig& c, std::ostream& out, std::ostream& 
       report,
       absl::StrFormat("plan of %s (policy %s, staging %s per peer)", label, policy->name(), Bytes(c.staging_bytes)),
       /*links=*/false, out);
-  out << absl::StrFormat("\nplanned in %.2f ms, scheduled in %.2f ms\n",
-                         std::chrono::duration<double, std::milli>(t1 - t0).count(),
-                         std::chrono::duration<double, std::milli>(t2 - t1).count());
+  out << absl::StrFormat("\nplanned in %.2f ms\n", std::chrono::duration<double, std::milli>(t1 - t0).count());
   return 0;
 }
 

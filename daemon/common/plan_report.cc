@@ -6,10 +6,8 @@
 
 namespace shardsync::daemon {
 
-v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules,
-                                   absl::string_view digest, std::pair<double, double> floors,
-                                   const planner::Bandwidths& bandwidths) {
-  const planner::PlanStats stats = planner::ComputeStats(plan, schedules);
+v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::PlanStats& stats, absl::string_view digest,
+                                   std::pair<double, double> floors, const planner::Bandwidths& bandwidths) {
   v1::ExplainResponse report;
   report.set_digest(std::string(digest));
   report.set_tensors(static_cast<int32_t>(plan.tensor_names.size()));

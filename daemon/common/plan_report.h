@@ -8,17 +8,16 @@
 #include "absl/strings/string_view.h"
 #include "planner/cost.h"
 #include "planner/plan.h"
-#include "planner/schedule.h"
 #include "proto/shardsync.pb.h"
 
 namespace shardsync::daemon {
 
 // The counts, the bytes per rank and per link, and the floor at `bandwidths` (with
-// those speeds in GB/s) of `plan` and its `schedules`. `digest` is the plan's
+// those speeds in GB/s) of `plan` (its segments not read) and its `stats` (with chunks
+// and rounds: planner::StreamedPlan's, or ComputeStats with schedules). `digest` is the plan's
 // (planner::PlanDigest); `floors` the floors without and with the relay that chose it
 // ({0, 0}: none compared). layout_epoch stays unset: it is the coordinator's, not the plan's.
-v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const std::vector<planner::Schedule>& schedules,
-                                   absl::string_view digest, std::pair<double, double> floors,
-                                   const planner::Bandwidths& bandwidths);
+v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::PlanStats& stats, absl::string_view digest,
+                                   std::pair<double, double> floors, const planner::Bandwidths& bandwidths);
 
 }  // namespace shardsync::daemon

@@ -19,6 +19,7 @@ SyncOptions SyncOptionsOf(const CoordinatorConfig& config) {
   options.epoch.staging_bytes = config.staging_bytes;
   options.epoch.scratch_bytes = config.scratch_bytes;
   options.epoch.shared_source_uids = config.shared_source_uids;
+  options.epoch.plan_dir = config.plan_dir;
   options.rpc_deadline = config.rpc_deadline;
   options.sync_timeout = config.sync_timeout;
   return options;

@@ -38,6 +38,7 @@ struct CoordinatorConfig {
   absl::Duration sync_timeout = absl::Seconds(60);        // Execute, unless the request says
   Credentials credentials;                                // of the channels to agents: TLS or, if asked, plaintext
   std::vector<uint32_t> shared_source_uids;               // may be sources of one tensor together
+  std::string plan_dir = DefaultPlanDir();                // each rank's planned segments, in a file with no name
 };
 
 class Coordinator {

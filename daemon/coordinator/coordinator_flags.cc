@@ -72,6 +72,11 @@ std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& 
                                    "users); by default a tensor's sources all come from one uid")
                         ->delimiter(',')
                         ->check(flags::kDecimal));
+  options.push_back(app.add_option("--plan-dir", config.plan_dir,
+                                   "directory of the file (unlinked when made) that holds each rank's planned "
+                                   "segments until its schedule is sent: a plan's memory stays one rank's")
+                        ->check(CLI::ExistingDirectory)
+                        ->default_str("$TMPDIR, else /var/tmp"));
   for (CLI::Option* option : options) option->group("Coordinator");
   return options;
 }

@@ -12,7 +12,7 @@
 namespace shardsync::coordinator {
 
 // Adds --world, --staging-bytes, --sync-timeout-ms, --relay, --direct, --link-gbps,
-// --network-gbps, --memory-gbps and --shared-source-uids, parsed into `config`. Returns the options, for a
+// --network-gbps, --memory-gbps, --shared-source-uids and --plan-dir, parsed into `config`. Returns the options, for a
 // main that accepts them only with another flag.
 std::vector<CLI::Option*> AddCoordinatorFlags(CLI::App& app, CoordinatorConfig& config);
 

@@ -1,11 +1,13 @@
 #include "daemon/coordinator/epoch_plan.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/layouts.h"
-#include "planner/digest.h"
+#include "planner/schedule.h"
 
 namespace shardsync::coordinator {
 namespace {
@@ -13,6 +15,11 @@ namespace {
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
 }  // namespace
+
+std::string DefaultPlanDir() {
+  const char* tmpdir = std::getenv("TMPDIR");
+  return tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/var/tmp";
+}
 
 absl::StatusOr<EpochPlan> PlanEpoch(const std::map<int32_t, v1::PublishRequest>& published,
                                     const std::vector<int32_t>& node_of_rank, const std::vector<int32_t>& target_ranks,
@@ -41,34 +48,27 @@ absl::StatusOr<EpochPlan> PlanEpoch(const std::map<int32_t, v1::PublishRequest>&
 absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const std::vector<std::string>& buffer_names,
                                        const EpochOptions& options) {
   EpochPlan epoch;
-  absl::Time start = absl::Now();
-  SHARDSYNC_ASSIGN_OR_RETURN(epoch.plan,
-                             planner::MakePlanWithRelay(input, *planner::LocalFirstLeastLoaded(), options.relay,
-                                                        options.bandwidths, &epoch.floors, options.scratch_bytes));
-  epoch.plan.num_ranks = options.world_size;
-  epoch.timings.plan_seconds = SecondsSince(start);
-
-  start = absl::Now();
-  SHARDSYNC_ASSIGN_OR_RETURN(epoch.schedules, planner::MakeSchedules(epoch.plan, options.staging_bytes));
-  epoch.timings.schedule_seconds = SecondsSince(start);
-
-  start = absl::Now();
-  epoch.digest = planner::PlanDigest(epoch.plan, options.staging_bytes);
-  epoch.timings.digest_seconds = SecondsSince(start);
-
-  start = absl::Now();
-  const std::vector<v1::PrepareRequest*> requests =
-      daemon::EncodeSchedules(epoch.plan, epoch.schedules, buffer_names, *epoch.arena);
-  epoch.requests.assign(requests.begin(), requests.end());
-  epoch.timings.encode_seconds = SecondsSince(start);
-
-  for (const auto& stage : planner::StageBytes(epoch.plan)) {
-    for (const planner::RankStats& r : stage) {
-      epoch.network_bytes += r.network_sent_bytes;
-      epoch.relayed_bytes += r.relayed_bytes;
-    }
-  }
+  const absl::Time start = absl::Now();
+  SHARDSYNC_ASSIGN_OR_RETURN(epoch.segments, SegmentSpill::Create(options.plan_dir, options.world_size));
+  SHARDSYNC_ASSIGN_OR_RETURN(
+      epoch.planned,
+      planner::PlanStreamed(input, *planner::LocalFirstLeastLoaded(), options.relay, options.bandwidths,
+                            options.scratch_bytes, options.staging_bytes, options.world_size,
+                            [&](absl::Span<const planner::Segment> tensor) { return epoch.segments->Add(tensor); }));
+  SHARDSYNC_RETURN_IF_ERROR(epoch.segments->Finish());
+  epoch.buffer_names = buffer_names;
+  epoch.staging_bytes = options.staging_bytes;
+  epoch.plan_seconds = SecondsSince(start);
   return epoch;
+}
+
+absl::StatusOr<v1::PrepareRequest> ScheduleRequest(const EpochPlan& epoch, int32_t rank) {
+  planner::Plan rank_plan = epoch.planned.plan;
+  SHARDSYNC_ASSIGN_OR_RETURN(rank_plan.segments, epoch.segments->Read(rank));
+  SHARDSYNC_ASSIGN_OR_RETURN(
+      const planner::Schedule schedule,
+      planner::MakeRankSchedule(rank_plan, rank, epoch.staging_bytes, epoch.planned.first_rounds));
+  return daemon::EncodeSchedule(rank_plan, schedule, epoch.buffer_names);
 }
 
 }  // namespace shardsync::coordinator

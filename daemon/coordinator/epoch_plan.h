@@ -1,6 +1,8 @@
-// The coordinator's work once per layout epoch, as one pure function: what the agents
-// published -> the plan, every rank's schedule, the digest and every rank's encoded
-// PrepareRequest (schedule only). The coordinator, its tests and its benchmark call it.
+// The coordinator's work once per layout epoch, as one function: what the agents
+// published -> the plan, streamed (planner::PlanStreamed: its counts, digest and rounds,
+// no segment held), with each rank's segments kept in a file (SegmentSpill); and, when a
+// rank needs it, that rank's schedule as its PrepareRequest. The coordinator, its tests
+// and its benchmark call them.
 #pragma once
 
 #include <cstdint>
@@ -11,14 +13,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "google/protobuf/arena.h"
+#include "daemon/coordinator/segment_spill.h"
 #include "planner/cost.h"
 #include "planner/plan.h"
 #include "planner/relay.h"
-#include "planner/schedule.h"
 #include "proto/shardsync.pb.h"
 
 namespace shardsync::coordinator {
+
+// Where the plan's file goes unless told: $TMPDIR, else /var/tmp (on disk, unlike a
+// tmpfs /tmp, so a large plan does not take memory).
+std::string DefaultPlanDir();
 
 struct EpochOptions {
   int32_t world_size = 1;  // every rank gets a schedule, empty or not
@@ -27,26 +32,16 @@ struct EpochOptions {
   int64_t staging_bytes = 0;                              // per peer, both directions
   int64_t scratch_bytes = planner::kDefaultScratchBytes;  // per rank, for block-quantized targets
   std::vector<uint32_t> shared_source_uids;               // may be sources of one tensor together
-};
-
-// Wall time of each step, for logs and the benchmark.
-struct EpochTimings {
-  double plan_seconds = 0, schedule_seconds = 0, digest_seconds = 0, encode_seconds = 0;
-  double total() const { return plan_seconds + schedule_seconds + digest_seconds + encode_seconds; }
+  std::string plan_dir = DefaultPlanDir();                // where SegmentSpill's file is made
 };
 
 struct EpochPlan {
-  planner::Plan plan;
-  std::vector<planner::Schedule> schedules;  // by rank
-  std::string digest;                        // of the plan and the staging budget
-  std::pair<double, double> floors{0, 0};    // without and with the relay, when kAuto planned both
-  int64_t network_bytes = 0;                 // between nodes
-  int64_t relayed_bytes = 0;                 // forwarded from targets in relay stages
-  // By rank, schedule only, owned by `arena` (one allocation pool for millions of
-  // segment specs, freed at once with the plan).
-  std::unique_ptr<google::protobuf::Arena> arena = std::make_unique<google::protobuf::Arena>();
-  std::vector<const v1::PrepareRequest*> requests;
-  EpochTimings timings;
+  planner::StreamedPlan planned;           // plan without segments, stats, rounds, digest, floors
+  std::vector<std::string> buffer_names;   // by buffer id, as the agents registered them
+  std::unique_ptr<SegmentSpill> segments;  // each rank's
+  int64_t staging_bytes = 0;
+  double plan_seconds = 0;  // wall time of planning and writing the segments
+  const std::string& digest() const { return planned.digest; }
 };
 
 // Plans what `published` holds: every target, or with `target_ranks` only the targets
@@ -58,9 +53,13 @@ absl::StatusOr<EpochPlan> PlanEpoch(const std::map<int32_t, v1::PublishRequest>&
                                     const std::vector<int32_t>& node_of_rank, const std::vector<int32_t>& target_ranks,
                                     const EpochOptions& options);
 
-// The steps after collecting: plan, schedules, digest, requests. `buffer_names`: by
-// buffer id, as the agents registered them.
+// The step after collecting. `buffer_names`: by buffer id, as the agents registered them.
 absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const std::vector<std::string>& buffer_names,
                                        const EpochOptions& options);
+
+// `rank`'s schedule as its PrepareRequest (schedule only), made now from its segments
+// alone: what EncodeSchedule gives for the whole plan's schedule of that rank. Safe to
+// call for several ranks at once; holds one rank's segments while it runs.
+absl::StatusOr<v1::PrepareRequest> ScheduleRequest(const EpochPlan& epoch, int32_t rank);
 
 }  // namespace shardsync::coordinator

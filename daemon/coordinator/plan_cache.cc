@@ -16,8 +16,8 @@ absl::StatusOr<const CachedPlan*> PlanCache::Get(const std::vector<int32_t>& tar
   const int64_t epoch_now = directory_.epoch();
   const std::vector<int32_t> nodes = directory_.NodeOfRank();
   // A new epoch, or an agent that came back on another node: plan again.
-  if (!plans_.empty() &&
-      (plans_.begin()->second.epoch != epoch_now || plans_.begin()->second.compiled.plan.node_of_rank != nodes)) {
+  if (!plans_.empty() && (plans_.begin()->second.epoch != epoch_now ||
+                          plans_.begin()->second.compiled.planned.plan.node_of_rank != nodes)) {
     plans_.clear();
   }
   if (auto cached = plans_.find(target_ranks); cached != plans_.end()) return &cached->second;
@@ -31,12 +31,13 @@ absl::StatusOr<const CachedPlan*> PlanCache::Get(const std::vector<int32_t>& tar
   cache.partial = !target_ranks.empty();
   cache.compiled = std::move(compiled);
   cache.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const std::pair<double, double>& floors = cache.compiled.floors;
+  const planner::StreamedPlan& made = cache.compiled.planned;
+  const std::pair<double, double>& floors = made.floors;
   spdlog::info(
-      "planned epoch {}{}: {} tensors, {} segments, {} stage(s), digest {} in {:.2f} ms{}", epoch,
+      "planned epoch {}{}: {} tensors, {} segments ({} MiB kept in {}), {} stage(s), digest {} in {:.2f} ms{}", epoch,
       target_ranks.empty() ? "" : absl::StrCat(" for the targets of rank ", absl::StrJoin(target_ranks, ", rank ")),
-      cache.compiled.plan.tensor_names.size(), cache.compiled.plan.segments.size(), cache.compiled.plan.stages,
-      cache.compiled.digest, cache.plan_seconds * 1e3,
+      made.plan.tensor_names.size(), made.stats.segments, cache.compiled.segments->file_bytes() >> 20,
+      options_.plan_dir, made.plan.stages, made.digest, cache.plan_seconds * 1e3,
       floors.first > 0
           ? absl::StrFormat(" (floor %.3f ms unrelayed, %.3f ms relayed)", floors.first * 1e3, floors.second * 1e3)
           : "");

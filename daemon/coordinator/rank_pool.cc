@@ -52,4 +52,18 @@ void RankPool::Worker(int32_t slot) {
   }
 }
 
+void GroupGate::Enter(int32_t group) {
+  absl::MutexLock lock(&mu_);
+  const auto admitted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return inside_.count(group) > 0 || static_cast<int32_t>(inside_.size()) < limit_;
+  };
+  mu_.Await(absl::Condition(&admitted));
+  ++inside_[group];
+}
+
+void GroupGate::Leave(int32_t group) {
+  absl::MutexLock lock(&mu_);
+  if (--inside_[group] == 0) inside_.erase(group);
+}
+
 }  // namespace shardsync::coordinator

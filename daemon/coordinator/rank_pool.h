@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -38,6 +39,21 @@ class RankPool {
   std::atomic<int32_t> running_{0};              // changed under mu_ (so that Await sees it), polled without it
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
+};
+
+// Admits at most `limit` groups at once; the ranks of an admitted group enter freely.
+// Bounds what a phase holds (schedules made for Prepare) without splitting a group
+// whose members wait for each other (agents of one host on the direct path).
+class GroupGate {
+ public:
+  explicit GroupGate(int32_t limit) : limit_(limit) {}
+  void Enter(int32_t group);
+  void Leave(int32_t group);
+
+ private:
+  absl::Mutex mu_;
+  const int32_t limit_;
+  std::map<int32_t, int32_t> inside_ ABSL_GUARDED_BY(mu_);  // by admitted group: its ranks inside
 };
 
 // Runs fn(rank) for every rank at once and waits for all.

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <numeric>
+#include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -157,7 +160,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
     }
   }
   validity_.Written(plan_->target_ranks, !plan_->partial, sync_id);
-  ready_digest_ = plan_->compiled.digest;
+  ready_digest_ = plan_->compiled.digest();
   response.set_one_call(one_call);
   response.set_sync_id(sync_id);
   response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
@@ -172,7 +175,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
 
 absl::Status SyncRunner::CheckVerified(const std::vector<v1::ExecuteResponse>& responses,
                                        v1::SyncResponse& response) const {
-  const planner::Plan& plan = plan_->compiled.plan;
+  const planner::Plan& plan = plan_->compiled.planned.plan;
   std::set<std::pair<std::string, int32_t>> quantized;
   for (const planner::QuantizeOp& q : plan.quantizes) quantized.emplace(plan.tensor_names[q.tensor], q.target.rank);
   int32_t skipped = 0;
@@ -184,10 +187,11 @@ absl::Status SyncRunner::CheckVerified(const std::vector<v1::ExecuteResponse>& r
 
 void SyncRunner::FillFromPlan(std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const {
   response.set_layout_epoch(plan_->epoch);
-  response.set_digest(plan_->compiled.digest);
-  response.set_stages(plan_->compiled.plan.stages);
-  response.set_network_bytes(plan_->compiled.network_bytes);
-  response.set_relayed_bytes(plan_->compiled.relayed_bytes);
+  response.set_digest(plan_->compiled.digest());
+  const planner::StreamedPlan& planned = plan_->compiled.planned;
+  response.set_stages(planned.plan.stages);
+  response.set_network_bytes(planned.stats.total_network_bytes);
+  response.set_relayed_bytes(planned.stats.total_relayed_bytes);
   response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
   std::map<std::pair<int32_t, int32_t>, const v1::PeerWire*> wire;  // by (sender, receiver)
   for (const v1::ExecuteResponse& r : responses) {
@@ -216,8 +220,9 @@ absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest
   const planner::Bandwidths bandwidths{speed(request.link_gbps(), configured.link_bytes_per_s),
                                        speed(request.memory_gbps(), configured.memory_bytes_per_s),
                                        speed(request.network_gbps(), configured.network_bytes_per_s)};
-  v1::ExplainResponse response = daemon::MakePlanReport(cached.compiled.plan, cached.compiled.schedules,
-                                                        cached.compiled.digest, cached.compiled.floors, bandwidths);
+  const planner::StreamedPlan& planned = cached.compiled.planned;
+  v1::ExplainResponse response =
+      daemon::MakePlanReport(planned.plan, planned.stats, planned.digest, planned.floors, bandwidths);
   response.set_layout_epoch(cached.epoch);
   // Paths need every agent, and agents the coordinator can link (a sync would say
   // why not); without them the links say none.
@@ -268,14 +273,8 @@ absl::Status SyncRunner::EnsureLinkPaths() {
 }
 
 std::vector<v1::LinkBytes> SyncRunner::LinksOfPlan() const {
-  std::map<std::pair<int32_t, int32_t>, int64_t> bytes;
-  for (const planner::Schedule& schedule : plan_->compiled.schedules) {
-    for (const planner::Stage& stage : schedule.stages) {
-      for (const planner::PeerStream& stream : stage.sends) bytes[{schedule.rank, stream.peer}] += stream.bytes;
-    }
-  }
   std::vector<v1::LinkBytes> links;
-  for (const auto& [link, total] : bytes) {
+  for (const auto& [link, total] : plan_->compiled.planned.stats.link_bytes) {
     v1::LinkBytes& out = links.emplace_back();
     out.set_from_rank(link.first);
     out.set_to_rank(link.second);
@@ -305,13 +304,13 @@ absl::Status SyncRunner::RenewCommunicator() {
   return absl::OkStatus();
 }
 
-v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
-                                                 absl::Duration execute_deadline,
+v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, std::optional<v1::PrepareRequest> schedule,
+                                                 const std::string& sync_id, absl::Duration execute_deadline,
                                                  const std::map<int32_t, std::string>& addresses) {
-  v1::PrepareRequest request = with_schedule ? *plan_->compiled.requests[rank] : v1::PrepareRequest();
-  request.set_schedule_cached(!with_schedule);
+  v1::PrepareRequest request = schedule ? *std::move(schedule) : v1::PrepareRequest();
+  request.set_schedule_cached(!schedule.has_value());
   request.set_sync_id(sync_id);
-  request.set_digest(plan_->compiled.digest);
+  request.set_digest(plan_->compiled.digest());
   request.set_staging_bytes(options_.epoch.staging_bytes);
   request.set_deadline_ms(absl::ToInt64Milliseconds(execute_deadline));
   request.set_communicator_id(communicator_id_);
@@ -336,14 +335,29 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
   const int32_t world = options_.epoch.world_size;
   std::vector<std::string> refusals(world);
   std::vector<char> peer_refused(world, 0);  // refused because a direct peer did
+  // A rank's schedule is made when it is sent, so at most this many groups' schedules
+  // are held at once (a group: agents that wait for each other in Prepare).
+  const std::vector<int32_t> group_of = DirectGroups();
+  GroupGate gate(std::max<int32_t>(1, static_cast<int32_t>(std::thread::hardware_concurrency())));
   phase_pool_.Run(
       [&](int32_t rank) {
-        const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->compiled.digest;
+        const bool cached = delivered_.count(rank) && delivered_.at(rank) == plan_->compiled.digest();
         for (bool send_schedule : {!cached, true}) {
-          const v1::PrepareRequest request =
-              PrepareRequestFor(rank, send_schedule, sync_id, execute_deadline, addresses);
-          const absl::StatusOr<v1::PrepareResponse> response =
-              links.at(rank)->Prepare(request, absl::Now() + options_.rpc_deadline);
+          std::optional<v1::PrepareRequest> schedule;
+          if (send_schedule) {
+            gate.Enter(group_of[rank]);
+            absl::StatusOr<v1::PrepareRequest> made = ScheduleRequest(plan_->compiled, rank);
+            if (!made.ok()) {
+              gate.Leave(group_of[rank]);
+              refusals[rank] = absl::StrCat("rank ", rank, "'s schedule: ", made.status().message());
+              return;
+            }
+            schedule = *std::move(made);
+          }
+          const absl::StatusOr<v1::PrepareResponse> response = links.at(rank)->Prepare(
+              PrepareRequestFor(rank, std::move(schedule), sync_id, execute_deadline, addresses),
+              absl::Now() + options_.rpc_deadline);
+          if (send_schedule) gate.Leave(group_of[rank]);
           if (!response.ok()) {
             refusals[rank] = absl::StrCat("rank ", rank, " did not answer Prepare: ", response.status().message());
             return;
@@ -362,7 +376,7 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
       (peer_refused[rank] ? followers : refused).push_back(refusals[rank]);
       delivered_.erase(rank);
     } else {
-      delivered_[rank] = plan_->compiled.digest;
+      delivered_[rank] = plan_->compiled.digest();
     }
   }
   if (refused.empty() && followers.empty()) return absl::OkStatus();
@@ -375,18 +389,33 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
       absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(refused, "; ")));
 }
 
+std::vector<int32_t> SyncRunner::DirectGroups() const {
+  const int32_t world = options_.epoch.world_size;
+  std::vector<int32_t> group(world);
+  std::iota(group.begin(), group.end(), 0);
+  const auto root = [&group](int32_t r) {
+    while (group[r] != r) r = group[r] = group[group[r]];
+    return r;
+  };
+  for (int32_t rank = 0; rank < world; ++rank) {
+    for (int32_t peer : paths_.DirectPeers(rank)) group[root(peer)] = root(rank);
+  }
+  for (int32_t rank = 0; rank < world; ++rank) group[rank] = root(rank);
+  return group;
+}
+
 bool SyncRunner::OneCallReady() const {
   // With a host transport the agreement is a message between every pair of agents,
   // dearer than the Prepare call it saves: only one agent, or agents on devices (whose
   // agreement is NCCL's collective, or host messages between agents of one node), get
   // one call.
-  return !ready_digest_.empty() && ready_digest_ == plan_->compiled.digest && CommunicatorValid() &&
+  return !ready_digest_.empty() && ready_digest_ == plan_->compiled.digest() && CommunicatorValid() &&
          (options_.epoch.world_size == 1 || directory_.AllAgreeFast());
 }
 
 std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
   std::map<int32_t, v1::DeltaSpec> specs;
-  if (options_.delta == DeltaMode::kOff || !plan_->compiled.plan.quantizes.empty()) return specs;
+  if (options_.delta == DeltaMode::kOff || !plan_->compiled.planned.plan.quantizes.empty()) return specs;
   const std::vector<int32_t> nodes = directory_.NodeOfRank();
   std::set<int32_t> on_host;  // agents whose transport carries deltas
   for (const v1::JoinRequest& join : directory_.Joins()) {
@@ -441,10 +470,10 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
   const auto start = [&](int32_t rank) {
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
-    execute.set_digest(plan_->compiled.digest);
+    execute.set_digest(plan_->compiled.digest());
     execute.set_verify(verify);
     if (const auto delta = deltas.find(rank); delta != deltas.end()) *execute.mutable_delta() = delta->second;
-    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, false, sync_id, timeout, addresses);
+    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, std::nullopt, sync_id, timeout, addresses);
     called[rank] = absl::Now();
     // The agent's own waits end at the timeout; this leaves it room to say so.
     calls[rank] = links.at(rank)->StartExecute(std::move(execute), called[rank] + timeout + options_.rpc_deadline);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,10 +67,13 @@ class SyncRunner {
       const google::protobuf::RepeatedField<int32_t>& requested) const;
   absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
-  // Rank `rank`'s Prepare: everything but the schedule unless `with_schedule`.
-  v1::PrepareRequest PrepareRequestFor(int32_t rank, bool with_schedule, const std::string& sync_id,
-                                       absl::Duration execute_deadline, const std::map<int32_t, std::string>& addresses)
+  // Rank `rank`'s Prepare around `schedule` (ScheduleRequest; none: the agent holds it).
+  v1::PrepareRequest PrepareRequestFor(int32_t rank, std::optional<v1::PrepareRequest> schedule,
+                                       const std::string& sync_id, absl::Duration execute_deadline,
+                                       const std::map<int32_t, std::string>& addresses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // Groups of ranks that must prepare together (direct peers), by rank.
+  std::vector<int32_t> DirectGroups() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // A fresh communicator id from rank 0 when the last one may be broken (an empty one
   // when no link needs NCCL).
   absl::Status RenewCommunicator() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);

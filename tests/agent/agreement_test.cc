@@ -109,13 +109,13 @@ TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank b
   PlannedWorld world;
   std::vector<std::unique_ptr<Rank>>& ranks = world.ranks;
   const coordinator::EpochPlan& epoch = world.epoch;
-  const std::string digest = epoch.digest;
+  const std::string digest = epoch.digest();
 
   // Sync 1: Prepare with the schedule, then Execute.
   std::vector<float> tensor = Refill(ranks, 1);
   std::vector<v1::ExecuteRequest> execute(kWorld);
   for (int32_t r = 0; r < kWorld; ++r) {
-    const v1::PrepareRequest& schedule = *epoch.requests[r];
+    const v1::PrepareRequest schedule = *coordinator::ScheduleRequest(epoch, r);
     const v1::PrepareResponse prepared = ranks[r]->agent->Prepare(PrepareFor(schedule, "sync-1", digest, true));
     INFO(prepared.refusal());
     REQUIRE(prepared.ok());
@@ -211,7 +211,7 @@ TEST_CASE("Prepare refuses a world without its rank, peers outside it, and regio
     CHECK_FALSE(response.ok());
     return response.refusal();
   };
-  v1::PrepareRequest request = PrepareFor(*epoch.requests[1], "sync-1", epoch.digest, true);
+  v1::PrepareRequest request = PrepareFor(*coordinator::ScheduleRequest(epoch, 1), "sync-1", epoch.digest(), true);
   REQUIRE(ranks[1]->agent->Prepare(request).ok());
 
   SECTION("a world of one rank lacks rank 1") {
@@ -232,11 +232,11 @@ TEST_CASE("Prepare refuses a world without its rank, peers outside it, and regio
     CHECK_THAT(refusal(1, request), Contains("deadline of 0 ms is outside"));
   }
   SECTION("a stream with a rank outside the world, full and cached") {
-    v1::PrepareRequest full = PrepareFor(*epoch.requests[0], "sync-1", epoch.digest, true);
+    v1::PrepareRequest full = PrepareFor(*coordinator::ScheduleRequest(epoch, 0), "sync-1", epoch.digest(), true);
     REQUIRE(ranks[0]->agent->Prepare(full).ok());
     full.set_world_size(1);  // rank 0 receives from rank 1, which this world lacks
     CHECK_THAT(refusal(0, full), Contains("the schedule has a stream with rank 1 in a world of 1"));
-    v1::PrepareRequest cached = PrepareFor({}, "sync-2", epoch.digest, false);
+    v1::PrepareRequest cached = PrepareFor({}, "sync-2", epoch.digest(), false);
     cached.set_world_size(1);
     CHECK_THAT(refusal(0, cached), Contains("the schedule has a stream with rank 1 in a world of 1"));
   }

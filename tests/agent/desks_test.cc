@@ -65,9 +65,9 @@ TEST_CASE("a Prepare waiting for a slow direct peer holds up no other call, nor 
   options.staging_bytes = 4096;
   absl::StatusOr<coordinator::EpochPlan> epoch = coordinator::PlanEpoch(published, {}, {}, options);
   REQUIRE(epoch.ok());
-  v1::PrepareRequest prepare = *epoch->requests[0];
+  v1::PrepareRequest prepare = *coordinator::ScheduleRequest(*epoch, 0);
   prepare.set_sync_id("sync-1");
-  prepare.set_digest(epoch->digest);
+  prepare.set_digest(epoch->digest());
   prepare.set_staging_bytes(4096);
   prepare.set_deadline_ms(10000);
   prepare.set_world_size(kWorld);

@@ -75,5 +75,33 @@ TEST_CASE("the caller's rank runs on the calling thread, every other rank on the
   }
 }
 
+TEST_CASE("a group gate admits at most its limit of groups, and any rank of an admitted group") {
+  GroupGate gate(1);
+  gate.Enter(0);
+  gate.Enter(0);  // a second rank of the admitted group: not held
+  absl::Mutex mu;
+  bool other_entered = false;
+  std::thread other([&] {
+    gate.Enter(1);
+    absl::MutexLock lock(&mu);
+    other_entered = true;
+  });
+  // Group 1 waits while group 0 is inside (a slow machine can only make this pass).
+  absl::SleepFor(absl::Milliseconds(50));
+  {
+    absl::MutexLock lock(&mu);
+    CHECK_FALSE(other_entered);
+  }
+  gate.Leave(0);
+  {
+    absl::MutexLock lock(&mu);
+    CHECK_FALSE(other_entered);  // one rank of group 0 is still inside
+  }
+  gate.Leave(0);
+  other.join();  // admitted once group 0 is out: a hang here fails by the test's timeout
+  CHECK(other_entered);
+  gate.Leave(1);
+}
+
 }  // namespace
 }  // namespace shardsync::coordinator

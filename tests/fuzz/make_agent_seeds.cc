@@ -51,9 +51,9 @@ int main(int argc, char** argv) {
     auto epoch = coordinator::PlanEpoch(published, {}, {}, options);
     if (!epoch.ok()) return Fail(epoch.status());
     for (int32_t rank = 0; rank < world; ++rank) {
-      v1::PrepareRequest prepare = *epoch->requests[rank];
+      v1::PrepareRequest prepare = *coordinator::ScheduleRequest(*epoch, rank);
       prepare.set_sync_id("sync-1");
-      prepare.set_digest(epoch->digest);
+      prepare.set_digest(epoch->digest());
       prepare.set_staging_bytes(kStaging);
       prepare.set_deadline_ms(5);
       prepare.set_communicator_generation(1);
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       if (world > 1) (*prepare.mutable_peer_addresses())[1 - rank] = "127.0.0.1:1";
       v1::ExecuteRequest execute;
       execute.set_sync_id("sync-1");
-      execute.set_digest(epoch->digest);
+      execute.set_digest(epoch->digest());
       v1::ExecuteRequest cached = execute;
       cached.set_sync_id("sync-2");
       cached.set_verify(true);

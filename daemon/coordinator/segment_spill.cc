@@ -1,0 +1,106 @@
+#include "daemon/coordinator/segment_spill.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace shardsync::coordinator {
+
+static_assert(std::is_trivially_copyable_v<planner::Segment>, "segments are written as they lie in memory");
+
+absl::StatusOr<std::unique_ptr<SegmentSpill>> SegmentSpill::Create(const std::string& directory, int32_t num_ranks) {
+  std::string path = absl::StrCat(directory, "/shardsync-plan-XXXXXX");
+  const int fd = mkostemp(path.data(), O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    return absl::Status(error == ENOSPC ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kFailedPrecondition,
+                        absl::StrCat("cannot make the plan's file in '", directory, "': ", std::strerror(error)));
+  }
+  unlink(path.c_str());  // the open descriptor keeps it until closed
+  return std::unique_ptr<SegmentSpill>(new SegmentSpill(fd, directory, num_ranks));
+}
+
+SegmentSpill::SegmentSpill(int fd, std::string directory, int32_t num_ranks)
+    : fd_(fd), directory_(std::move(directory)), open_(num_ranks), blocks_(num_ranks) {}
+
+SegmentSpill::~SegmentSpill() { close(fd_); }
+
+absl::Status SegmentSpill::Add(absl::Span<const planner::Segment> segments) {
+  for (const planner::Segment& s : segments) {
+    SHARDSYNC_RETURN_IF_ERROR(Append(s.src.rank, s));
+    if (s.dst.rank != s.src.rank) SHARDSYNC_RETURN_IF_ERROR(Append(s.dst.rank, s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SegmentSpill::Append(int32_t rank, const planner::Segment& segment) {
+  if (rank < 0 || rank >= static_cast<int32_t>(open_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("a segment of rank ", rank, " in a plan of ", open_.size()));
+  }
+  std::vector<planner::Segment>& block = open_[rank];
+  if (block.empty()) block.reserve(kBlockSegments);
+  block.push_back(segment);
+  return block.size() == kBlockSegments ? Flush(rank) : absl::OkStatus();
+}
+
+absl::Status SegmentSpill::Flush(int32_t rank) {
+  std::vector<planner::Segment>& block = open_[rank];
+  if (block.empty()) return absl::OkStatus();
+  const char* data = reinterpret_cast<const char*>(block.data());
+  const int64_t bytes = static_cast<int64_t>(block.size() * sizeof(planner::Segment));
+  for (int64_t done = 0; done < bytes;) {
+    const ssize_t n = pwrite(fd_, data + done, bytes - done, end_ + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : ENOSPC;
+      return absl::Status(
+          error == ENOSPC ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
+          absl::StrCat("writing the plan's file in '", directory_, "' at ", end_ + done, ": ", std::strerror(error)));
+    }
+    done += n;
+  }
+  blocks_[rank].push_back(Block{end_, static_cast<int64_t>(block.size())});
+  end_ += bytes;
+  block.clear();
+  return absl::OkStatus();
+}
+
+absl::Status SegmentSpill::Finish() {
+  for (int32_t rank = 0; rank < static_cast<int32_t>(open_.size()); ++rank) {
+    SHARDSYNC_RETURN_IF_ERROR(Flush(rank));
+    std::vector<planner::Segment>().swap(open_[rank]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<planner::BlockVector<planner::Segment>> SegmentSpill::Read(int32_t rank) const {
+  if (rank < 0 || rank >= static_cast<int32_t>(blocks_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside a plan of ", blocks_.size()));
+  }
+  planner::BlockVector<planner::Segment> segments;
+  std::vector<planner::Segment> block(kBlockSegments);
+  for (const Block& b : blocks_[rank]) {
+    char* data = reinterpret_cast<char*>(block.data());
+    const int64_t bytes = b.count * static_cast<int64_t>(sizeof(planner::Segment));
+    for (int64_t done = 0; done < bytes;) {
+      const ssize_t n = pread(fd_, data + done, bytes - done, b.offset + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return absl::InternalError(absl::StrCat("reading rank ", rank, "'s segments from the plan's file in '",
+                                                directory_, "': ", n < 0 ? std::strerror(errno) : "short file"));
+      }
+      done += n;
+    }
+    for (int64_t i = 0; i < b.count; ++i) segments.push_back(block[i]);
+  }
+  return segments;
+}
+
+}  // namespace shardsync::coordinator
