@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/moe.h"
 #include "planner/cost.h"
+#include "planner/moe_layout.h"
 #include "planner/plan.h"
 
 namespace shardsync::bench {
@@ -21,16 +21,16 @@ namespace {
 
 struct ClusterCase {
   const char* name;
-  MoeShape shape;
+  planner::MoeShape shape;
   planner::Bandwidths bandwidths;  // per GPU: NVLink one way, memory, NIC
 };
 
 // H100 and H200: 450 GB/s of NVLink each way; a 400 Gb/s NIC per GPU.
 constexpr double kNvlink = 450e9, kNic = 50e9;
 
-MoeShape Shape(int layers, int experts, int hidden, int expert_intermediate, int train_ep, int train_dp, int replicas,
-               int infer_ep) {
-  MoeShape m;
+planner::MoeShape Shape(int layers, int experts, int hidden, int expert_intermediate, int train_ep, int train_dp,
+                        int replicas, int infer_ep) {
+  planner::MoeShape m;
   m.layers = layers;
   m.experts = experts;
   m.hidden = hidden;
@@ -47,7 +47,7 @@ MoeShape Shape(int layers, int experts, int hidden, int expert_intermediate, int
 
 std::vector<ClusterCase> Cases() {
   return {
-      // Kimi-K2 (bench/moe.cc), trainer EP 64 x DP 4 on 256 H100, rollout 4 x EP 32 on 128.
+      // Kimi-K2 (planner/moe_layout.cc), trainer EP 64 x DP 4 on 256 H100, rollout 4 x EP 32 on 128.
       {"kimi-k2 256 h100 -> 4x ep32 on 128 h100", Shape(61, 384, 7168, 2048, 64, 4, 4, 32), {kNvlink, 3.35e12, kNic}},
       // Qwen3-235B-A22B-sized experts (94 layers x 128, hidden 4096, width 1536), 4x8 -> 4x8.
       {"qwen3-235b-sized 32 h100 -> 4x ep8 on 32 h100",
@@ -59,7 +59,7 @@ std::vector<ClusterCase> Cases() {
 }
 
 int Run(const ClusterCase& c, bool relay) {
-  const planner::PlanInput input = MoeLayout(c.shape);
+  const planner::PlanInput input = planner::MoeLayout(c.shape);
   planner::StreamedStageBytes bytes(input);
   const auto start = std::chrono::steady_clock::now();
   auto plan = planner::StreamPlan(input, *planner::LocalFirstLeastLoaded(), planner::PlanOptions{relay},

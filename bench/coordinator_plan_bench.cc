@@ -1,5 +1,5 @@
 // The coordinator's work before the first sync of a layout epoch, for the planner
-// benchmark's MoE (bench/moe.h): the streamed plan with each rank's segments written
+// benchmark's MoE (planner/moe_layout.h): the streamed plan with each rank's segments written
 // to the plan's file (CompileEpoch), then one PrepareRequest per rank made from its
 // segments alone (ScheduleRequest), rank after rank as a Prepare fan-out limited to one
 // at a time would. Times both, the file's and the requests' size, and the peak RSS.
@@ -13,18 +13,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "bench/moe.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/epoch_plan.h"
+#include "planner/moe_layout.h"
 
 namespace shardsync::bench {
 namespace {
 
 int Run(int layers, bool dense, int64_t staging_bytes, const std::string& plan_dir) {
-  MoeShape shape;
+  planner::MoeShape shape;
   shape.layers = layers;
   shape.dense = dense;
-  const planner::PlanInput input = MoeLayout(shape);
+  const planner::PlanInput input = planner::MoeLayout(shape);
   std::vector<std::string> buffer_names;  // the coordinator names buffers by id
   for (const planner::Buffer& b : input.buffers) {
     if (b.holder.buffer >= static_cast<int32_t>(buffer_names.size())) buffer_names.resize(b.holder.buffer + 1);

@@ -16,11 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "bench/moe.h"
 #include "planner/cost.h"
 #include "planner/digest.h"
 #include "planner/known_models.h"
 #include "planner/model_layout.h"
+#include "planner/moe_layout.h"
 #include "planner/plan.h"
 #include "planner/relay.h"
 #include "planner/schedule.h"
@@ -92,12 +92,12 @@ planner::PlanInput Qwen8BTwoNodes() {
 }
 
 std::vector<Case> AllCases(const Config& config) {
-  MoeShape experts;
+  planner::MoeShape experts;
   experts.layers = config.moe_layers;
   experts.dense = false;
-  MoeShape dense;
+  planner::MoeShape dense;
   dense.layers = config.moe_dense_layers;
-  MoeShape whole;
+  planner::MoeShape whole;
   whole.layers = config.moe_streamed_layers;
   return {
       {"qwen3-8b zero3x8 -> tp4x2", 0, [] { return Qwen8B(4); }},
@@ -107,11 +107,11 @@ std::vector<Case> AllCases(const Config& config) {
       {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, relayed", 0, Qwen8BTwoNodes, planner::RelayMode::kAlways},
       {"qwen3-8b zero3x8 node 0 -> tp2x4 node 1, cheaper of both", 0, Qwen8BTwoNodes, planner::RelayMode::kAuto},
       {absl::StrCat("moe-1t experts ep64xdp16 -> 8x(ep32xtp4), ", experts.layers, " of 61 layers"), 1,
-       [experts] { return MoeLayout(experts); }},
+       [experts] { return planner::MoeLayout(experts); }},
       {absl::StrCat("moe-1t experts + dense zero3x1024 -> 8x(ep32xtp4), ", dense.layers, " of 61 layers"), 1,
-       [dense] { return MoeLayout(dense); }},
+       [dense] { return planner::MoeLayout(dense); }},
       {absl::StrCat("moe-1t streamed, experts + dense zero3x1024 -> 8x(ep32xtp4), ", whole.layers, " of 61 layers"), 1,
-       [whole] { return MoeLayout(whole); }, planner::RelayMode::kNever, /*streamed=*/true},
+       [whole] { return planner::MoeLayout(whole); }, planner::RelayMode::kNever, /*streamed=*/true},
   };
 }
 

@@ -33,8 +33,8 @@ void CountSegment(const std::vector<int32_t>& node_of_rank, const Segment& s, st
   }
 }
 
-// Adds a segment to a plan's link bytes and totals.
-void CountTotals(const std::vector<int32_t>& node_of_rank, const Segment& s, PlanStats& stats) {
+// Adds a segment to a plan's totals, and to its link bytes if `links`.
+void CountTotals(const std::vector<int32_t>& node_of_rank, const Segment& s, PlanStats& stats, bool links) {
   const int64_t bytes = SegmentBytes(s);
   ++stats.segments;
   if (IsRelayStage(s.stage)) stats.total_relayed_bytes += bytes;
@@ -43,7 +43,7 @@ void CountTotals(const std::vector<int32_t>& node_of_rank, const Segment& s, Pla
     return;
   }
   if (NodeOf(node_of_rank, s.src.rank) != NodeOf(node_of_rank, s.dst.rank)) stats.total_network_bytes += bytes;
-  stats.link_bytes[{s.src.rank, s.dst.rank}] += bytes;
+  if (links) stats.link_bytes[{s.src.rank, s.dst.rank}] += bytes;
   stats.total_sent_bytes += bytes;
 }
 
@@ -107,7 +107,7 @@ PlanStats ComputeStats(const Plan& plan, const std::vector<Schedule>& schedules)
   PlanStats stats;
   stats.stages = StageBytes(plan);
   stats.ranks = SumStages(stats.stages, plan.num_ranks);
-  for (const Segment& s : plan.segments) CountTotals(plan.node_of_rank, s, stats);
+  for (const Segment& s : plan.segments) CountTotals(plan.node_of_rank, s, stats, /*links=*/true);
   for (const Schedule& schedule : schedules) {
     RankStats& r = stats.ranks[schedule.rank];
     for (const Stage& stage : schedule.stages) {
@@ -146,7 +146,7 @@ StreamedStats::StreamedStats(const PlanInput& input, int64_t staging_bytes, int3
 absl::Status StreamedStats::Add(absl::Span<const Segment> segments) {
   SHARDSYNC_RETURN_IF_ERROR(rounds_.Add(segments));
   stage_bytes_.Add(segments);
-  for (const Segment& s : segments) CountTotals(node_of_rank_, s, totals_);
+  for (const Segment& s : segments) CountTotals(node_of_rank_, s, totals_, /*links=*/false);  // RoundCounter's
   return absl::OkStatus();
 }
 
@@ -162,6 +162,7 @@ PlanStats StreamedStats::Finish(const Plan& plan, std::vector<int32_t>* first_ro
     stats.rounds = std::max(stats.rounds, rank.rounds);
   }
   stats.chunks = counts.link_chunks;
+  stats.link_bytes = std::move(counts.link_bytes);
   *first_rounds = std::move(counts.first_rounds);
   return stats;
 }

@@ -91,7 +91,7 @@ class StreamedStats {
  private:
   StreamedStageBytes stage_bytes_;
   RoundCounter rounds_;
-  PlanStats totals_;  // link bytes and the totals
+  PlanStats totals_;  // the totals (link bytes: rounds_)
   std::vector<int32_t> node_of_rank_;
 };
 

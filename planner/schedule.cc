@@ -164,10 +164,15 @@ absl::Status CheckChunks(const Plan& plan, const Schedule& schedule, int64_t sta
 struct RoundCounter::Links {
   explicit Links(int64_t staging_bytes) : budget(staging_bytes) {}
   LinkBudget budget;
+  struct Link {
+    explicit Link(int64_t budget) : cutter(budget) {}
+    ChunkCutter cutter;
+    int64_t bytes = 0;
+  };
   // By stage, by (sender, receiver) packed in 64 bits.
-  std::vector<absl::flat_hash_map<uint64_t, ChunkCutter>> cutters;
-  // The cutter of (last_stage, last_pair): a target's pieces come one after another.
-  ChunkCutter* last = nullptr;
+  std::vector<absl::flat_hash_map<uint64_t, Link>> links;
+  // The link of (last_stage, last_pair): a target's pieces come one after another.
+  Link* last = nullptr;
   int8_t last_stage = -1;
   uint64_t last_pair = 0;
 };
@@ -184,12 +189,14 @@ absl::Status RoundCounter::Add(absl::Span<const Segment> segments) {
     SHARDSYNC_ASSIGN_OR_RETURN(const int64_t element, l.budget.Add(s, tensor_names_.at(s.tensor)));
     const uint64_t pair = (static_cast<uint64_t>(s.src.rank) << 32) | static_cast<uint32_t>(s.dst.rank);
     if (l.last == nullptr || pair != l.last_pair || s.stage != l.last_stage) {
-      while (static_cast<int32_t>(l.cutters.size()) <= s.stage) l.cutters.emplace_back();
-      l.last = &l.cutters[s.stage].try_emplace(pair, l.budget.budget()).first->second;
+      while (static_cast<int32_t>(l.links.size()) <= s.stage) l.links.emplace_back();
+      l.last = &l.links[s.stage].try_emplace(pair, l.budget.budget()).first->second;
       l.last_pair = pair;
       l.last_stage = s.stage;
     }
-    l.last->Add(0, SegmentElements(s), element, nullptr);
+    const int64_t elements = SegmentElements(s);
+    l.last->cutter.Add(0, elements, element, nullptr);
+    l.last->bytes += elements * element;
   }
   return absl::OkStatus();
 }
@@ -200,11 +207,12 @@ RoundCounts RoundCounter::Finish(int32_t stages) {
   int32_t first_round = 0;
   for (int32_t k = 0; k < stages; ++k) {
     std::vector<int32_t>& rounds = counts.rounds.emplace_back(num_ranks_, 0);
-    if (k < static_cast<int32_t>(links_->cutters.size())) {
-      for (auto& [pair, cutter] : links_->cutters[k]) {
-        cutter.Finish(nullptr);
+    if (k < static_cast<int32_t>(links_->links.size())) {
+      for (auto& [pair, link] : links_->links[k]) {
+        link.cutter.Finish(nullptr);
         const int32_t from = static_cast<int32_t>(pair >> 32), to = static_cast<int32_t>(pair & 0xffffffffu);
-        const int32_t chunks = static_cast<int32_t>(cutter.chunks());
+        counts.link_bytes[{from, to}] += link.bytes;
+        const int32_t chunks = static_cast<int32_t>(link.cutter.chunks());
         for (int32_t rank : {from, to}) {
           rounds[rank] = std::max(rounds[rank], chunks);
           counts.chunks[rank] += chunks;

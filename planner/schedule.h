@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -91,13 +93,14 @@ struct Schedule {
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
 
 // Chunks and rounds as MakeSchedules cuts them, counted from a plan's segments as they
-// come in plan order (StreamPlan's sink), none kept: a streamed plan's rounds, and the
-// first round of each stage that every rank's schedule carries.
+// come in plan order (StreamPlan's sink), none kept: a streamed plan's rounds, the
+// first round of each stage that every rank's schedule carries, and each link's bytes.
 struct RoundCounts {
-  std::vector<int32_t> first_rounds;         // by stage: Stage::first_round on every rank
-  std::vector<std::vector<int32_t>> rounds;  // [stage][rank]: Stage::rounds
-  std::vector<int64_t> chunks;               // by rank: sent and received
-  int64_t link_chunks = 0;                   // every chunk once
+  std::vector<int32_t> first_rounds;                          // by stage: Stage::first_round on every rank
+  std::vector<std::vector<int32_t>> rounds;                   // [stage][rank]: Stage::rounds
+  std::vector<int64_t> chunks;                                // by rank: sent and received
+  int64_t link_chunks = 0;                                    // every chunk once
+  std::map<std::pair<int32_t, int32_t>, int64_t> link_bytes;  // (from, to) -> bytes, every stage
 };
 
 class RoundCounter {

@@ -26,7 +26,9 @@ constexpr char kExitCodes[] =
 void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
   CLI::Option* spec = plan.add_option("--spec", config.spec_path,
                                       "a layout spec: JSON of shardsync.v1.LayoutSpec (docs/layout-spec.md)");
-  CLI::Option* model = plan.add_option("--model", config.model, "a preset model: qwen3-0.6b, qwen3-1.7b, qwen3-8b");
+  CLI::Option* model = plan.add_option("--model", config.model,
+                                       "a preset model: qwen3-0.6b, qwen3-1.7b, qwen3-8b; or a mixture of experts "
+                                       "(planner/moe_layout.h): kimi-k2-sized, qwen3-235b-sized, glm-4.5-sized");
   spec->excludes(model);
   flags::AddInt(plan, "--zero", config.zero_stage, "with --model: trainer ZeRO stage", 1, 3);
   flags::AddInt(plan, "--dp", config.dp, "with --model: trainer DP ranks 0..N-1", 1, shardsync::kMaxWorld);
@@ -36,6 +38,14 @@ void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
   flags::AddInt(plan, "--rollout-rank", config.rollout_rank,
                 "with --model: the rollout's first rank, R above (0: beside the trainer)", 0, shardsync::kMaxWorld - 1);
   flags::AddSwitch(plan, "--fused", config.fused, "with --model: the rollout holds fused qkv and gate_up shards");
+  flags::AddInt(plan, "--ep", config.ep,
+                "with a mixture of experts: the trainer's expert parallelism, its ranks EP x DP (experts ZeRO-3 "
+                "within each EP rank's DP group, the rest over all)",
+                1, shardsync::kMaxWorld);
+  flags::AddInt(plan, "--rollout-ep", config.rollout_ep,
+                "with a mixture of experts: each replica's expert parallelism, its ranks EP x TP", 1,
+                shardsync::kMaxWorld);
+  flags::AddInt(plan, "--layers", config.layers, "with a mixture of experts: its first N layers (0: all)", 0, 1 << 20);
   flags::AddInt(plan, "--staging-bytes", config.staging_bytes, "staging budget per peer, both directions, bytes",
                 shardsync::planner::kMinStagingBytes);
   flags::AddPositive(plan, "--link-gbps", config.link_gbps, "link speed for the floor, GB/s one direction per rank");

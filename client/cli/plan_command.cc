@@ -1,16 +1,21 @@
 #include "client/cli/plan_command.h"
 
+#include <algorithm>
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/format.h"
 #include "client/cli/report.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "daemon/common/plan_report.h"
 #include "planner/cost.h"
 #include "planner/known_models.h"
 #include "planner/model_layout.h"
+#include "planner/moe_layout.h"
 #include "planner/plan.h"
 #include "planner/relay.h"
 #include "spec/layout_spec.h"
@@ -18,7 +23,37 @@
 namespace shardsync::cli {
 namespace {
 
+bool IsMoePreset(const std::string& model) {
+  const std::vector<std::string> names = planner::MoePresetNames();
+  return std::find(names.begin(), names.end(), model) != names.end();
+}
+
+absl::StatusOr<planner::PlanInput> LoadMoe(const PlanCommandConfig& c, std::string* label) {
+  planner::MoeShape shape;
+  shape.train_ep = c.ep;
+  shape.train_dp = c.dp;
+  shape.replicas = c.replicas;
+  shape.infer_ep = c.rollout_ep;
+  shape.infer_tp = c.tp;
+  shape.rollout_first_rank = c.rollout_rank;
+  shape.gpus_per_node = c.ranks_per_node;
+  SHARDSYNC_ASSIGN_OR_RETURN(shape, planner::MoePreset(c.model, shape));
+  if (c.layers > 0) shape.layers = std::min<int64_t>(shape.layers, c.layers);
+  SHARDSYNC_RETURN_IF_ERROR(planner::CheckMoeShape(shape));
+  const int64_t last_rank =
+      std::max<int64_t>(int64_t{c.ep} * c.dp, int64_t{c.rollout_rank} + int64_t{c.replicas} * c.rollout_ep * c.tp) - 1;
+  if (last_rank >= kMaxWorld) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", last_rank, " is past the world's limit of ", kMaxWorld));
+  }
+  *label = absl::StrCat(c.model, " ", shape.layers, " layers, ep", c.ep, "xdp", c.dp, " -> ", c.replicas, "x(ep",
+                        c.rollout_ep, "xtp", c.tp, ")",
+                        c.rollout_rank > 0 ? absl::StrCat(" from rank ", c.rollout_rank) : "",
+                        c.ranks_per_node > 0 ? absl::StrCat(", ", c.ranks_per_node, " ranks per node") : "");
+  return planner::MoeLayout(shape);
+}
+
 absl::StatusOr<planner::PlanInput> LoadInput(const PlanCommandConfig& c, std::string* label) {
+  if (c.spec_path.empty() && IsMoePreset(c.model)) return LoadMoe(c, label);
   v1::LayoutSpec spec;
   if (!c.spec_path.empty()) {
     SHARDSYNC_ASSIGN_OR_RETURN(spec, spec::ReadLayoutSpecFile(c.spec_path));

@@ -13,13 +13,16 @@ namespace shardsync::cli {
 
 struct PlanCommandConfig {
   std::string spec_path;  // a layout spec file; or a preset model below
-  std::string model;      // "qwen3-8b", ...
+  std::string model;      // "qwen3-8b", "kimi-k2-sized", ...
   bool fused = false;
   int zero_stage = 3;
   int dp = 8;        // DP ranks 0..dp-1
   int tp = 4;        // TP size of each replica
   int replicas = 2;  // replicas over ranks rollout_rank..rollout_rank+tp*replicas-1
   int rollout_rank = 0;
+  int ep = 8;          // a mixture of experts: the trainer's EP (its ranks ep * dp)
+  int rollout_ep = 8;  // ... and each replica's (its ranks rollout_ep * tp)
+  int layers = 0;      // ... its first layers only (0: all)
   int64_t staging_bytes = int64_t{128} << 20;
   double link_gbps = 360;     // GB/s, one direction of a rank's link within its node
   double memory_gbps = 4200;  // GB/s, device memory read + write

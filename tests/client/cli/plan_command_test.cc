@@ -5,12 +5,15 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
 
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "planner/box.h"
+#include "planner/moe_layout.h"
 #include "proto/shardsync.pb.h"
 
 namespace shardsync::cli {
@@ -106,6 +109,65 @@ TEST_CASE("plan prints the same report as tables, with the bytes between nodes w
   REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(nodes), &report).ok());
   CHECK(report.network_bytes() > 0);
   CHECK(report.unrelayed_floor_seconds() > 0);
+}
+
+TEST_CASE("plan of a mixture of experts writes every rollout rank's targets, the trainer's ranks receiving nothing") {
+  PlanCommandConfig moe;
+  moe.model = "qwen3-235b-sized";
+  moe.layers = 1;
+  moe.ep = 4;
+  moe.dp = 2;  // trainer ranks 0..7
+  moe.replicas = 2;
+  moe.rollout_ep = 4;
+  moe.tp = 1;
+  moe.rollout_rank = 8;  // rollout ranks 8..15, on nodes 2 and 3
+  moe.ranks_per_node = 4;
+  moe.json = true;
+  v1::ExplainResponse report;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(moe), &report).ok());
+  REQUIRE(report.ranks_size() == 16);
+  // What each rank's targets hold, from the layout the command planned.
+  planner::MoeShape shape = *planner::MoePreset("qwen3-235b-sized", planner::MoeShape{});
+  shape.layers = 1;
+  shape.train_ep = 4;
+  shape.train_dp = 2;
+  shape.replicas = 2;
+  shape.infer_ep = 4;
+  shape.infer_tp = 1;
+  shape.rollout_first_rank = 8;
+  std::map<int32_t, int64_t> target_bytes;
+  for (const planner::TensorLayouts& t : planner::MoeLayout(shape).tensors) {
+    for (const planner::Placement& p : t.target.placements) {
+      target_bytes[p.holder.rank] += planner::Volume(p.box) * planner::ElementBytes(t.target_dtype);
+    }
+  }
+  REQUIRE(target_bytes.size() == 8);
+  // Each EP rank of a replica holds its 32 experts (3 x 1536 x 4096 each) and the dense tensors.
+  CHECK(target_bytes.at(8) > int64_t{32} * 3 * 1536 * 4096 * 2);
+  int64_t into_rollout = 0;
+  for (const v1::RankStats& r : report.ranks()) {
+    INFO("rank " << r.rank());
+    if (r.rank() < 8) {
+      CHECK(r.received_bytes() == 0);
+      CHECK(r.local_bytes() == 0);
+    } else {
+      CHECK(r.received_bytes() + r.local_bytes() == target_bytes.at(r.rank()));
+      into_rollout += r.network_received_bytes();
+    }
+  }
+  CHECK(report.network_bytes() == into_rollout);
+  const std::string table = [&] {
+    moe.json = false;
+    return Plan(moe);
+  }();
+  CHECK_THAT(table, StartsWith("plan of qwen3-235b-sized 1 layers, ep4xdp2 -> 2x(ep4xtp1) from rank 8, 4 ranks "
+                               "per node (policy "));
+  CHECK_THAT(table, Contains("NICs (one a rank): into the busiest "));
+
+  std::ostringstream out, err;
+  moe.rollout_ep = 3;  // 128 experts do not divide over 3
+  CHECK(RunPlanCommand(moe, out, err) == 3);
+  CHECK_THAT(err.str(), Contains("128 experts do not divide over the rollout's EP of 3"));
 }
 
 TEST_CASE("plan of float8 targets reports what is quantized, the scratch, and a floor with the quantize pass") {
