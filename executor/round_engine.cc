@@ -270,6 +270,7 @@ absl::Status RoundEngine::RunRound(const RunInputs& run, const planner::Stage& s
     if (run.delta != nullptr) SendAsDelta(run, number, sends.back(), encoded, stats);
     stats.wire_bytes += sends.back().bytes;
     stats.sent_bytes += chunk.bytes;
+    stats.staged_sent_bytes += chunk.bytes;
     ++stats.chunks;
   }
   int64_t in_use = 0;

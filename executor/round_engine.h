@@ -42,6 +42,7 @@ struct ExecutionStats {
   int64_t peak_staging_bytes = 0;       // staging in use at once (two rounds), all peers
   int64_t peak_peer_staging_bytes = 0;  // staging of one peer, both directions and slots (<= budget)
   int64_t direct_sent_bytes = 0;        // of sent_bytes, written into peers' targets directly
+  int64_t staged_sent_bytes = 0;        // of sent_bytes, the rest: chunks through the transport
   int64_t direct_received_bytes = 0;    // of received_bytes, written here by peers directly
   int64_t quantized_bytes = 0;          // float8 targets quantized from scratch (a byte per element)
   double seconds = 0;

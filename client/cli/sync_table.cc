@@ -40,7 +40,7 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
   std::map<std::string, int64_t> sent_whole;  // chunks of delta links sent whole, by why
   for (const v1::RankStats& r : response.ranks()) {
     wire += r.wire_bytes();
-    whole += r.sent_bytes() - r.direct_sent_bytes();
+    whole += r.staged_sent_bytes();
     deltas += r.delta_chunks();
     changed += r.changed_words();
     encode = std::max(encode, r.encode_seconds());

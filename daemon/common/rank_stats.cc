@@ -31,6 +31,7 @@ v1::RankStats RankStatsOf(int32_t rank, const executor::ExecutionStats& measured
   out.set_peak_staging_bytes(measured.peak_staging_bytes);
   out.set_peak_peer_staging_bytes(measured.peak_peer_staging_bytes);
   out.set_direct_sent_bytes(measured.direct_sent_bytes);
+  out.set_staged_sent_bytes(measured.staged_sent_bytes);
   out.set_direct_received_bytes(measured.direct_received_bytes);
   out.set_quantized_bytes(measured.quantized_bytes);
   out.set_scratch_bytes(scratch_bytes);

@@ -29,7 +29,7 @@ void SyncRecord::AddMoved(const v1::SyncResponse& response) {
     received_ += r.received_bytes();
     local_ += r.local_bytes();
     wire_ += r.wire_bytes();
-    staged_ += r.sent_bytes() - r.direct_sent_bytes();
+    staged_ += r.staged_sent_bytes();
     delta_chunks_ += r.delta_chunks();
     changed_words_ += r.changed_words();
     encode_seconds_ += r.encode_seconds();

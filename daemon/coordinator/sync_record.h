@@ -39,7 +39,7 @@ class SyncRecord {
   int64_t local_ ABSL_GUARDED_BY(mu_) = 0;
   // Delta sync, of successful syncs: RankStats' words, summed over ranks.
   int64_t wire_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t staged_ ABSL_GUARDED_BY(mu_) = 0;  // sent less direct: what a full sync puts on the wire
+  int64_t staged_ ABSL_GUARDED_BY(mu_) = 0;  // RankStats.staged_sent_bytes: what whole chunks put on the wire
   int64_t delta_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t changed_words_ ABSL_GUARDED_BY(mu_) = 0;
   double encode_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -42,7 +42,7 @@ TEST_CASE("delta sync: a trainer changing 1% of its elements puts a few percent 
     int64_t wire = 0, full = 0, deltas = 0;
     for (const v1::RankStats& r : sync->ranks()) {
       wire += r.wire_bytes();
-      full += r.sent_bytes() - r.direct_sent_bytes();
+      full += r.staged_sent_bytes();
       deltas += r.delta_chunks();
     }
     INFO(wire << " of " << full << " bytes on the wire, " << deltas << " chunks as deltas");

@@ -411,16 +411,17 @@ TEST_CASE("the direct path: senders write their peers' targets in place, mixed w
     const auto results = RunEveryRankDirect(*plan, *schedules, buffers, budget, direct, every);
     for (int32_t r = 0; r < plan->num_ranks; ++r) {
       REQUIRE(results[r].ok());
-      int64_t direct_sent = 0, direct_received = 0;
+      int64_t direct_sent = 0, direct_received = 0, staged_sent = 0;
       for (const planner::Stage& stage : (*schedules)[r].stages) {
         for (const planner::PeerStream& stream : stage.sends) {
-          if (direct(r, stream.peer)) direct_sent += stream.bytes;
+          (direct(r, stream.peer) ? direct_sent : staged_sent) += stream.bytes;
         }
         for (const planner::PeerStream& stream : stage.receives) {
           if (direct(r, stream.peer)) direct_received += stream.bytes;
         }
       }
       CHECK(results[r]->direct_sent_bytes == direct_sent);
+      CHECK(results[r]->staged_sent_bytes == staged_sent);
       CHECK(results[r]->direct_received_bytes == direct_received);
       if (seed % 3 == 0) {  // every link direct: no round, no staging
         CHECK(results[r]->rounds == 0);

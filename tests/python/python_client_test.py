@@ -419,7 +419,7 @@ class PythonClientTest(unittest.TestCase):
                 self.fill_partitions(flat, rank, values, self.model)
             response = coordinator.sync(timeout=60)
             self.check(arenas, values)
-            staged = sum(r.sent_bytes - r.direct_sent_bytes for r in response.ranks)
+            staged = sum(r.staged_sent_bytes for r in response.ranks)
             return response, staged, sum(r.wire_bytes for r in response.ranks)
 
         first, staged, wire = sync(0)
@@ -441,7 +441,7 @@ class PythonClientTest(unittest.TestCase):
         arenas[1] = self.register_rollout(1)
         response, staged, wire = sync(0.01)
         into_rank_1 = [r for r in response.ranks if r.rank == 0][0]
-        self.assertEqual(into_rank_1.wire_bytes, into_rank_1.sent_bytes - into_rank_1.direct_sent_bytes)
+        self.assertEqual(into_rank_1.wire_bytes, into_rank_1.staged_sent_bytes)
         self.assertEqual(into_rank_1.delta_chunks, 0)
 
     def truncation_loop(self, syncs):
