@@ -17,37 +17,47 @@ void Mailbox::Post(absl::string_view sync_id, int32_t round, absl::Span<const Re
 
 absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t round, const uint8_t* data,
                               int64_t bytes, bool delta, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  const auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_sync_ == sync_id; };
-  const auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (aborted()) return true;
-    auto it = slots_.find(from);
-    return sync_id_ == sync_id && it != slots_.end() && it->second.round == round && !it->second.done;
-  };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&posted), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("no receive posted for round ", round, " from rank ", from));
+  RecvOp op;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_sync_ == sync_id; };
+    const auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (aborted()) return true;
+      auto it = slots_.find(from);
+      return sync_id_ == sync_id && it != slots_.end() && it->second.round == round && !it->second.claimed;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&posted), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("no receive posted for round ", round, " from rank ", from));
+    }
+    if (aborted()) return absl::AbortedError(aborted_);
+    Slot& slot = slots_[from];
+    slot.claimed = true;
+    op = slot.op;
+    ++copying_;
   }
-  if (aborted()) return absl::AbortedError(aborted_);
-  Slot& slot = slots_[from];
+  // The copy or the delta's application runs unlocked: deliveries from several peers
+  // go side by side, and Wait, Reset and an abort wait for it to end.
+  const absl::Time start = absl::Now();
+  absl::Status written = absl::OkStatus();
   if (delta) {
-    if (!slot.op.baseline) {
-      return absl::InternalError(
+    if (!op.baseline) {
+      written = absl::InternalError(
           absl::StrCat("rank ", from, " sent a delta for round ", round, "; this receive holds no baseline"));
+    } else if (const absl::Status applied = ApplyDelta(data, bytes, op.data, op.bytes); !applied.ok()) {
+      written = absl::InternalError(absl::StrCat("rank ", from, "'s delta for round ", round, ": ", applied.message()));
     }
-    const absl::Time start = absl::Now();
-    if (const absl::Status applied = ApplyDelta(data, bytes, slot.op.data, slot.op.bytes); !applied.ok()) {
-      return absl::InternalError(absl::StrCat("rank ", from, "'s delta for round ", round, ": ", applied.message()));
-    }
-    if (slot.op.apply_nanos != nullptr) *slot.op.apply_nanos += absl::ToInt64Nanoseconds(absl::Now() - start);
-    slot.done = true;
-    return absl::OkStatus();
+  } else if (bytes != op.bytes) {
+    written = absl::InternalError(
+        absl::StrCat("rank ", from, " sent ", bytes, " bytes for round ", round, "; the receive expects ", op.bytes));
+  } else if (bytes > 0) {
+    std::memcpy(op.data, data, bytes);
   }
-  if (bytes != slot.op.bytes) {
-    return absl::InternalError(absl::StrCat("rank ", from, " sent ", bytes, " bytes for round ", round,
-                                            "; the receive expects ", slot.op.bytes));
-  }
-  if (bytes > 0) std::memcpy(slot.op.data, data, bytes);
-  slot.done = true;
+  const int64_t nanos = absl::ToInt64Nanoseconds(absl::Now() - start);
+  absl::MutexLock lock(&mu_);
+  --copying_;
+  if (!written.ok()) return written;  // the receive stays undone: its Wait names this rank
+  if (delta && op.apply_nanos != nullptr) *op.apply_nanos += nanos;  // shared by the round's receives
+  slots_.at(from).done = true;
   return absl::OkStatus();
 }
 
@@ -55,13 +65,15 @@ absl::Status Mailbox::Wait(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   const auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_sync_ == sync_id_; };
   const auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (aborted()) return true;
+    if (aborted()) return copying_ == 0;  // nothing writes the receives once this returns
     for (const auto& [peer, slot] : slots_) {
       if (!slot.done) return false;
     }
     return true;
   };
   const bool finished = mu_.AwaitWithDeadline(absl::Condition(&complete), deadline);
+  const auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return copying_ == 0; };
+  mu_.Await(absl::Condition(&idle));  // a copy under way ends before the caller reuses its memory
   if (aborted()) return absl::AbortedError(aborted_);
   if (!finished) {
     std::vector<int32_t> missing;
@@ -83,6 +95,8 @@ void Mailbox::Abort(absl::string_view sync_id, absl::string_view reason) {
 
 void Mailbox::Reset() {
   absl::MutexLock lock(&mu_);
+  const auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return copying_ == 0; };
+  mu_.Await(absl::Condition(&idle));
   aborted_sync_.clear();
   aborted_.clear();
   slots_.clear();

@@ -490,6 +490,33 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   CHECK(absl::IsDeadlineExceeded(mailbox.Deliver("t", 9, 0, data, 4, false, absl::Now() + absl::Milliseconds(50))));
 }
 
+TEST_CASE("chunks from many peers go into their receives at once, every byte exact, over many rounds") {
+  Mailbox mailbox;
+  constexpr int kPeers = 8, kRounds = 20;
+  constexpr int64_t kBytes = int64_t{1} << 18;
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<uint8_t>> sent(kPeers, std::vector<uint8_t>(kBytes));
+  std::vector<std::vector<uint8_t>> into(kPeers, std::vector<uint8_t>(kBytes));
+  for (int round = 0; round < kRounds; ++round) {
+    for (auto& bytes : sent) {
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    }
+    std::vector<RecvOp> receives;
+    for (int peer = 0; peer < kPeers; ++peer) receives.push_back(RecvOp{peer, into[peer].data(), kBytes});
+    std::vector<std::thread> senders;
+    for (int peer = 0; peer < kPeers; ++peer) {
+      senders.emplace_back([&, peer] {
+        CHECK(
+            mailbox.Deliver("s", peer, round, sent[peer].data(), kBytes, false, absl::Now() + absl::Seconds(60)).ok());
+      });
+    }
+    mailbox.Post("s", round, receives);
+    REQUIRE(mailbox.Wait(absl::Now() + absl::Seconds(60)).ok());
+    for (std::thread& t : senders) t.join();
+    for (int peer = 0; peer < kPeers; ++peer) CHECK(into[peer] == sent[peer]);
+  }
+}
+
 using planner::DType;
 using planner::Holder;
 using planner::Index;
