@@ -14,16 +14,6 @@ absl::Status GrpcTransport::Setup(const executor::PeerSetup& setup, absl::Time) 
   return absl::OkStatus();
 }
 
-std::shared_ptr<v1::AgentControl::Stub> GrpcTransport::StubLocked(const std::string& address) {
-  std::shared_ptr<v1::AgentControl::Stub>& stub = stubs_[address];
-  if (stub == nullptr) {
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(-1);
-    stub = v1::AgentControl::NewStub(MakeChannel(address, credentials_, args));
-  }
-  return stub;
-}
-
 absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
                                      absl::Span<const executor::RecvOp> receives, absl::Time deadline) {
   mailbox_.Post(sync_id, round, receives);
@@ -58,7 +48,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
       call->request.set_data(send.data, send.bytes);
       call->request.set_delta(send.delta);
       in_flight_.push_back(&call->context);
-      call->stub = StubLocked(address->second);
+      call->stub = channels_.Stub(address->second);
       Call* raw = call.get();
       raw->stub->async()->Transfer(&raw->context, &raw->request, &raw->response,
                                    [raw, &done_mu, &done](grpc::Status status) {
@@ -85,7 +75,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
       failed.push_back(absl::StrCat("rank ", call->peer, " (", call->status.error_message(), ")"));
   }
   if (!failed.empty()) {
-    DropChannels();
+    channels_.Drop();
     return absl::UnavailableError(absl::StrCat("sending round ", round, " failed to ", absl::StrJoin(failed, ", ")));
   }
   return mailbox_.Wait(deadline);
@@ -98,12 +88,7 @@ void GrpcTransport::Abort(absl::string_view sync_id, absl::string_view reason) {
   aborted_reason_ = std::string(reason);
   if (running_sync_ != sync_id) return;  // a late abort must not cancel a later sync's calls
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
-  stubs_.clear();
-}
-
-void GrpcTransport::DropChannels() {
-  absl::MutexLock lock(&mu_);
-  stubs_.clear();
+  channels_.Drop();
 }
 
 void GrpcTransport::Reset() { mailbox_.Reset(); }

@@ -1,9 +1,8 @@
 // The host transport between agents over their own gRPC channels: a round posts its
 // receives in the mailbox (AgentControl.Transfer from peers lands there), then sends
-// every chunk to its peer with one Transfer call each, in parallel. A failed or aborted
-// sync drops every channel, so the next sync connects afresh: a connection that lived
-// through a cut link may still hold lost packets whose retransmission, backed off, would
-// fail it after the link healed.
+// every chunk to its peer with one Transfer call each, in parallel, over the agent's
+// PeerChannels. A failed or aborted sync drops every channel, so the next sync connects
+// afresh (peer_channels.h says why).
 #pragma once
 
 #include <map>
@@ -11,7 +10,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "common/tls.h"
+#include "daemon/agent/peer_channels.h"
 #include "executor/mailbox.h"
 #include "executor/transport.h"
 #include "grpcpp/grpcpp.h"
@@ -21,8 +20,8 @@ namespace shardsync::agent {
 
 class GrpcTransport final : public executor::Transport {
  public:
-  GrpcTransport(int32_t rank, executor::Mailbox& mailbox, Credentials credentials)
-      : rank_(rank), mailbox_(mailbox), credentials_(std::move(credentials)) {}
+  GrpcTransport(int32_t rank, executor::Mailbox& mailbox, PeerChannels& channels)
+      : rank_(rank), mailbox_(mailbox), channels_(channels) {}
 
   absl::string_view name() const override { return "grpc-host"; }
   bool device_memory() const override { return false; }
@@ -34,15 +33,11 @@ class GrpcTransport final : public executor::Transport {
   void Reset() override;
 
  private:
-  std::shared_ptr<v1::AgentControl::Stub> StubLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropChannels();
-
   const int32_t rank_;
   executor::Mailbox& mailbox_;
-  const Credentials credentials_;
+  PeerChannels& channels_;
   absl::Mutex mu_;
   std::map<int32_t, std::string> addresses_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<v1::AgentControl::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   // The calls of the round running now (a rank runs one at a time); Abort cancels them.
   std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
   std::string running_sync_ ABSL_GUARDED_BY(mu_);  // whose calls they are

@@ -46,12 +46,12 @@ struct DataPath {
 };
 
 absl::StatusOr<DataPath> OpenDataPath(const agent::AgentFlags& c, executor::Mailbox& mailbox,
-                                      const Credentials& credentials) {
+                                      agent::PeerChannels& channels) {
   DataPath path;
   if (c.ordinal < 0) {
     path.memory = std::make_unique<executor::HostShmBackend>();
     path.device = std::make_unique<executor::HostDevice>();
-    path.transport = std::make_unique<agent::GrpcTransport>(c.agent.rank, mailbox, credentials);
+    path.transport = std::make_unique<agent::GrpcTransport>(c.agent.rank, mailbox, channels);
     return path;
   }
   auto cuda = executor::CudaDevice::Open(c.ordinal);
@@ -62,7 +62,7 @@ absl::StatusOr<DataPath> OpenDataPath(const agent::AgentFlags& c, executor::Mail
   path.identity = *std::move(identified);
   path.memory = std::make_unique<executor::CudaIpcBackend>(c.ordinal);
   path.transport = std::make_unique<executor::NcclTransport>(c.ordinal, (*cuda)->network_stream());
-  path.channels = std::make_unique<agent::GrpcTransport>(c.agent.rank, mailbox, credentials);
+  path.channels = std::make_unique<agent::GrpcTransport>(c.agent.rank, mailbox, channels);
   path.device = *std::move(cuda);
   return path;
 }
@@ -188,7 +188,8 @@ int main(int argc, char** argv) {
   };
 
   executor::Mailbox mailbox;
-  absl::StatusOr<DataPath> path = OpenDataPath(c, mailbox, *credentials);
+  agent::PeerChannels channels(*credentials);
+  absl::StatusOr<DataPath> path = OpenDataPath(c, mailbox, channels);
   if (!path.ok()) return fail(path.status());
   const std::string incarnation = agent::NewIncarnation();
   RemoveOrphans();
@@ -202,7 +203,7 @@ int main(int argc, char** argv) {
   const absl::StatusOr<executor::MemorySpan> board_span = (*board)->span();
   if (!board_span.ok()) return fail(board_span.status());
   registry.Reserve(*board_span, "this agent's signal board");
-  agent::PeerTargets peer_targets(c.agent.rank, registry, agent::PeerTargets::OverGrpc(*credentials));
+  agent::PeerTargets peer_targets(c.agent.rank, registry, agent::PeerTargets::OverGrpc(channels));
   const agent::LinkConfig link_config = MakeLinkConfig(c, *credentials, *path, incarnation, (*board)->name());
   agent::CoordinatorLink link(link_config, registry);
   agent::Agent agent(c.agent, registry, link, *path->device, *path->transport, mailbox,

@@ -10,32 +10,20 @@
 
 namespace shardsync::agent {
 
-PeerTargets::Ask PeerTargets::OverGrpc(Credentials credentials) {
-  struct Stubs {
-    absl::Mutex mu;
-    std::map<std::string, std::unique_ptr<v1::AgentControl::Stub>> by_address ABSL_GUARDED_BY(mu);
+PeerTargets::Ask PeerTargets::OverGrpc(PeerChannels& channels) {
+  return [&channels](const std::string& address, const v1::TargetMemoryRequest& request,
+                     absl::Time deadline) -> absl::StatusOr<v1::TargetMemoryResponse> {
+    const std::shared_ptr<v1::AgentControl::Stub> stub = channels.Stub(address);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    // A peer that restarted on its port may find this channel still backing off from
+    // the refused connections while it was down: wait for it, within the deadline.
+    context.set_wait_for_ready(true);
+    v1::TargetMemoryResponse response;
+    const grpc::Status status = stub->TargetMemory(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response;
   };
-  auto stubs = std::make_shared<Stubs>();
-  return
-      [stubs, credentials = std::move(credentials)](const std::string& address, const v1::TargetMemoryRequest& request,
-                                                    absl::Time deadline) -> absl::StatusOr<v1::TargetMemoryResponse> {
-        v1::AgentControl::Stub* stub = nullptr;
-        {
-          absl::MutexLock lock(&stubs->mu);
-          std::unique_ptr<v1::AgentControl::Stub>& slot = stubs->by_address[address];
-          if (!slot) slot = v1::AgentControl::NewStub(MakeChannel(address, credentials));
-          stub = slot.get();
-        }
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(deadline));
-        // A peer that restarted on its port may find this channel still backing off from
-        // the refused connections while it was down: wait for it, within the deadline.
-        context.set_wait_for_ready(true);
-        v1::TargetMemoryResponse response;
-        const grpc::Status status = stub->TargetMemory(&context, request, &response);
-        if (!status.ok()) return FromGrpcStatus(status);
-        return response;
-      };
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets::Map(

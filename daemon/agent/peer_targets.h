@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/tls.h"
+#include "daemon/agent/peer_channels.h"
 #include "daemon/agent/registry.h"
 #include "executor/memory.h"
 #include "proto/shardsync.pb.h"
@@ -32,8 +32,8 @@ class PeerTargets {
   // One TargetMemory call to the agent at `address`.
   using Ask = std::function<absl::StatusOr<v1::TargetMemoryResponse>(
       const std::string& address, const v1::TargetMemoryRequest& request, absl::Time deadline)>;
-  // Asks over gRPC with `credentials` (a channel per address, kept).
-  static Ask OverGrpc(Credentials credentials);
+  // Asks over the agent's channels to its peers.
+  static Ask OverGrpc(PeerChannels& channels);
 
   PeerTargets(int32_t rank, const Registry& registry, Ask ask)
       : rank_(rank), registry_(registry), ask_(std::move(ask)) {}
