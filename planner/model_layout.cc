@@ -148,6 +148,113 @@ absl::Status AddSources(const ModelLayoutSpec& spec, const std::vector<const Mod
   return absl::OkStatus();
 }
 
+// The rollout's side: every replica's placements (and float8 scales) of every target
+// tensor, added to the source tensors AddSources made, packed into each rank's arena.
+class TargetExpander {
+ public:
+  TargetExpander(const ModelLayoutSpec& spec, PlanInput& input, const std::map<std::string, size_t>& index)
+      : spec_(spec), input_(input), index_(index), arena_(spec.target_buffer) {}
+
+  // Checks every name and fused group of the spec; call once before Replica.
+  absl::Status CheckNames() {
+    for (const ModelTensor& t : spec_.tensors) {
+      if (!by_name_.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
+    }
+    for (const FusedQkvGroup& g : spec_.fused_qkv) {
+      for (const std::string* m : {&g.q, &g.k, &g.v}) {
+        if (!by_name_.count(*m)) return Bad(*m, "named by a fused qkv group but not declared");
+        qkv_of_[*m] = &g;
+      }
+    }
+    for (const FusedRowsGroup& g : spec_.fused_rows) {
+      if (g.parts.empty()) return absl::InvalidArgumentError("a fused rows group has no parts");
+      for (const std::string& m : g.parts) {
+        if (!by_name_.count(m)) return Bad(m, "named by a fused rows group but not declared");
+        rows_of_[m] = &g;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Float8 targets are the linear layers: 2-D split tensors only.
+  bool Quantized(const ModelTensor& t) const {
+    return Float8() && t.shape.size() == 2 && (t.style == TpStyle::kColumn || t.style == TpStyle::kRow);
+  }
+  DType TargetDtype(const ModelTensor& t) const {
+    return Quantized(t) ? DType::kFloat8E4M3 : Float8() ? t.dtype : spec_.target_dtype.value_or(t.dtype);
+  }
+
+  absl::Status Replica(const std::vector<int32_t>& ranks) {
+    if (ranks.empty()) return absl::InvalidArgumentError("a rollout replica has no ranks");
+    ReplicaBuilder replica(ranks, arena_);
+    for (const ModelTensor& declared : spec_.tensors) {
+      ModelTensor t = declared;  // as the rollout holds it
+      t.dtype = TargetDtype(declared);
+      if (auto q = qkv_of_.find(t.name); q != qkv_of_.end()) {
+        const FusedQkvGroup& g = *q->second;
+        if (t.name != g.q) continue;  // the group is placed once, at its q
+        auto views = replica.Qkv(g, t);
+        if (!views.ok()) return Bad(t.name, std::string(views.status().message()));
+        SHARDSYNC_RETURN_IF_ERROR(Add(t, std::move(views->q)));
+        SHARDSYNC_RETURN_IF_ERROR(Add(*by_name_.at(g.k), std::move(views->k)));
+        SHARDSYNC_RETURN_IF_ERROR(Add(*by_name_.at(g.v), std::move(views->v)));
+      } else if (auto r = rows_of_.find(t.name); r != rows_of_.end()) {
+        const FusedRowsGroup& g = *r->second;
+        if (t.name != g.parts[0]) continue;
+        std::vector<ModelTensor> held;
+        for (const std::string& m : g.parts) held.push_back(*by_name_.at(m));
+        for (ModelTensor& m : held) m.dtype = t.dtype;
+        std::vector<const ModelTensor*> parts;
+        for (const ModelTensor& m : held) parts.push_back(&m);
+        auto layouts = replica.Rows(parts);
+        if (!layouts.ok()) return Bad(t.name, std::string(layouts.status().message()));
+        for (size_t k = 0; k < parts.size(); ++k) SHARDSYNC_RETURN_IF_ERROR(Add(*parts[k], std::move((*layouts)[k])));
+      } else {
+        SHARDSYNC_ASSIGN_OR_RETURN(auto layout, replica.Plain(t));
+        SHARDSYNC_RETURN_IF_ERROR(Add(t, std::move(layout)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<Buffer> Buffers() const { return arena_.Buffers(); }
+
+ private:
+  bool Float8() const { return spec_.target_dtype == DType::kFloat8E4M3; }
+
+  // `layout` into the target of the source tensor `t` reads (itself, or what it is tied
+  // to), each float8 placement's scales after it in its rank's arena.
+  absl::Status Add(const ModelTensor& t, Layout layout) {
+    const std::string& name = t.tied_to.empty() ? t.name : t.tied_to;
+    const auto it = index_.find(name);
+    if (it == index_.end()) return Bad(t.name, absl::StrCat("is tied to '", name, "', which has no source"));
+    TensorLayouts& target = input_.tensors[it->second];
+    if (Quantized(t)) {
+      if (target.target_dtype != DType::kFloat8E4M3) {
+        return Bad(t.name, "a block-quantized target is tied to a tensor that is not");
+      }
+      for (const Placement& p : layout.placements) {
+        const Index extent = Extent(p.box);
+        const int64_t row_stride = ScaleBlocks(extent[1]);
+        const int64_t base = arena_.Reserve(p.holder.rank, ScaleBlocks(extent[0]) * row_stride, DType::kFloat32);
+        target.target_scales.push_back(BlockScales{p.holder, base, row_stride});
+      }
+    }
+    Layout& into = target.target;
+    into.placements.insert(into.placements.end(), layout.placements.begin(), layout.placements.end());
+    into.fills.insert(into.fills.end(), layout.fills.begin(), layout.fills.end());
+    return absl::OkStatus();
+  }
+
+  const ModelLayoutSpec& spec_;
+  PlanInput& input_;
+  const std::map<std::string, size_t>& index_;  // tensor name -> PlanInput::tensors
+  ArenaPacker arena_;
+  std::map<std::string, const ModelTensor*> by_name_;
+  std::map<std::string, const FusedQkvGroup*> qkv_of_;
+  std::map<std::string, const FusedRowsGroup*> rows_of_;
+};
+
 }  // namespace
 
 absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
@@ -156,102 +263,18 @@ absl::StatusOr<PlanInput> ExpandModel(const ModelLayoutSpec& spec) {
   }
   if (spec.dp_ranks.empty()) return absl::InvalidArgumentError("a model layout needs at least one DP rank");
   SHARDSYNC_RETURN_IF_ERROR(CheckSizes(spec.tensors));
-  std::map<std::string, const ModelTensor*> by_name;
-  std::vector<const ModelTensor*> sourced;
-  for (const ModelTensor& t : spec.tensors) {
-    if (!by_name.emplace(t.name, &t).second) return Bad(t.name, "declared twice");
-    if (t.tied_to.empty()) sourced.push_back(&t);
-  }
-  // Float8 targets are the linear layers: 2-D split tensors only.
-  const bool float8 = spec.target_dtype == DType::kFloat8E4M3;
-  const auto quantized = [&](const ModelTensor& t) {
-    return float8 && t.shape.size() == 2 && (t.style == TpStyle::kColumn || t.style == TpStyle::kRow);
-  };
-  const auto target_dtype = [&](const ModelTensor& t) {
-    return quantized(t) ? DType::kFloat8E4M3 : float8 ? t.dtype : spec.target_dtype.value_or(t.dtype);
-  };
   PlanInput input;
   std::map<std::string, size_t> index;  // tensor name -> PlanInput::tensors
-  SHARDSYNC_RETURN_IF_ERROR(AddSources(spec, sourced, target_dtype, input, index));
-
-  // Which fused group each member belongs to, checked up front.
-  std::map<std::string, const FusedQkvGroup*> qkv_of;
-  std::map<std::string, const FusedRowsGroup*> rows_of;
-  for (const FusedQkvGroup& g : spec.fused_qkv) {
-    for (const std::string* m : {&g.q, &g.k, &g.v}) {
-      if (!by_name.count(*m)) return Bad(*m, "named by a fused qkv group but not declared");
-      qkv_of[*m] = &g;
-    }
+  TargetExpander targets(spec, input, index);
+  SHARDSYNC_RETURN_IF_ERROR(targets.CheckNames());
+  std::vector<const ModelTensor*> sourced;
+  for (const ModelTensor& t : spec.tensors) {
+    if (t.tied_to.empty()) sourced.push_back(&t);
   }
-  for (const FusedRowsGroup& g : spec.fused_rows) {
-    if (g.parts.empty()) return absl::InvalidArgumentError("a fused rows group has no parts");
-    for (const std::string& m : g.parts) {
-      if (!by_name.count(m)) return Bad(m, "named by a fused rows group but not declared");
-      rows_of[m] = &g;
-    }
-  }
-  // The source tensor a target tensor reads (itself, or what it is tied to).
-  auto target_of = [&](const ModelTensor& t) -> absl::StatusOr<TensorLayouts*> {
-    const std::string& name = t.tied_to.empty() ? t.name : t.tied_to;
-    auto it = index.find(name);
-    if (it == index.end()) return Bad(t.name, absl::StrCat("is tied to '", name, "', which has no source"));
-    return &input.tensors[it->second];
-  };
-  ArenaPacker arena(spec.target_buffer);
-  auto add = [&](const ModelTensor& t, Layout layout) -> absl::Status {
-    SHARDSYNC_ASSIGN_OR_RETURN(auto target, target_of(t));
-    if (quantized(t)) {
-      if (target->target_dtype != DType::kFloat8E4M3) {
-        return Bad(t.name, "a block-quantized target is tied to a tensor that is not");
-      }
-      // Each placement's float32 scales follow it in its rank's arena.
-      for (const Placement& p : layout.placements) {
-        const Index extent = Extent(p.box);
-        const int64_t row_stride = ScaleBlocks(extent[1]);
-        const int64_t base = arena.Reserve(p.holder.rank, ScaleBlocks(extent[0]) * row_stride, DType::kFloat32);
-        target->target_scales.push_back(BlockScales{p.holder, base, row_stride});
-      }
-    }
-    Layout& into = target->target;
-    into.placements.insert(into.placements.end(), layout.placements.begin(), layout.placements.end());
-    into.fills.insert(into.fills.end(), layout.fills.begin(), layout.fills.end());
-    return absl::OkStatus();
-  };
-
-  for (const std::vector<int32_t>& ranks : spec.replicas) {
-    if (ranks.empty()) return absl::InvalidArgumentError("a rollout replica has no ranks");
-    ReplicaBuilder replica(ranks, arena);
-    for (const ModelTensor& declared : spec.tensors) {
-      ModelTensor t = declared;  // as the rollout holds it
-      t.dtype = target_dtype(declared);
-      absl::Status status;
-      if (auto q = qkv_of.find(t.name); q != qkv_of.end()) {
-        const FusedQkvGroup& g = *q->second;
-        if (t.name != g.q) continue;  // the group is placed once, at its q
-        auto views = replica.Qkv(g, t);
-        if (!views.ok()) return Bad(t.name, std::string(views.status().message()));
-        status = add(t, std::move(views->q));
-        if (status.ok()) status = add(*by_name[g.k], std::move(views->k));
-        if (status.ok()) status = add(*by_name[g.v], std::move(views->v));
-      } else if (auto r = rows_of.find(t.name); r != rows_of.end()) {
-        const FusedRowsGroup& g = *r->second;
-        if (t.name != g.parts[0]) continue;
-        std::vector<const ModelTensor*> parts;
-        std::vector<ModelTensor> held;
-        for (const std::string& m : g.parts) held.push_back(*by_name[m]);
-        for (ModelTensor& m : held) m.dtype = t.dtype;
-        for (const ModelTensor& m : held) parts.push_back(&m);
-        auto layouts = replica.Rows(parts);
-        if (!layouts.ok()) return Bad(t.name, std::string(layouts.status().message()));
-        for (size_t k = 0; k < parts.size() && status.ok(); ++k) status = add(*parts[k], std::move((*layouts)[k]));
-      } else {
-        SHARDSYNC_ASSIGN_OR_RETURN(auto layout, replica.Plain(t));
-        status = add(t, std::move(layout));
-      }
-      if (!status.ok()) return status;
-    }
-  }
-  for (const Buffer& b : arena.Buffers()) input.buffers.push_back(b);
+  SHARDSYNC_RETURN_IF_ERROR(AddSources(
+      spec, sourced, [&](const ModelTensor& t) { return targets.TargetDtype(t); }, input, index));
+  for (const std::vector<int32_t>& ranks : spec.replicas) SHARDSYNC_RETURN_IF_ERROR(targets.Replica(ranks));
+  for (const Buffer& b : targets.Buffers()) input.buffers.push_back(b);
   return input;
 }
 
