@@ -1,6 +1,8 @@
 // The control plane alone: a coordinator and N agents on this machine, each rank's
 // trainer and rollout registering a tensor with nothing to move (zero elements), then
-// many syncs timed from the client. Prints one JSON line: median and p99 milliseconds.
+// many syncs timed from the client. Prints one JSON line: the client's median, p99 and
+// minimum milliseconds, and the medians of where a sync went as the coordinator timed
+// it (its whole sync, the Prepare and Execute fan-outs).
 //   bazel build -c opt //bench:sync_overhead && cd bazel-bin/bench/sync_overhead.runfiles/shardsync &&
 //   ../../sync_overhead [--agents 8] [--syncs 200] [--agent0-serves-coordinator]
 #include <algorithm>
@@ -42,7 +44,7 @@ int main(int argc, char** argv) {
   }
   // One client for all syncs, as a trainer keeps one: its channel is connected once.
   client::CoordinatorClient coordinator = cluster.coordinator_client();
-  std::vector<double> ms;
+  std::vector<double> ms, coordinator_ms, prepare_ms, execute_ms;
   for (int i = 0; i < syncs + 1; ++i) {
     const absl::Time start = absl::Now();
     auto response = coordinator.Sync(absl::Seconds(10));
@@ -50,13 +52,22 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "sync failed: %s\n", std::string(response.status().message()).c_str());
       return 1;
     }
-    if (i > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));  // the first plans
+    if (i == 0) continue;  // the first plans
+    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    coordinator_ms.push_back(response->seconds() * 1e3);
+    prepare_ms.push_back(response->prepare_seconds() * 1e3);
+    execute_ms.push_back(response->execute_seconds() * 1e3);
   }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   std::sort(ms.begin(), ms.end());
   std::printf(
       "{\"agents\": %d, \"agent0_serves_coordinator\": %s, \"syncs\": %d, \"median_ms\": %.3f, "
-      "\"p99_ms\": %.3f, \"min_ms\": %.3f}\n",
+      "\"p99_ms\": %.3f, \"min_ms\": %.3f, \"coordinator_median_ms\": %.3f, \"prepare_median_ms\": %.3f, "
+      "\"execute_median_ms\": %.3f}\n",
       options.agents, options.agent0_serves_coordinator ? "true" : "false", syncs, ms[ms.size() / 2],
-      ms[ms.size() * 99 / 100], ms.front());
+      ms[ms.size() * 99 / 100], ms.front(), median(coordinator_ms), median(prepare_ms), median(execute_ms));
   return 0;
 }
