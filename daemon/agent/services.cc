@@ -1,9 +1,7 @@
 #include "daemon/agent/services.h"
 
 #include <algorithm>
-#include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -27,24 +25,19 @@ grpc::Status LocalService::Register(grpc::ServerContext* context, const v1::Regi
   return grpc::Status::OK;
 }
 
+ControlService::ControlService(Agent& agent)
+    : agent_(agent), watcher_([&agent](const std::string& sync_id) {
+        v1::AbortRequest abort;
+        abort.set_sync_id(sync_id);
+        abort.set_reason("the coordinator's Execute call ended (its connection was lost)");
+        agent.Abort(abort);
+      }) {}
+
 grpc::Status ControlService::Execute(grpc::ServerContext* context, const v1::ExecuteRequest* request,
                                      v1::ExecuteResponse* response) {
-  // The coordinator's call ended early (its connection dropped: keepalive finds a cut
-  // link within seconds): nobody can abort this sync any more, so it aborts itself.
-  absl::Notification done;
-  std::thread watcher([&] {
-    while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
-      if (!context->IsCancelled()) continue;
-      v1::AbortRequest abort;
-      abort.set_sync_id(request->sync_id());
-      abort.set_reason("the coordinator's Execute call ended (its connection was lost)");
-      agent_.Abort(abort);
-      return;
-    }
-  });
+  watcher_.Watch(context, request->sync_id());
   auto executed = agent_.Execute(*request);
-  done.Notify();
-  watcher.join();
+  watcher_.Forget(context);
   if (!executed.ok()) return ToGrpcStatus(executed.status());
   *response = *std::move(executed);
   return grpc::Status::OK;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "daemon/agent/agent.h"
+#include "daemon/agent/call_watcher.h"
 #include "daemon/agent/local_socket.h"
 
 namespace shardsync::agent {
@@ -25,7 +26,7 @@ class LocalService final : public v1::Agent::Service {
 
 class ControlService final : public v1::AgentControl::Service {
  public:
-  explicit ControlService(Agent& agent) : agent_(agent) {}
+  explicit ControlService(Agent& agent);
   grpc::Status Prepare(grpc::ServerContext*, const v1::PrepareRequest* request,
                        v1::PrepareResponse* response) override {
     *response = agent_.Prepare(*request);
@@ -49,6 +50,7 @@ class ControlService final : public v1::AgentControl::Service {
 
  private:
   Agent& agent_;
+  CallWatcher watcher_;  // an Execute whose coordinator call ended aborts its sync
 };
 
 }  // namespace shardsync::agent
