@@ -32,13 +32,15 @@ int Run(int layers, bool dense, int64_t staging_bytes, const std::string& plan_d
   for (size_t id = 0; id < buffer_names.size(); ++id) buffer_names[id] = absl::StrCat("buffer-", id);
 
   coordinator::EpochOptions options;
-  for (const planner::Buffer& b : input.buffers) options.world_size = std::max(options.world_size, b.holder.rank + 1);
+  options.world_size = planner::NumRanks(input);
   options.staging_bytes = staging_bytes;
   options.relay = planner::RelayMode::kNever;  // one node: nothing to relay
   if (!plan_dir.empty()) options.plan_dir = plan_dir;
   rusage before{};
   getrusage(RUSAGE_SELF, &before);  // the layouts alone, as the agents published them
+  const absl::Time planning = absl::Now();
   const absl::StatusOr<coordinator::EpochPlan> epoch = coordinator::CompileEpoch(input, buffer_names, options);
+  const double plan_ms = absl::ToDoubleMilliseconds(absl::Now() - planning);
   if (!epoch.ok()) return std::fprintf(stderr, "%s\n", std::string(epoch.status().message()).c_str()), 1;
   const absl::Time start = absl::Now();
   int64_t bytes = 0, max_bytes = 0, records = 0;
@@ -58,7 +60,7 @@ int Run(int layers, bool dense, int64_t staging_bytes, const std::string& plan_d
       "\"plan_ms\":%.1f,\"plan_file_bytes\":%lld,\"requests_ms\":%.1f,\"encoded_bytes\":%lld,"
       "\"max_rank_encoded_bytes\":%lld,\"digest\":\"%s\",\"layouts_rss_mib\":%ld,\"peak_rss_mib\":%ld}\n",
       layers, dense ? " with dense tensors" : ", experts", epoch->planned.plan.num_ranks,
-      static_cast<long long>(epoch->planned.stats.segments), static_cast<long long>(records), epoch->plan_seconds * 1e3,
+      static_cast<long long>(epoch->planned.stats.segments), static_cast<long long>(records), plan_ms,
       static_cast<long long>(epoch->segments->file_bytes()), requests_ms, static_cast<long long>(bytes),
       static_cast<long long>(max_bytes), epoch->digest().c_str(), before.ru_maxrss / 1024, usage.ru_maxrss / 1024);
   return 0;

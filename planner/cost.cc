@@ -65,9 +65,7 @@ std::vector<std::vector<RankStats>> StageBytes(const Plan& plan) {
 }
 
 StreamedStageBytes::StreamedStageBytes(const PlanInput& input, int32_t num_ranks)
-    : node_of_rank_(input.node_of_rank), num_ranks_(num_ranks) {
-  for (const Buffer& b : input.buffers) num_ranks_ = std::max(num_ranks_, b.holder.rank + 1);
-}
+    : node_of_rank_(input.node_of_rank), num_ranks_(std::max(num_ranks, NumRanks(input))) {}
 
 void StreamedStageBytes::Add(absl::Span<const Segment> segments) {
   for (const Segment& s : segments) {
@@ -131,16 +129,11 @@ std::vector<std::string> TensorNames(const PlanInput& input) {
   return names;
 }
 
-int32_t NumRanks(const PlanInput& input, int32_t ranks) {
-  for (const Buffer& b : input.buffers) ranks = std::max(ranks, b.holder.rank + 1);
-  return ranks;
-}
-
 }  // namespace
 
 StreamedStats::StreamedStats(const PlanInput& input, int64_t staging_bytes, int32_t num_ranks)
     : stage_bytes_(input, num_ranks),
-      rounds_(NumRanks(input, num_ranks), staging_bytes, TensorNames(input)),
+      rounds_(std::max(num_ranks, NumRanks(input)), staging_bytes, TensorNames(input)),
       node_of_rank_(input.node_of_rank) {}
 
 absl::Status StreamedStats::Add(absl::Span<const Segment> segments) {

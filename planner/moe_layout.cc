@@ -129,14 +129,11 @@ PlanInput MoeLayout(const MoeShape& m) {
       }
     }
   }
-  int32_t ranks = 0;
   for (const auto* packer : {&expert_flat, &dense_flat, &arena}) {
-    for (const Buffer& b : packer->Buffers()) {
-      input.buffers.push_back(b);
-      ranks = std::max(ranks, b.holder.rank + 1);
-    }
+    for (const Buffer& b : packer->Buffers()) input.buffers.push_back(b);
   }
   if (m.gpus_per_node > 0) {
+    const int32_t ranks = NumRanks(input);
     for (int32_t r = 0; r < ranks; ++r) input.node_of_rank.push_back(r / m.gpus_per_node);
   }
   return input;

@@ -460,7 +460,7 @@ absl::StatusOr<Plan> PlanStages(const PlanInput& input, const std::vector<int8_t
                                 const SegmentSink& sink) {
   Plan plan;
   plan.node_of_rank = input.node_of_rank;
-  for (const Buffer& b : input.buffers) plan.num_ranks = std::max(plan.num_ranks, b.holder.rank + 1);
+  plan.num_ranks = NumRanks(input);
   sent.resize(plan.num_ranks, 0);
   const bool by_tensor = pass == Pass::kTensorByTensor;
   PassState<Segments> state{input,

@@ -1,5 +1,7 @@
 #include "planner/types.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardsync::planner {
@@ -57,6 +59,12 @@ int64_t ElementsPerIndex(const Index& shape, int axis) {
     if (k != axis) n *= shape[k];
   }
   return n;
+}
+
+int32_t NumRanks(const PlanInput& input) {
+  int32_t ranks = 0;
+  for (const Buffer& b : input.buffers) ranks = std::max(ranks, b.holder.rank + 1);
+  return ranks;
 }
 
 std::string BufferLabel(const PlanInput& input, Holder holder) {

@@ -106,6 +106,9 @@ struct PlanInput {
   std::vector<int32_t> node_of_rank;
 };
 
+// One past the highest rank of any buffer: the ranks the input spans.
+int32_t NumRanks(const PlanInput& input);
+
 // "buffer 'NAME' on rank R" (or "buffer ID on rank R" when it has no name), for messages.
 std::string BufferLabel(const PlanInput& input, Holder holder);
 

@@ -75,8 +75,7 @@ absl::StatusOr<planner::PlanInput> LoadInput(const PlanCommandConfig& c, std::st
   spec::BufferIds ids;
   auto input = spec::ToPlanInput(spec, ids);
   if (!input.ok() || c.ranks_per_node == 0) return input;
-  int32_t ranks = 0;
-  for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
+  const int32_t ranks = planner::NumRanks(*input);
   for (int32_t r = 0; r < ranks; ++r) input->node_of_rank.push_back(r / c.ranks_per_node);
   absl::StrAppend(label, ", ", c.ranks_per_node, " ranks per node");
   return input;
@@ -95,12 +94,10 @@ int RunPlanCommand(const PlanCommandConfig& c, std::ostream& out, std::ostream& 
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   const planner::Bandwidths bandwidths{c.link_gbps * 1e9, c.memory_gbps * 1e9, c.network_gbps * 1e9};
-  int32_t ranks = 0;
-  for (const planner::Buffer& b : input->buffers) ranks = std::max(ranks, b.holder.rank + 1);
   // Streamed, as the coordinator plans: no segment kept, so any model plans here.
-  auto planned =
-      planner::PlanStreamed(*input, *policy, c.relay, bandwidths, planner::kDefaultScratchBytes, c.staging_bytes, ranks,
-                            [](absl::Span<const planner::Segment>) { return absl::OkStatus(); });
+  auto planned = planner::PlanStreamed(*input, *policy, c.relay, bandwidths, planner::kDefaultScratchBytes,
+                                       c.staging_bytes, planner::NumRanks(*input),
+                                       [](absl::Span<const planner::Segment>) { return absl::OkStatus(); });
   const auto t1 = Clock::now();
   if (!planned.ok()) {
     err << "shardsyncctl plan: " << planned.status().message() << "\n";

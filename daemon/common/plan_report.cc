@@ -6,6 +6,17 @@
 
 namespace shardsync::daemon {
 
+std::vector<v1::LinkBytes> LinksOf(const planner::PlanStats& stats) {
+  std::vector<v1::LinkBytes> links;
+  for (const auto& [link, bytes] : stats.link_bytes) {
+    v1::LinkBytes& out = links.emplace_back();
+    out.set_from_rank(link.first);
+    out.set_to_rank(link.second);
+    out.set_bytes(bytes);
+  }
+  return links;
+}
+
 v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::PlanStats& stats, absl::string_view digest,
                                    std::pair<double, double> floors, const planner::Bandwidths& bandwidths) {
   v1::ExplainResponse report;
@@ -29,12 +40,7 @@ v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::Pla
   for (const planner::Buffer& b : plan.scratch) {
     if (b.holder.rank < report.ranks_size()) report.mutable_ranks(b.holder.rank)->set_scratch_bytes(b.bytes);
   }
-  for (const auto& [link, bytes] : stats.link_bytes) {
-    v1::LinkBytes* out = report.add_links();
-    out->set_from_rank(link.first);
-    out->set_to_rank(link.second);
-    out->set_bytes(bytes);
-  }
+  for (v1::LinkBytes& link : LinksOf(stats)) *report.add_links() = std::move(link);
   return report;
 }
 

@@ -17,6 +17,9 @@ namespace shardsync::daemon {
 // and rounds: planner::StreamedPlan's, or ComputeStats with schedules). `digest` is the plan's
 // (planner::PlanDigest); `floors` the floors without and with the relay that chose it
 // ({0, 0}: none compared). layout_epoch stays unset: it is the coordinator's, not the plan's.
+// Every link of `stats` with its planned bytes (no path: the coordinator's to say).
+std::vector<v1::LinkBytes> LinksOf(const planner::PlanStats& stats);
+
 v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::PlanStats& stats, absl::string_view digest,
                                    std::pair<double, double> floors, const planner::Bandwidths& bandwidths);
 

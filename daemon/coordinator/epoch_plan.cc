@@ -3,18 +3,13 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/layouts.h"
 #include "planner/schedule.h"
 
 namespace shardsync::coordinator {
-namespace {
-
-double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
-
-}  // namespace
+namespace {}  // namespace
 
 std::string DefaultPlanDir() {
   const char* tmpdir = std::getenv("TMPDIR");
@@ -48,7 +43,6 @@ absl::StatusOr<EpochPlan> PlanEpoch(const std::map<int32_t, v1::PublishRequest>&
 absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const std::vector<std::string>& buffer_names,
                                        const EpochOptions& options) {
   EpochPlan epoch;
-  const absl::Time start = absl::Now();
   SHARDSYNC_ASSIGN_OR_RETURN(epoch.segments, SegmentSpill::Create(options.plan_dir, options.world_size));
   SHARDSYNC_ASSIGN_OR_RETURN(
       epoch.planned,
@@ -58,7 +52,6 @@ absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const st
   SHARDSYNC_RETURN_IF_ERROR(epoch.segments->Finish());
   epoch.buffer_names = buffer_names;
   epoch.staging_bytes = options.staging_bytes;
-  epoch.plan_seconds = SecondsSince(start);
   return epoch;
 }
 

@@ -40,7 +40,6 @@ struct EpochPlan {
   std::vector<std::string> buffer_names;   // by buffer id, as the agents registered them
   std::unique_ptr<SegmentSpill> segments;  // each rank's
   int64_t staging_bytes = 0;
-  double plan_seconds = 0;  // wall time of planning and writing the segments
   const std::string& digest() const { return planned.digest; }
 };
 

@@ -273,14 +273,8 @@ absl::Status SyncRunner::EnsureLinkPaths() {
 }
 
 std::vector<v1::LinkBytes> SyncRunner::LinksOfPlan() const {
-  std::vector<v1::LinkBytes> links;
-  for (const auto& [link, total] : plan_->compiled.planned.stats.link_bytes) {
-    v1::LinkBytes& out = links.emplace_back();
-    out.set_from_rank(link.first);
-    out.set_to_rank(link.second);
-    out.set_bytes(total);
-    out.set_path(paths_.Path(link.first, link.second));
-  }
+  std::vector<v1::LinkBytes> links = daemon::LinksOf(plan_->compiled.planned.stats);
+  for (v1::LinkBytes& link : links) link.set_path(paths_.Path(link.from_rank(), link.to_rank()));
   return links;
 }
 
