@@ -25,9 +25,10 @@ namespace {
 class HostShmBuffer final : public MappedBuffer {
  public:
   // Owns `fd` (kept to check the object's size), the mapping and its watch.
-  HostShmBuffer(std::string name, int fd, void* mapping, size_t mapped, int watch, uint8_t* data, int64_t bytes,
+  // `what` names the memory in errors.
+  HostShmBuffer(std::string what, int fd, void* mapping, size_t mapped, int watch, uint8_t* data, int64_t bytes,
                 uint32_t owner, MemorySpan span)
-      : name_(std::move(name)),
+      : what_(std::move(what)),
         fd_(fd),
         mapping_(mapping),
         mapped_(mapped),
@@ -48,21 +49,20 @@ class HostShmBuffer final : public MappedBuffer {
   MemorySpan span() const override { return span_; }
   absl::Status CheckIntact() const override {
     if (SigbusGuard::Faulted(watch_)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shm '", name_, "' was shrunk while in use; this mapping no longer shows it: register it again"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what_, " was shrunk while in use; this mapping no longer shows it: register it again"));
     }
     struct stat info {};
-    if (fstat(fd_, &info) != 0)
-      return absl::InternalError(absl::StrCat("fstat('", name_, "'): ", std::strerror(errno)));
+    if (fstat(fd_, &info) != 0) return absl::InternalError(absl::StrCat(what_, ": fstat: ", std::strerror(errno)));
     if (info.st_size < static_cast<off_t>(mapped_)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("shm '", name_, "' was shrunk to ", info.st_size, " bytes under its registration of ", mapped_));
+          absl::StrCat(what_, " was shrunk to ", info.st_size, " bytes under its registration of ", mapped_));
     }
     return absl::OkStatus();
   }
 
  private:
-  std::string name_;
+  std::string what_;
   int fd_;
   void* mapping_;
   size_t mapped_;
@@ -178,25 +178,29 @@ int HostShmBackend::RemoveOrphanScratch() {
 }
 
 absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryHandle& handle, int64_t bytes) {
+  // Named in errors as the client gave it.
+  const std::string what =
+      handle.shm_name.empty() ? "host memory passed as a descriptor" : absl::StrCat("shm '", handle.shm_name, "'");
   if (bytes < 0 || handle.offset_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("shm '", handle.shm_name, "': negative size or offset"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": negative size or offset"));
   }
-  const int fd = shm_open(handle.shm_name.c_str(), O_RDWR, 0);
+  // Our own descriptor either way: the caller's stays theirs.
+  const int fd = handle.shm_name.empty() ? fcntl(handle.fd, F_DUPFD_CLOEXEC, 0)
+                                         : shm_open(handle.shm_name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("shm_open('", handle.shm_name, "'): ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot open: ", std::strerror(errno)));
   }
   struct stat info {};
   if (fstat(fd, &info) != 0) {
     const int error = errno;
     close(fd);
-    return absl::InternalError(absl::StrCat("fstat('", handle.shm_name, "'): ", std::strerror(error)));
+    return absl::InternalError(absl::StrCat(what, ": fstat: ", std::strerror(error)));
   }
   const int64_t need = handle.offset_bytes + bytes;
   if (need > info.st_size || need < bytes) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("shm '", handle.shm_name, "' holds ", info.st_size,
-                                                   " bytes; the registration claims ", bytes, " at offset ",
-                                                   handle.offset_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(what, " holds ", info.st_size, " bytes; the registration claims ",
+                                                   bytes, " at offset ", handle.offset_bytes));
   }
   // Every page of the range backed now: a full /dev/shm is a refusal here, never a
   // SIGBUS in a later sync. Allocating keeps the contents.
@@ -204,7 +208,7 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryH
     if (const int error = posix_fallocate(fd, handle.offset_bytes, bytes); error != 0) {
       close(fd);
       return absl::ResourceExhaustedError(
-          absl::StrCat("shm '", handle.shm_name, "': cannot back ", bytes, " bytes: ", std::strerror(error)));
+          absl::StrCat(what, ": cannot back ", bytes, " bytes: ", std::strerror(error)));
     }
   }
   const size_t mapped = static_cast<size_t>(std::max<int64_t>(need, 1));
@@ -212,17 +216,17 @@ absl::StatusOr<std::unique_ptr<MappedBuffer>> HostShmBackend::Open(const MemoryH
   const int error = errno;
   if (mapping == MAP_FAILED) {
     close(fd);
-    return absl::InternalError(absl::StrCat("mmap('", handle.shm_name, "'): ", std::strerror(error)));
+    return absl::InternalError(absl::StrCat(what, ": mmap: ", std::strerror(error)));
   }
   const absl::StatusOr<int> watch = SigbusGuard::Watch(mapping, mapped);
   if (!watch.ok()) {
     munmap(mapping, mapped);
     close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("shm '", handle.shm_name, "': ", watch.status().message()));
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", watch.status().message()));
   }
   const MemorySpan span{ShmObject(info.st_dev, info.st_ino), static_cast<uint64_t>(handle.offset_bytes),
                         static_cast<uint64_t>(need)};
-  return std::unique_ptr<MappedBuffer>(new HostShmBuffer(handle.shm_name, fd, mapping, mapped, *watch,
+  return std::unique_ptr<MappedBuffer>(new HostShmBuffer(what, fd, mapping, mapped, *watch,
                                                          static_cast<uint8_t*>(mapping) + handle.offset_bytes, bytes,
                                                          info.st_uid, span));
 }

@@ -1,4 +1,5 @@
-// Host memory backend: POSIX shared memory objects opened by name (CPU mode).
+// Host memory backend (CPU mode): POSIX shared memory objects opened by name, and host
+// memory a client passed as a descriptor (a memfd, a shared memory object).
 #pragma once
 
 #include "executor/memory.h"
@@ -8,7 +9,9 @@ namespace shardsync::executor {
 class HostShmBackend final : public MemoryBackend {
  public:
   absl::string_view name() const override { return "host-shm"; }
-  bool Accepts(const MemoryHandle& handle) const override { return !handle.shm_name.empty(); }
+  bool Accepts(const MemoryHandle& handle) const override {
+    return !handle.shm_name.empty() || (handle.fd >= 0 && handle.device < 0);
+  }
   absl::StatusOr<std::unique_ptr<MappedBuffer>> Open(const MemoryHandle& handle, int64_t bytes) override;
   // A new object, /shardsync-scratch-..., mode 0600, every page backed, locked (flock)
   // while this process holds it and unlinked when the buffer is destroyed.

@@ -17,6 +17,7 @@ namespace shardsync::executor {
 struct MemoryHandle {
   std::string shm_name;         // POSIX shared memory object, host memory
   std::string cuda_ipc_handle;  // cudaIpcMemHandle_t bytes, device memory
+  int fd = -1;                  // a descriptor of host memory (memfd, shared memory), borrowed for the call
   int64_t offset_bytes = 0;     // the buffer's start inside the mapped object
   int32_t device = -1;          // CUDA ordinal, -1 for host
 };

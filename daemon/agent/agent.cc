@@ -13,16 +13,17 @@ DirectPath WithDesk(DirectPath direct, PeerDesk& desk) {
 }  // namespace
 
 Agent::Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
-             executor::Transport& transport, executor::Mailbox& mailbox, DirectPath direct)
+             executor::Transport& transport, executor::Mailbox& mailbox, DirectPath direct,
+             DescriptorSocket* descriptors)
     : config_(std::move(config)),
       registry_(registry),
       link_(link),
       ledger_(config_.rank, link),
-      peers_(config_.rank, registry, config_.rpc_deadline),
+      peers_(config_.rank, registry, config_.rpc_deadline, config_.descriptor_socket),
       preparer_(PreparerConfig{config_.rank, config_.max_staging_bytes, config_.rpc_deadline}, registry, transport,
                 WithDesk(direct, peers_)),
       clients_(ClientDeskConfig{config_.rpc_deadline, config_.source_uids, config_.target_uids}, registry, link, device,
-               ledger_),
+               ledger_, descriptors),
       syncs_(config_.rank, config_.rpc_deadline, config_.delta_snapshot_bytes,
              SyncParts{registry, ledger_, preparer_, peers_, device, transport, mailbox, direct}) {}
 

@@ -12,6 +12,7 @@
 
 #include "daemon/agent/client_desk.h"
 #include "daemon/agent/coordinator_link.h"
+#include "daemon/agent/descriptor_socket.h"
 #include "daemon/agent/peer_desk.h"
 #include "daemon/agent/preparer.h"
 #include "daemon/agent/registry.h"
@@ -34,14 +35,19 @@ struct AgentConfig {
   // the agent's own uid alone.
   std::vector<uint32_t> source_uids;
   std::vector<uint32_t> target_uids;
+  // The descriptor socket's path, handed to same-node peers with a target passed as
+  // descriptors (they fetch them there).
+  std::string descriptor_socket;
 };
 
 class Agent {
  public:
   // `device` and `transport` are the data path (host memory and the agents' gRPC
   // channels, or a CUDA device and NCCL); `mailbox` takes peers' Transfer calls (host).
+  // `descriptors`: the descriptor socket registrations claim from (none: refused).
   Agent(AgentConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
-        executor::Transport& transport, executor::Mailbox& mailbox, DirectPath direct = {});
+        executor::Transport& transport, executor::Mailbox& mailbox, DirectPath direct = {},
+        DescriptorSocket* descriptors = nullptr);
 
   int32_t rank() const { return config_.rank; }
   ClientDesk& clients() { return clients_; }

@@ -17,7 +17,10 @@ void AddAgentFlags(CLI::App& app, AgentFlags& c) {
                    "--socket (local clients sync there: unix:PATH); its own part of every sync is a direct call, not "
                    "an RPC (one daemon for a single GPU). Takes the Coordinator flags below.");
   coordinator::AddCoordinatorFlags(app, c.coordinator_config);
-  app.add_option("--socket", c.socket, "unix socket for local clients (replaced if stale)")->required();
+  app.add_option("--socket", c.socket,
+                 "unix socket for local clients (replaced if stale); beside it PATH.fds takes memory passed as "
+                 "file descriptors")
+      ->required();
   flags::AddAddress(app, "--listen", c.listen, "TCP address for the coordinator and peers (port 0 lets the OS choose)");
   flags::AddAddress(app, "--advertise", c.advertise,
                     "address peers and the coordinator use (default: the listen host with the bound port)");
@@ -96,6 +99,7 @@ std::string FinishAgentFlags(const CLI::App& app, AgentFlags& c) {
   }
   if (c.serve_coordinator && app.count("--world") == 0) return "--serve-coordinator needs --world";
   if (c.serve_coordinator && c.coordinator_config.world_size <= c.agent.rank) return "--world must be above --rank";
+  c.agent.descriptor_socket = DescriptorSocketPath(c.socket);
   c.registrations.tensors = c.coordinator_config.max_tensors;  // --max-tensors: one bound, both daemons
   c.agent.rpc_deadline = absl::Milliseconds(c.rpc_deadline_ms);
   c.coordinator_config.rpc_deadline = c.agent.rpc_deadline;

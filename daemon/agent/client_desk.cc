@@ -30,7 +30,27 @@ absl::Status ClientDesk::Admit(const v1::RegisterRequest& request, const Peer& p
     }
     ready_event = *std::move(opened);
   }
-  SHARDSYNC_RETURN_IF_ERROR(registry_.Add(request, peer, std::move(ready_event)));
+  ClaimedDescriptors descriptors;
+  for (const v1::RegisteredBuffer& b : request.buffers()) {
+    const std::string& token = b.handle().descriptor_token();
+    if (token.empty()) continue;
+    if (descriptors_ == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                     "': this agent serves no descriptor socket"));
+    }
+    if (descriptors.count(token)) {
+      return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                     "': descriptor token '", token,
+                                                     "' is named twice: each buffer passes its own"));
+    }
+    absl::StatusOr<std::vector<UniqueFd>> claimed = descriptors_->Claim(token, peer.pid);
+    if (!claimed.ok()) {
+      return absl::Status(claimed.status().code(), absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                                "': ", claimed.status().message()));
+    }
+    descriptors[token] = *std::move(claimed);
+  }
+  SHARDSYNC_RETURN_IF_ERROR(registry_.Add(request, peer, std::move(ready_event), std::move(descriptors)));
   if (request.role() == v1::TARGET) ledger_.TargetsChanged();
   link_.Nudge();
   spdlog::info("client '{}' (pid {}, uid {}) registered {} buffers and {} tensors", request.client_id(), peer.pid,

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/agent/coordinator_link.h"
+#include "daemon/agent/descriptor_socket.h"
 #include "daemon/agent/registry.h"
 #include "daemon/agent/sync_ledger.h"
 #include "executor/device.h"
@@ -29,9 +30,15 @@ struct ClientDeskConfig {
 class ClientDesk {
  public:
   // `device` opens the sources' ready events; `ledger` learns of new targets.
+  // `descriptors`: where registrations claim their descriptor tokens (none: refused).
   ClientDesk(ClientDeskConfig config, Registry& registry, CoordinatorLink& link, executor::Device& device,
-             SyncLedger& ledger)
-      : config_(std::move(config)), registry_(registry), link_(link), device_(device), ledger_(ledger) {}
+             SyncLedger& ledger, DescriptorSocket* descriptors = nullptr)
+      : config_(std::move(config)),
+        registry_(registry),
+        link_(link),
+        device_(device),
+        ledger_(ledger),
+        descriptors_(descriptors) {}
 
   // Takes a registration if `peer` may make it and the registry accepts it.
   absl::Status Admit(const v1::RegisterRequest& request, const Peer& peer);
@@ -50,6 +57,7 @@ class ClientDesk {
   CoordinatorLink& link_;
   executor::Device& device_;
   SyncLedger& ledger_;
+  DescriptorSocket* const descriptors_;
   std::atomic<bool> shutting_down_{false};
 };
 

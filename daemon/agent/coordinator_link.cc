@@ -1,29 +1,12 @@
 #include "daemon/agent/coordinator_link.h"
 
-#include <sys/random.h>
-
-#include <cstdint>
-#include <cstdlib>
-
-#include "absl/strings/escaping.h"
+#include "common/unguessable.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
 namespace shardsync::agent {
 
-std::string NewIncarnation() {
-  uint8_t bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno != EINTR) {
-      spdlog::critical("getrandom failed: {}", strerror(errno));
-      std::abort();  // no agent without an unguessable incarnation
-    }
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-}
+std::string NewIncarnation() { return UnguessableHex(); }
 
 CoordinatorLink::CoordinatorLink(LinkConfig config, Registry& registry)
     : config_(std::move(config)), registry_(registry) {}

@@ -55,7 +55,7 @@ class CoordinatorLink {
   std::unique_ptr<v1::Coordinator::Stub> stub_;  // made by Start
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool nudged_ ABSL_GUARDED_BY(mu_) = false;
+  bool nudged_ ABSL_GUARDED_BY(mu_) = true;  // the first Join goes at once
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
   std::string instance_ ABSL_GUARDED_BY(mu_);
   std::string join_error_ ABSL_GUARDED_BY(mu_);  // the last failed Join's, logged once

@@ -17,7 +17,7 @@
 
 namespace shardsync::agent {
 
-absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::string& path, const std::string& group) {
+absl::StatusOr<int> ListenUnix(const std::string& path, const std::string& group, int type) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof(address.sun_path)) {
@@ -32,13 +32,13 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::stri
     if (!S_ISSOCK(existing.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a socket; not replacing it"));
     }
-    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int probe = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
     const bool served = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
     if (probe >= 0) close(probe);
     if (served) return absl::FailedPreconditionError(absl::StrCat("another process serves the socket ", path));
     unlink(path.c_str());
   }
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   // Created as 0660 (owner and group: who may register buffers), never wider for a moment.
   const mode_t mask = umask(0117);
@@ -50,14 +50,21 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::stri
     close(fd);
     return absl::InternalError(absl::StrCat("cannot listen on ", path, ": ", std::strerror(error)));
   }
-  std::unique_ptr<LocalSocket> socket(new LocalSocket(fd, path));
   if (!group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr || chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      close(fd);
+      unlink(path.c_str());
       return absl::PermissionDeniedError(absl::StrCat("cannot give the socket ", path, " to group ", group));
     }
   }
-  return socket;
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Listen(const std::string& path, const std::string& group) {
+  absl::StatusOr<int> fd = ListenUnix(path, group, SOCK_STREAM);
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<LocalSocket>(new LocalSocket(*fd, path));
 }
 
 LocalSocket::~LocalSocket() {

@@ -17,6 +17,11 @@
 
 namespace shardsync::agent {
 
+// A unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET) listening on `path`: a stale
+// socket file of an earlier run is replaced, anything else refused; mode 0660, owned by
+// group `group` when one is named.
+absl::StatusOr<int> ListenUnix(const std::string& path, const std::string& group, int type);
+
 class LocalSocket {
  public:
   // Listens on `path` (a stale file is replaced) with mode 0660, owned by group `group`

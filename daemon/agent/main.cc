@@ -204,10 +204,15 @@ int main(int argc, char** argv) {
   if (!board_span.ok()) return fail(board_span.status());
   registry.Reserve(*board_span, "this agent's signal board");
   agent::PeerTargets peer_targets(c.agent.rank, registry, agent::PeerTargets::OverGrpc(channels));
+  // Beside the unix socket, with its mode and group: memory passed as descriptors.
+  auto descriptors = agent::DescriptorSocket::Listen(
+      c.agent.descriptor_socket, c.socket_group,
+      [&registry](const std::string& token) { return registry.TargetDescriptors(token); }, {});
+  if (!descriptors.ok()) return fail(descriptors.status());
   const agent::LinkConfig link_config = MakeLinkConfig(c, *credentials, *path, incarnation, (*board)->name());
   agent::CoordinatorLink link(link_config, registry);
   agent::Agent agent(c.agent, registry, link, *path->device, *path->transport, mailbox,
-                     agent::DirectPath{signals.get(), &peer_targets});
+                     agent::DirectPath{signals.get(), &peer_targets}, descriptors->get());
   agent::ControlService control(agent);
   std::unique_ptr<coordinator::Coordinator> coordinator;
   std::unique_ptr<coordinator::CoordinatorService> coordinator_service, local_coordinator_service;

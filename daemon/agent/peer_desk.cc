@@ -67,7 +67,11 @@ absl::StatusOr<v1::TargetMemoryResponse> PeerDesk::TargetMemory(const v1::Target
   std::vector<std::pair<std::string, int64_t>> handed;
   for (const std::string& name : request.buffers()) {
     int64_t registered_at = 0;
-    SHARDSYNC_ASSIGN_OR_RETURN(*response.add_buffers(), registry_.TargetHandle(name, &registered_at));
+    SHARDSYNC_ASSIGN_OR_RETURN(v1::RegisteredBuffer buffer, registry_.TargetHandle(name, &registered_at));
+    if (!buffer.handle().descriptor_token().empty()) {
+      buffer.mutable_handle()->set_descriptor_socket(descriptor_socket_);
+    }
+    *response.add_buffers() = std::move(buffer);
     response.add_registered_at(registered_at);
     handed.emplace_back(name, registered_at);
   }

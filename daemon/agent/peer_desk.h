@@ -26,7 +26,9 @@ namespace shardsync::agent {
 class PeerDesk {
  public:
   // `wait`: how long an ask waits for this rank to prepare the sync it names.
-  PeerDesk(int32_t rank, Registry& registry, absl::Duration wait) : rank_(rank), registry_(registry), wait_(wait) {}
+  // `descriptor_socket`: where peers fetch the descriptors of targets passed as such.
+  PeerDesk(int32_t rank, Registry& registry, absl::Duration wait, std::string descriptor_socket = "")
+      : rank_(rank), registry_(registry), wait_(wait), descriptor_socket_(std::move(descriptor_socket)) {}
 
   // Sync `sync_id` (being prepared here) has these peers write these buffers here; the
   // last kSyncsKept syncs are kept.
@@ -53,6 +55,7 @@ class PeerDesk {
   const int32_t rank_;
   Registry& registry_;
   const absl::Duration wait_;
+  const std::string descriptor_socket_;
   mutable absl::Mutex mu_;
   std::map<std::string, PlannedWriters> planned_ ABSL_GUARDED_BY(mu_);  // by sync id
   std::deque<std::string> planned_order_ ABSL_GUARDED_BY(mu_);          // oldest first

@@ -6,6 +6,8 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "daemon/agent/descriptor_socket.h"
 #include "proto/shardsync.grpc.pb.h"
 
 namespace shardsync::agent {
@@ -51,36 +53,54 @@ absl::StatusOr<std::vector<std::shared_ptr<executor::MappedBuffer>>> PeerTargets
     return absl::InternalError(
         absl::StrCat("rank ", peer, " answered ", response->buffers_size(), " buffers for ", names.size(), " names"));
   }
-  std::vector<std::shared_ptr<executor::MappedBuffer>> mapped;
-  absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < names.size(); ++i) {
-    const v1::RegisteredBuffer& buffer = response->buffers(static_cast<int>(i));
-    if (buffer.name() != names[i]) {
-      return absl::InternalError(
-          absl::StrCat("rank ", peer, " answered buffer '", buffer.name(), "' for '", names[i], "'"));
-    }
-    // The same handle registered again (a shared memory object made anew under its
-    // name) is new memory: its registration's version tells.
-    const std::string handle =
-        absl::StrCat(response->registered_at(static_cast<int>(i)), "/", buffer.SerializeAsString());
-    Mapping& mapping = mappings_[{peer, names[i]}];
-    if (mapping.handle != handle || !mapping.memory) {
-      absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> opened = registry_.OpenPeer(buffer);
-      if (!opened.ok()) {
-        mappings_.erase({peer, names[i]});
-        return absl::FailedPreconditionError(
-            absl::StrCat("buffer '", names[i], "' on rank ", peer, ": ", opened.status().message()));
+  // Which mappings are kept, under the lock; the others are opened without it (a
+  // fetch of descriptors asks the peer's process), then kept.
+  std::vector<std::shared_ptr<executor::MappedBuffer>> mapped(names.size());
+  std::vector<std::string> handles(names.size());
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const v1::RegisteredBuffer& buffer = response->buffers(static_cast<int>(i));
+      if (buffer.name() != names[i]) {
+        return absl::InternalError(
+            absl::StrCat("rank ", peer, " answered buffer '", buffer.name(), "' for '", names[i], "'"));
       }
-      mapping = Mapping{handle, std::shared_ptr<executor::MappedBuffer>(*std::move(opened))};
+      // The same handle registered again (a shared memory object made anew under its
+      // name) is new memory: its registration's version tells.
+      handles[i] = absl::StrCat(response->registered_at(static_cast<int>(i)), "/", buffer.SerializeAsString());
+      auto kept = mappings_.find({peer, names[i]});
+      if (kept != mappings_.end() && kept->second.handle == handles[i]) mapped[i] = kept->second.memory;
     }
-    mapped.push_back(mapping.memory);
   }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (mapped[i]) continue;
+    absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> opened =
+        Open(response->buffers(static_cast<int>(i)), deadline);
+    if (!opened.ok()) {
+      absl::MutexLock lock(&mu_);
+      mappings_.erase({peer, names[i]});
+      return absl::FailedPreconditionError(
+          absl::StrCat("buffer '", names[i], "' on rank ", peer, ": ", opened.status().message()));
+    }
+    mapped[i] = std::shared_ptr<executor::MappedBuffer>(*std::move(opened));
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < names.size(); ++i) mappings_[{peer, names[i]}] = Mapping{handles[i], mapped[i]};
   // Buffers of the peer this schedule no longer writes: their mappings go (a sync that
   // holds one keeps it).
   for (auto it = mappings_.lower_bound({peer, ""}); it != mappings_.end() && it->first.first == peer;) {
     it = std::find(names.begin(), names.end(), it->first.second) == names.end() ? mappings_.erase(it) : std::next(it);
   }
   return mapped;
+}
+
+absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> PeerTargets::Open(const v1::RegisteredBuffer& buffer,
+                                                                          absl::Time deadline) const {
+  std::vector<UniqueFd> descriptors;
+  if (const std::string& token = buffer.handle().descriptor_token(); !token.empty()) {
+    SHARDSYNC_ASSIGN_OR_RETURN(descriptors, FetchDescriptors(buffer.handle().descriptor_socket(), token, deadline));
+  }
+  return registry_.OpenPeer(buffer, descriptors);
 }
 
 }  // namespace shardsync::agent

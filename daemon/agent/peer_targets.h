@@ -49,6 +49,10 @@ class PeerTargets {
                                                                            int64_t scratch_bytes, absl::Time deadline);
 
  private:
+  // Maps `buffer`, first fetching its descriptors from the peer where it was passed so.
+  absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Open(const v1::RegisteredBuffer& buffer,
+                                                               absl::Time deadline) const;
+
   struct Mapping {
     std::string handle;  // the registration it was opened from: its version, then the message
     std::shared_ptr<executor::MappedBuffer> memory;

@@ -1,8 +1,11 @@
 #include "daemon/agent/registry.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -19,12 +22,24 @@ namespace {
 // Buffer names clients may not register: the agent's own (planner::kScratchBufferName).
 constexpr char kReservedPrefix[] = "shardsync.";
 
-executor::MemoryHandle ToHandle(const v1::MemoryHandle& in) {
+// `descriptors`: those of the handle's descriptor_token, borrowed by the handle.
+absl::StatusOr<executor::MemoryHandle> ToHandle(const v1::MemoryHandle& in, const std::vector<UniqueFd>& descriptors) {
   executor::MemoryHandle handle;
   handle.shm_name = in.shm_name();
   handle.cuda_ipc_handle = in.cuda_ipc_handle();
   handle.offset_bytes = in.offset_bytes();
   handle.device = in.device();
+  if (in.kind_case() == v1::MemoryHandle::kDescriptorToken) {
+    if (in.device() >= 0) {
+      return absl::InvalidArgumentError(
+          "device memory passed as descriptors is not taken by this agent: give its CUDA IPC handle");
+    }
+    if (descriptors.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("host memory is passed as one descriptor; token '",
+                                                     in.descriptor_token(), "' carries ", descriptors.size()));
+    }
+    handle.fd = descriptors[0].get();
+  }
   return handle;
 }
 
@@ -58,7 +73,7 @@ absl::Status CheckLayouts(const v1::RegisterRequest& request, int32_t rank) {
 }  // namespace
 
 absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
-                           std::shared_ptr<const executor::ReadyEvent> ready_event) {
+                           std::shared_ptr<const executor::ReadyEvent> ready_event, ClaimedDescriptors descriptors) {
   if (request.client_id().empty()) return absl::InvalidArgumentError("a registration needs a client_id");
   if (request.role() != v1::SOURCE && request.role() != v1::TARGET) {
     return absl::InvalidArgumentError(
@@ -90,16 +105,31 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
   // Map every buffer before taking the lock: opening may be slow.
   std::map<std::string, std::shared_ptr<BufferEntry>> opened;
   for (const v1::RegisteredBuffer& b : request.buffers()) {
-    const executor::MemoryHandle handle = ToHandle(b.handle());
+    const std::string& token = b.handle().descriptor_token();
+    std::vector<UniqueFd> passed;
+    if (!token.empty()) {
+      auto claimed = descriptors.find(token);
+      if (claimed == descriptors.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
+                                                       "': descriptor token '", token, "' was not claimed for it"));
+      }
+      passed = std::move(claimed->second);
+      descriptors.erase(claimed);
+    }
+    absl::StatusOr<executor::MemoryHandle> handle = ToHandle(b.handle(), passed);
+    if (!handle.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client '", request.client_id(), "' buffer '", b.name(), "': ", handle.status().message()));
+    }
     executor::MemoryBackend* backend = nullptr;
     for (executor::MemoryBackend* candidate : backends_) {
-      if (candidate->Accepts(handle)) backend = candidate;
+      if (candidate->Accepts(*handle)) backend = candidate;
     }
     if (backend == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
                                                      "': no memory backend on this agent takes its handle"));
     }
-    auto memory = backend->Open(handle, b.bytes());
+    auto memory = backend->Open(*handle, b.bytes());
     if (!memory.ok()) {
       return absl::Status(memory.status().code(), absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
                                                                "': ", memory.status().message()));
@@ -115,8 +145,13 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
       return absl::InvalidArgumentError(
           absl::StrCat("client '", request.client_id(), "' names buffer '", b.name(), "' twice"));
     }
-    opened[b.name()] = std::make_shared<BufferEntry>(
-        BufferEntry{request.client_id(), request.role(), std::shared_ptr<executor::MappedBuffer>(std::move(*memory))});
+    auto entry = std::make_shared<BufferEntry>();
+    entry->client_id = request.client_id();
+    entry->role = request.role();
+    entry->memory = std::shared_ptr<executor::MappedBuffer>(std::move(*memory));
+    entry->descriptor_token = token;
+    entry->descriptors = std::move(passed);
+    opened[b.name()] = std::move(entry);
   }
   absl::MutexLock lock(&mu_);
   if (clients_.count(request.client_id())) {
@@ -278,10 +313,34 @@ absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& b
   return absl::InternalError(absl::StrCat("buffer '", buffer, "' has no registration"));
 }
 
-absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Registry::OpenPeer(const v1::RegisteredBuffer& buffer) const {
-  const executor::MemoryHandle handle = ToHandle(buffer.handle());
+absl::StatusOr<std::vector<UniqueFd>> Registry::TargetDescriptors(const std::string& token) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, entry] : buffers_) {
+    if (token.empty() || entry->descriptor_token != token) continue;
+    if (entry->role != v1::TARGET) {
+      return absl::PermissionDeniedError(absl::StrCat("buffer '", name, "' on rank ", rank_, " is a ",
+                                                      v1::Role_Name(entry->role), ": peers write only targets"));
+    }
+    std::vector<UniqueFd> copies;
+    for (const UniqueFd& fd : entry->descriptors) {
+      copies.emplace_back(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+      if (!copies.back().valid()) {
+        return absl::ResourceExhaustedError(absl::StrCat("buffer '", name, "': dup: ", std::strerror(errno)));
+      }
+    }
+    return copies;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no target registered on rank ", rank_, " under descriptor token '", token, "'"));
+}
+
+absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Registry::OpenPeer(
+    const v1::RegisteredBuffer& buffer, const std::vector<UniqueFd>& descriptors) const {
+  absl::StatusOr<executor::MemoryHandle> handle = ToHandle(buffer.handle(), descriptors);
+  if (!handle.ok())
+    return absl::InvalidArgumentError(absl::StrCat("buffer '", buffer.name(), "': ", handle.status().message()));
   for (executor::MemoryBackend* backend : backends_) {
-    if (backend->Accepts(handle)) return backend->OpenPeer(handle, buffer.bytes());
+    if (backend->Accepts(*handle)) return backend->OpenPeer(*handle, buffer.bytes());
   }
   return absl::InvalidArgumentError(
       absl::StrCat("buffer '", buffer.name(), "': no memory backend on this agent takes its handle"));
@@ -317,8 +376,10 @@ absl::Status Registry::ProvideScratch(int64_t bytes) {
     if (!owned->handle.cuda_ipc_handle.empty()) handle.set_cuda_ipc_handle(owned->handle.cuda_ipc_handle);
     handle.set_device(owned->handle.device);
     absl::MutexLock lock(&mu_);
-    auto entry = std::make_shared<BufferEntry>(
-        BufferEntry{kReservedPrefix, v1::TARGET, std::shared_ptr<executor::MappedBuffer>(std::move(owned->buffer))});
+    auto entry = std::make_shared<BufferEntry>();
+    entry->client_id = kReservedPrefix;
+    entry->role = v1::TARGET;
+    entry->memory = std::shared_ptr<executor::MappedBuffer>(std::move(owned->buffer));
     entry->registered_at = -++scratch_made_;
     buffers_[planner::kScratchBufferName] = std::move(entry);
     scratch_ = std::move(registration);

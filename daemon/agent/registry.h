@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/limits.h"
+#include "common/unique_fd.h"
 #include "executor/device.h"
 #include "executor/memory.h"
 #include "proto/shardsync.pb.h"
@@ -29,7 +30,14 @@ struct BufferEntry {
   v1::Role role = v1::ROLE_UNSPECIFIED;
   std::shared_ptr<executor::MappedBuffer> memory;
   int64_t registered_at = 0;  // the registry's version its registration made
+  // What a client passed on the descriptor socket for it, and under which token: kept
+  // to hand a target to same-node peers.
+  std::string descriptor_token;
+  std::vector<UniqueFd> descriptors;
 };
+
+// Descriptors a registration claimed from the descriptor socket, by token.
+using ClaimedDescriptors = std::map<std::string, std::vector<UniqueFd>>;
 
 // How many registrations an agent holds: each holds a call (a server thread) open.
 struct RegistryLimits {
@@ -50,8 +58,11 @@ class Registry {
   // registration of a client id or of a buffer name, and one past the limits
   // (RESOURCE_EXHAUSTED). `ready_event`: the client's, opened
   // by the device (request.ready_event), held as long as the registration.
+  // `descriptors`: those of every descriptor_token the request names, held as long as
+  // the registration; closed if it is refused.
   absl::Status Add(v1::RegisterRequest request, const Peer& peer,
-                   std::shared_ptr<const executor::ReadyEvent> ready_event = nullptr);
+                   std::shared_ptr<const executor::ReadyEvent> ready_event = nullptr,
+                   ClaimedDescriptors descriptors = {});
   // Drops a client's registrations and mappings (a running sync keeps its own).
   void Remove(const std::string& client_id);
   // Memory of the agent's own (its signal board) that no client may register, `what`
@@ -66,8 +77,13 @@ class Registry {
   // writes it directly, and the version its registration made (BufferEntry::
   // registered_at); NOT_FOUND or PERMISSION_DENIED (a source) naming it.
   absl::StatusOr<v1::RegisteredBuffer> TargetHandle(const std::string& buffer, int64_t* registered_at) const;
-  // Maps a peer's target from its registration, with this agent's memory backends.
-  absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> OpenPeer(const v1::RegisteredBuffer& buffer) const;
+  // Duplicates of the descriptors a TARGET buffer was registered with, by its token, for
+  // a same-node peer (the descriptor socket's fetch); NOT_FOUND or PERMISSION_DENIED.
+  absl::StatusOr<std::vector<UniqueFd>> TargetDescriptors(const std::string& token) const;
+  // Maps a peer's target from its registration, with this agent's memory backends;
+  // `descriptors`: those fetched for its descriptor_token.
+  absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> OpenPeer(const v1::RegisteredBuffer& buffer,
+                                                                   const std::vector<UniqueFd>& descriptors) const;
   // This agent's own scratch for block-quantized targets (planner/quantize.h), named
   // planner::kScratchBufferName and `bytes` long, from the first backend that allocates:
   // found and handed to peers as a TARGET, never published, not a registration (the

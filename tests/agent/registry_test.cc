@@ -315,7 +315,7 @@ TEST_CASE("the agent's scratch: found and handed to peers as a target, replaced 
   CHECK(handed->bytes() == 4096);
   CHECK(registered_at < 0);
   // A peer maps the same memory.
-  auto peer = registry.OpenPeer(*handed);
+  auto peer = registry.OpenPeer(*handed, {});
   REQUIRE(peer.ok());
   entry->memory->data()[4095] = 42;
   CHECK((*peer)->data()[4095] == 42);

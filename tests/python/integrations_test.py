@@ -14,14 +14,16 @@ names a checkpoint.
 import os
 import sys
 import tempfile
+import time
 import unittest
 from unittest import mock
 
 import torch
 
-from shardsync.client import AgentClient, CoordinatorClient
+from shardsync.client import AgentClient, CoordinatorClient, DescriptorBuffer
 from shardsync.integrations import (EngineTarget, ProbeError, TrainerSource, loader_targets, module_sources,
                                     module_targets, zero3_sources, zero12_master_sources)
+from shardsync.integrations.memory import tensor_buffer
 from shardsync.integrations.modules import checkpoint_name, safetensors_shapes, segments
 from shardsync.integrations.probe import Piece
 from shardsync.integrations.sources import namespaced
@@ -57,6 +59,11 @@ class IntegrationsTest(unittest.TestCase):
         cls.cluster = LocalCluster(None, WORLD, logs, agent_bin=AGENT, coordinator_bin=COORDINATOR,
                                    staging_bytes=1 << 20)
         cls.coordinator = CoordinatorClient(cls.cluster.coordinator, insecure=True)
+        deadline = time.monotonic() + 60  # only a hang exceeds it
+        while len(cls.coordinator.status().agents) < WORLD:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the agents did not all join: {cls.coordinator.status()}")
+            time.sleep(0.01)
 
     @classmethod
     def tearDownClass(cls):
@@ -436,6 +443,47 @@ def rebuild(result, param_shapes, checkpoint):
     for fill in result.fills:
         torch.as_strided(out[fill.param].view(-1), fill.shape, fill.strides, fill.base).fill_(0)
     return out
+
+
+class TensorBufferTest(unittest.TestCase):
+    """A CPU tensor's buffer under each torch sharing strategy, read back through what
+    the agent would open: the bytes there are the tensor's own, and its views follow."""
+
+    def tearDown(self):
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+
+    @staticmethod
+    def tensor():
+        whole = torch.randn(1000, dtype=torch.float32)
+        return whole, whole[100:700]  # a view at an offset into its storage
+
+    def test_under_file_descriptor_the_storage_descriptor_is_passed(self):
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+        whole, view = self.tensor()
+        buffer = tensor_buffer(view)
+        self.assertIsInstance(buffer, DescriptorBuffer)
+        self.assertEqual(buffer.nbytes, 600 * 4)
+        self.assertEqual(os.pread(buffer.fd, buffer.nbytes, buffer.offset_bytes), view.numpy().tobytes())
+        view[7] = 3.5  # the tensor's memory is the shared memory now
+        self.assertEqual(os.pread(buffer.fd, 4, buffer.offset_bytes + 28), torch.tensor([3.5]).numpy().tobytes())
+
+    def test_under_file_system_the_agent_opens_it_by_name(self):
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        whole, view = self.tensor()
+        handle, nbytes = tensor_buffer(view)
+        self.assertEqual(nbytes, 600 * 4)
+        with open("/dev/shm" + handle.shm_name, "rb") as shm:
+            shm.seek(handle.offset_bytes)
+            self.assertEqual(shm.read(nbytes), view.numpy().tobytes())
+
+    def test_a_storage_shared_under_the_other_strategy_moves_and_its_views_follow(self):
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        whole, view = self.tensor()
+        whole.share_memory_()
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+        buffer = tensor_buffer(view)
+        view[3] = 7.0
+        self.assertEqual(os.pread(buffer.fd, buffer.nbytes, buffer.offset_bytes), view.numpy().tobytes())
 
 
 class ProbeTest(unittest.TestCase):

@@ -58,6 +58,11 @@ def make_certificates(folder, san):
     return base + "-ca.pem", base + ".pem", base + ".key"
 
 
+def shardsync_pb2_handle(token):
+    """A MemoryHandle naming descriptor token `token` (host memory)."""
+    return shardsync.shardsync_pb2.MemoryHandle(descriptor_token=token, device=-1)
+
+
 def shard_box(name, shape, rank):
     """The rollout's TP=2 layout: w column-parallel (rows), b replicated, e split on axis 1."""
     return shardsync.tp_shard_box(shape, {"w": 0, "e": 1}.get(name), 2, rank)
@@ -179,6 +184,128 @@ class PythonClientTest(unittest.TestCase):
                 self.assertEqual(bytes(arena.view(name)), expected, f"{name} on rank {rank}")
                 start = arena.offsets[name][0]
                 self.assertEqual(start % 256, 0)
+
+    def agent_memfds(self, rank, name):
+        """How many descriptors of memfds named `name` agent `rank`'s process holds."""
+        folder = f"/proc/{self.cluster.agents[rank].pid}/fd"
+        held = 0
+        for fd in os.listdir(folder):
+            try:
+                held += os.readlink(f"{folder}/{fd}").startswith(f"/memfd:{name} ")
+            except FileNotFoundError:  # closed meanwhile
+                pass
+        return held
+
+    def test_memory_passed_as_descriptors_syncs_exactly_and_nothing_outlives_it(self):
+        """Trainer flats and rollout arenas in memfds (no name anywhere), passed on the
+        agents' descriptor sockets: exact after two syncs over the direct path (rank 0
+        writes rank 1's arena through descriptors it fetched from agent 1); a token named
+        by another process, or never put, is refused; once the registrations and the
+        peers' mappings are gone (the next sync's preparation drops a peer's) no agent
+        holds a descriptor of them."""
+        import mmap
+        rng = random.Random(11)
+        values = {name: rng.randbytes(math.prod(shape) * shardsync.DTYPE_BYTES[dtype]) for name, shape, dtype in MODEL}
+        memfds, maps = [], []
+
+        def memfd(nbytes):
+            fd = os.memfd_create("shardsync-test")
+            os.ftruncate(fd, nbytes)
+            memfds.append(fd)
+            maps.append(mmap.mmap(fd, nbytes))
+            return fd, maps[-1]
+
+        flats, arenas, arena_maps = [], [], []
+        for rank in range(WORLD):
+            parts, size = self.partitions(rank)
+            fd, flat = memfd(size)
+            flats.append(flat)
+            for name, dtype, at, begin, end in parts:
+                element = shardsync.DTYPE_BYTES[dtype]
+                flat[at:at + (end - begin) * element] = values[name][begin * element:end * element]
+            layouts = [shardsync.zero3_partition(name, shape, dtype, WORLD, rank, "flat",
+                                                 at // shardsync.DTYPE_BYTES[dtype])
+                       for (name, shape, dtype), (_, _, at, _, _) in zip(MODEL, parts)]
+            agent = shardsync.AgentClient(self.cluster.socket(rank))
+            self.registrations.append(agent.register(f"trainer-{rank}", "source",
+                                                     {"flat": shardsync.DescriptorBuffer(fd, size)}, layouts))
+        for rank in range(WORLD):
+            shards = []
+            for name, shape, dtype in MODEL:
+                lo, hi = shard_box(name, shape, rank)
+                shards.append((name, [h - l for l, h in zip(lo, hi)], dtype))
+            arena = shardsync.WeightArena(shards)  # its offsets; its memory is only the checked copy
+            self.buffers.append(arena.memory)
+            fd, arena_map = memfd(arena.memory.nbytes + 64)
+            arena_map[:] = b"\xab" * len(arena_map)  # poison
+            layouts = [shardsync.tensor_layout(name, shape, dtype,
+                                               placements=[arena.placement(name, *shard_box(name, shape, rank))])
+                       for name, shape, dtype in MODEL]
+            agent = shardsync.AgentClient(self.cluster.socket(rank))
+            buffer = shardsync.DescriptorBuffer(fd, arena.memory.nbytes, offset_bytes=64)
+            self.registrations.append(agent.register(f"rollout-{rank}", "target", {arena.buffer_name: buffer},
+                                                     layouts))
+            arenas.append(arena)
+            arena_maps.append(arena_map)
+
+        def check():
+            for arena, arena_map in zip(arenas, arena_maps):
+                arena.memory.buf[:] = arena_map[64:64 + arena.memory.nbytes]
+            self.check(arenas, values)
+            self.assertTrue(all(b == 0xab for m in arena_maps for b in m[:64]), "nothing before the arena written")
+
+        coordinator = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)
+        response = coordinator.sync(timeout=20, verify=True)
+        self.assertTrue(any(rank.direct_sent_bytes > 0 for rank in response.ranks), "the direct path wrote a peer's arena")
+        check()
+        values = {name: rng.randbytes(len(v)) for name, v in values.items()}
+        for rank, flat in enumerate(flats):
+            for name, dtype, at, begin, end in self.partitions(rank)[0]:
+                element = shardsync.DTYPE_BYTES[dtype]
+                flat[at:at + (end - begin) * element] = values[name][begin * element:end * element]
+        coordinator.sync(timeout=20, verify=True)
+        check()
+
+        # A token is claimed only by the process that put it, and only once.
+        put = subprocess.Popen(
+            [sys.executable, "-c", "import os, socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+             f"s.connect({self.cluster.socket(0)!r} + '.fds'); fd = os.memfd_create('x'); os.ftruncate(fd, 64); "
+             "socket.send_fds(s, [b'P'], [fd]); print(s.recv(100).decode(), flush=True); input()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        token = put.stdout.readline().strip()
+        self.assertTrue(token.startswith("T"), token)
+        agent0 = shardsync.AgentClient(self.cluster.socket(0))
+        stolen = shardsync_pb2_handle(token[1:])
+        with self.assertRaises(shardsync.ShardsyncError) as refused:
+            agent0.register("thief", "target", {"stolen": (stolen, 64)}, [])
+        self.assertEqual(refused.exception.code.name, "PERMISSION_DENIED")
+        self.assertIn("were put by pid", refused.exception.message)
+        put.stdin.close()
+        put.stdout.close()
+        put.wait(timeout=60)
+        with self.assertRaises(shardsync.ShardsyncError) as unknown:
+            agent0.register("thief", "target", {"stolen": (stolen, 64)}, [])
+        self.assertEqual(unknown.exception.code.name, "NOT_FOUND")
+
+        # Each agent: its flat and its arena, each passed (kept for peers) and mapped (its
+        # own descriptor), and the peer's arena that it writes, mapped.
+        self.assertEqual([self.agent_memfds(rank, "shardsync-test") for rank in range(WORLD)], [5, 5])
+        for r in self.registrations:
+            r.close()
+        self.registrations = []
+        self.register_trainer(0, values)
+        self.register_trainer(1, values)
+        self.register_rollout(0)
+        self.register_rollout(1)
+        coordinator.sync(timeout=20)  # prepared anew: the peers drop their mappings of the old arenas
+        deadline = time.monotonic() + 60  # only a hang exceeds it
+        while any(self.agent_memfds(rank, "shardsync-test") for rank in range(WORLD)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual([self.agent_memfds(rank, "shardsync-test") for rank in range(WORLD)], [0, 0])
+        for m in maps:
+            m.close()
+        for fd in memfds:
+            os.close(fd)
 
     def test_zero3_partitions_into_a_tp2_weight_arena_sync_exactly_twice(self):
         rng = random.Random(5)

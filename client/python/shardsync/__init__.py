@@ -11,6 +11,7 @@ from shardsync import layout_pb2, shardsync_pb2, shardsync_pb2_grpc
 from shardsync.client import (
     AgentClient,
     CoordinatorClient,
+    DescriptorBuffer,
     Registration,
     ShardsyncError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "AgentClient",
     "CoordinatorClient",
     "DTYPE_BYTES",
+    "DescriptorBuffer",
     "Registration",
     "SharedBuffer",
     "ShardsyncError",

@@ -1,7 +1,10 @@
 """gRPC calls to the agent (unix socket) and the coordinator (TCP)."""
 
+import os
+import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import grpc
@@ -9,7 +12,7 @@ import grpc
 from shardsync import native as native_library
 from shardsync import shardsync_pb2, shardsync_pb2_grpc
 
-__all__ = ["AgentClient", "BufferLike", "CoordinatorClient", "Registration", "ShardsyncError"]
+__all__ = ["AgentClient", "BufferLike", "CoordinatorClient", "DescriptorBuffer", "Registration", "ShardsyncError"]
 
 
 class BufferLike(Protocol):
@@ -17,6 +20,17 @@ class BufferLike(Protocol):
 
     def handle(self) -> Tuple[Any, int]:
         """(MemoryHandle message, bytes)."""
+
+
+@dataclass(frozen=True)
+class DescriptorBuffer:
+    """Host memory passed to the agent as a file descriptor (a memfd, a torch storage
+    shared by descriptor), which the agent maps without any name: nothing is left behind
+    in /dev/shm whatever ends the processes. `fd` stays the caller's and open at least
+    until ``register`` returns; the buffer is `nbytes` from `offset_bytes` of it."""
+    fd: int
+    nbytes: int
+    offset_bytes: int = 0
 
 
 class ShardsyncError(RuntimeError):
@@ -94,12 +108,35 @@ class AgentClient:
     """The agent on this process's device, reached through its unix socket."""
 
     def __init__(self, socket_path: str) -> None:
+        self._socket_path = socket_path
         self._channel = grpc.insecure_channel("unix:" + socket_path)
         self._stub = shardsync_pb2_grpc.AgentStub(self._channel)
 
-    def register(self, client_id: str, role: str, buffers: Mapping[str, Union[BufferLike, Tuple[Any, int]]],
+    def _put_descriptor(self, connection: Optional[socket.socket], fd: int,
+                        timeout: float) -> Tuple[socket.socket, str]:
+        """Passes `fd` on the agent's descriptor socket (connecting first if `connection`
+        is None): the connection and the token the agent answered."""
+        path = self._socket_path + ".fds"
+        try:
+            if connection is None:
+                connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                connection.settimeout(timeout)
+                connection.connect(path)
+            socket.send_fds(connection, [b"P"], [fd])
+            answer, received, _, _ = socket.recv_fds(connection, 1024, 1)
+        except OSError as error:
+            raise ShardsyncError(grpc.StatusCode.UNAVAILABLE, f"descriptor socket {path}: {error}") from None
+        for extra in received:
+            os.close(extra)
+        if answer[:1] != b"T":
+            raise ShardsyncError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"descriptor socket {path}: " + answer[1:].decode(errors="replace"))
+        return connection, answer[1:].decode()
+
+    def register(self, client_id: str, role: str,
+                 buffers: Mapping[str, Union[BufferLike, DescriptorBuffer, Tuple[Any, int]]],
                  tensors: Sequence[Any], timeout: float = 10.0, ready_event: Optional[bytes] = None) -> Registration:
-        """Registers `buffers` ({name: SharedBuffer or (handle, bytes)}) and `tensors`
+        """Registers `buffers` ({name: SharedBuffer, DescriptorBuffer or (handle, bytes)}) and `tensors`
         (TensorLayout messages) as SOURCE or TARGET ("source"/"target"). Returns once
         the agent opened and checked everything; raises ShardsyncError if it refused.
         `ready_event` (a source on a GPU agent): the bytes of an interprocess CUDA event's
@@ -114,9 +151,24 @@ class AgentClient:
             tensors=tensors,
             ready_event=ready_event or b"",
         )
-        for name, buffer in buffers.items():
-            handle, nbytes = buffer if isinstance(buffer, tuple) else buffer.handle()
-            request.buffers.add(name=name, bytes=nbytes, handle=handle)
+        # Descriptors wait on the agent for this registration while `passing` stays open.
+        passing: Optional[socket.socket] = None
+        try:
+            for name, buffer in buffers.items():
+                if isinstance(buffer, DescriptorBuffer):
+                    passing, token = self._put_descriptor(passing, buffer.fd, timeout)
+                    handle = shardsync_pb2.MemoryHandle(descriptor_token=token, offset_bytes=buffer.offset_bytes,
+                                                        device=-1)
+                    nbytes = buffer.nbytes
+                else:
+                    handle, nbytes = buffer if isinstance(buffer, tuple) else buffer.handle()
+                request.buffers.add(name=name, bytes=nbytes, handle=handle)
+            return self._register(request, client_id, timeout)
+        finally:
+            if passing is not None:
+                passing.close()
+
+    def _register(self, request: Any, client_id: str, timeout: float) -> "Registration":
         call = self._stub.Register(request)
         first: Dict[str, Any] = {}
 

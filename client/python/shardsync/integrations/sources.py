@@ -51,7 +51,7 @@ class Layouts:
     """Buffers and TensorLayouts of one side, built a stretch at a time."""
 
     def __init__(self) -> None:
-        self.buffers: Dict[str, Tuple[Any, int]] = {}
+        self.buffers: Dict[str, Any] = {}  # tensor_buffer's, by name
         self._tensors: Dict[str, layout_pb2.TensorLayout] = {}
 
     def add_stretch(self, buffer_name: str, tensor: torch.Tensor, param_name: str, param_shape: Sequence[int],
