@@ -9,6 +9,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "common/descriptor_passing.h"
 #include "common/grpc_polling.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -55,13 +56,33 @@ Registration::~Registration() {
 }
 
 AgentClient::AgentClient(const std::string& socket)
-    : stub_(v1::Agent::NewStub(Channel("unix:" + socket, UnixSocketCredentials()))) {}
+    : socket_(socket), stub_(v1::Agent::NewStub(Channel("unix:" + socket, UnixSocketCredentials()))) {}
 
 absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::RegisterRequest& request,
-                                                                    absl::Duration timeout) {
+                                                                    absl::Duration timeout,
+                                                                    const std::map<std::string, int>& descriptors) {
+  const absl::Time deadline = absl::Now() + timeout;
+  // The descriptors wait on the agent for this registration while `passing` is open.
+  v1::RegisterRequest passed = request;
+  UniqueFd passing;
+  size_t named = 0;
+  for (v1::RegisteredBuffer& buffer : *passed.mutable_buffers()) {
+    const auto fd = descriptors.find(buffer.name());
+    if (fd == descriptors.end()) continue;
+    ++named;
+    if (!passing.valid()) {
+      SHARDSYNC_ASSIGN_OR_RETURN(passing, ConnectDescriptorSocket(DescriptorSocketPath(socket_)));
+    }
+    SHARDSYNC_ASSIGN_OR_RETURN(std::string token, PutDescriptors(passing.get(), {fd->second}, deadline));
+    buffer.mutable_handle()->set_descriptor_token(token);
+  }
+  if (named != descriptors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "': ", descriptors.size() - named,
+                                                   " descriptors are given for buffers the request does not have"));
+  }
   std::unique_ptr<Registration> registration(new Registration());
   Registration* r = registration.get();
-  r->reader_ = stub_->Register(&r->context_, request);
+  r->reader_ = stub_->Register(&r->context_, passed);
   // The first event says the agent holds everything; then the call stays open in the
   // holder thread until the registration is destroyed.
   std::promise<absl::Status> first;
@@ -77,7 +98,7 @@ absl::StatusOr<std::unique_ptr<Registration>> AgentClient::Register(const v1::Re
     }
     first.set_value(FromGrpcStatus(r->reader_->Finish()));
   });
-  if (answered.wait_for(absl::ToChronoSeconds(timeout)) != std::future_status::ready) {
+  if (answered.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
     r->context_.TryCancel();
     answered.wait();
     return absl::DeadlineExceededError("the agent did not answer the registration in time");

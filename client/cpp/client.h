@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,10 +40,15 @@ class AgentClient {
   // `socket` is the agent's unix socket path.
   explicit AgentClient(const std::string& socket);
   // Returns once the agent opened and checked everything (or refused it).
-  absl::StatusOr<std::unique_ptr<Registration>> Register(const v1::RegisterRequest& request, absl::Duration timeout);
+  // `descriptors`: host memory passed as file descriptors (a memfd), by buffer name:
+  // each is put on the agent's descriptor socket and its buffer's handle names the
+  // token (the descriptors stay the caller's). A name no buffer has is refused.
+  absl::StatusOr<std::unique_ptr<Registration>> Register(const v1::RegisterRequest& request, absl::Duration timeout,
+                                                         const std::map<std::string, int>& descriptors = {});
   absl::StatusOr<v1::AgentStatus> Status(absl::Duration timeout);
 
  private:
+  const std::string socket_;
   std::unique_ptr<v1::Agent::Stub> stub_;
 };
 

@@ -1,10 +1,8 @@
 // The agent's descriptor socket: memory that has no name another process can open (a
 // memfd, a torch storage shared by descriptor) reaches the agent as file descriptors,
 // which gRPC cannot carry. A unix SOCK_SEQPACKET socket beside the agent's unix socket
-// (its path + ".fds"), with the same mode and group. One message a request, one answer:
-//   put    "P" carrying 1..kMaxDescriptors descriptors (SCM_RIGHTS) -> "T<token>"
-//   fetch  "F<token>"                                               -> "D" carrying them
-// and "E<error>" for a refusal. A put's descriptors wait for the registration that
+// (DescriptorSocketPath), with the same mode and group, speaking
+// common/descriptor_passing.h. A put's descriptors wait for the registration that
 // names its token (MemoryHandle.descriptor_token), made by the same process; the
 // connection that put them closing first closes them. A fetch is a same-node peer
 // agent's (a connection of this agent's uid, or root), for a registered TARGET's
@@ -23,13 +21,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/descriptor_passing.h"
 #include "common/unique_fd.h"
 
 namespace shardsync::agent {
-
-inline constexpr int kMaxDescriptors = 64;  // in one put
-// The descriptor socket of the agent whose unix socket is `socket_path`.
-std::string DescriptorSocketPath(const std::string& socket_path);
 
 class DescriptorSocket {
  public:
@@ -83,14 +78,5 @@ class DescriptorSocket {
   std::map<std::string, Put> puts_ ABSL_GUARDED_BY(mu_);  // by token
   int32_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
-// A peer agent's side of a fetch: the descriptors of `token` from the descriptor socket
-// at `path`, within `deadline`.
-absl::StatusOr<std::vector<UniqueFd>> FetchDescriptors(const std::string& path, const std::string& token,
-                                                       absl::Time deadline);
-// A client's side of a put on a connected socket (for C++ clients and tests): the token.
-absl::StatusOr<std::string> PutDescriptors(int connection, const std::vector<int>& descriptors, absl::Time deadline);
-// A SOCK_SEQPACKET connection to the descriptor socket at `path`.
-absl::StatusOr<UniqueFd> ConnectDescriptorSocket(const std::string& path);
 
 }  // namespace shardsync::agent

@@ -101,5 +101,49 @@ TEST_CASE("bad registrations are refused with their reason and leave nothing reg
   CHECK(status->clients_size() == 0);
 }
 
+TEST_CASE("host memory passed as a descriptor registers through the C++ client") {
+  ClusterOptions options;
+  options.agents = 1;
+  Cluster cluster(options);
+  client::AgentClient agent(cluster.socket(0));
+  const int memory = memfd_create("ss-registration", MFD_CLOEXEC);
+  REQUIRE(memory >= 0);
+  REQUIRE(ftruncate(memory, 64) == 0);
+  v1::RegisterRequest request;
+  request.set_client_id("trainer");
+  request.set_role(v1::SOURCE);
+  v1::RegisteredBuffer* b = request.add_buffers();
+  b->set_name("b");
+  b->set_bytes(64);
+  b->mutable_handle()->set_device(-1);
+  *request.add_tensors() = Tensor("t", 32, 0);
+
+  SECTION("a descriptor for a buffer the request does not have") {
+    auto refused = agent.Register(request, absl::Seconds(10), {{"b", memory}, {"c", memory}});
+    CHECK(absl::IsInvalidArgument(refused.status()));
+    CHECK_THAT(std::string(refused.status().message()), Contains("1 descriptors are given for buffers"));
+  }
+  SECTION("memory smaller than claimed") {
+    request.mutable_buffers(0)->set_bytes(128);
+    auto refused = agent.Register(request, absl::Seconds(10), {{"b", memory}});
+    CHECK_THAT(std::string(refused.status().message()),
+               Contains("buffer 'b'") && Contains("holds 64 bytes; the registration claims 128"));
+  }
+  SECTION("held while the registration lives") {
+    auto held = agent.Register(request, absl::Seconds(10), {{"b", memory}});
+    REQUIRE(held.ok());
+    auto status = agent.Status(absl::Seconds(5));
+    REQUIRE(status.ok());
+    REQUIRE(status->clients_size() == 1);
+    CHECK(status->clients(0).bytes() == 64);
+    close(memory);
+    return;
+  }
+  close(memory);
+  auto status = agent.Status(absl::Seconds(5));
+  REQUIRE(status.ok());
+  CHECK(status->clients_size() == 0);
+}
+
 }  // namespace
 }  // namespace shardsync::localsync
