@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   // One client for all syncs, as a trainer keeps one: its channel is connected once.
   client::CoordinatorClient coordinator = cluster.coordinator_client();
   std::vector<double> ms, coordinator_ms, prepare_ms, execute_ms;
+  // Of the slowest rank each sync: its Execute in the agent, and of it the checks and
+  // the agreement.
+  std::vector<double> agent_ms, check_ms, agree_ms;
   for (int i = 0; i < syncs + 1; ++i) {
     const absl::Time start = absl::Now();
     auto response = coordinator.Sync(absl::Seconds(10));
@@ -57,6 +60,15 @@ int main(int argc, char** argv) {
     coordinator_ms.push_back(response->seconds() * 1e3);
     prepare_ms.push_back(response->prepare_seconds() * 1e3);
     execute_ms.push_back(response->execute_seconds() * 1e3);
+    double agent = 0, check = 0, agree = 0;
+    for (const v1::RankStats& rank : response->ranks()) {
+      agent = std::max(agent, rank.execute_seconds() * 1e3);
+      check = std::max(check, rank.check_seconds() * 1e3);
+      agree = std::max(agree, rank.agree_seconds() * 1e3);
+    }
+    agent_ms.push_back(agent);
+    check_ms.push_back(check);
+    agree_ms.push_back(agree);
   }
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -66,8 +78,10 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"agents\": %d, \"agent0_serves_coordinator\": %s, \"syncs\": %d, \"median_ms\": %.3f, "
       "\"p99_ms\": %.3f, \"min_ms\": %.3f, \"coordinator_median_ms\": %.3f, \"prepare_median_ms\": %.3f, "
-      "\"execute_median_ms\": %.3f}\n",
+      "\"execute_median_ms\": %.3f, \"agent_execute_median_ms\": %.3f, \"check_median_ms\": %.3f, "
+      "\"agree_median_ms\": %.3f}\n",
       options.agents, options.agent0_serves_coordinator ? "true" : "false", syncs, ms[ms.size() / 2],
-      ms[ms.size() * 99 / 100], ms.front(), median(coordinator_ms), median(prepare_ms), median(execute_ms));
+      ms[ms.size() * 99 / 100], ms.front(), median(coordinator_ms), median(prepare_ms), median(execute_ms),
+      median(agent_ms), median(check_ms), median(agree_ms));
   return 0;
 }

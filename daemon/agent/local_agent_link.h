@@ -27,6 +27,7 @@ class LocalAgentLink : public coordinator::AgentLink {
   absl::StatusOr<std::string> NewCommunicatorId(absl::Time) override { return agent_.NewCommunicatorId(); }
   absl::StatusOr<v1::RankProgress> Progress(absl::Time) override { return agent_.Progress(); }
   bool InProcess() const override { return true; }
+  bool Connected() const override { return true; }
 
  private:
   class DeferredExecute : public coordinator::StartedExecute {

@@ -31,7 +31,8 @@ class GrpcStartedExecute : public StartedExecute {
 class GrpcLink : public AgentLink {
  public:
   GrpcLink(std::shared_ptr<grpc::Channel> channel, bool poll)
-      : stub_(v1::AgentControl::NewStub(std::move(channel))),
+      : channel_(channel),
+        stub_(v1::AgentControl::NewStub(std::move(channel))),
         poll_for_(poll ? std::chrono::steady_clock::duration(kPollBeforeSleep)
                        : std::chrono::steady_clock::duration::zero()) {}
 
@@ -62,6 +63,7 @@ class GrpcLink : public AgentLink {
     return Call<v1::RankProgress>(&v1::AgentControl::Stub::PrepareAsyncProgress, v1::ProgressRequest(), deadline);
   }
   bool InProcess() const override { return false; }
+  bool Connected() const override { return channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY; }
 
  private:
   template <typename Response, typename Request, typename Method>
@@ -79,6 +81,7 @@ class GrpcLink : public AgentLink {
     return response;
   }
 
+  const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::AgentControl::Stub> stub_;
   const std::chrono::steady_clock::duration poll_for_;
 };

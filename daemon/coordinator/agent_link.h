@@ -38,6 +38,9 @@ class AgentLink {
   // The agent serves the coordinator in its own process: its calls run on the caller's
   // thread.
   virtual bool InProcess() const = 0;
+  // The link is up now (over gRPC: its channel is connected). A call on a link that is
+  // not may never reach the agent; one on a link that is may fail after it did.
+  virtual bool Connected() const = 0;
 };
 
 // An agent at `address` (its AgentControl service). With `poll`, a call polls for its

@@ -28,6 +28,14 @@ struct LinkPaths {
   std::vector<std::map<int32_t, std::string>> signal_boards;  // by rank: SignalBoardsFor
   bool Direct(int32_t from, int32_t to) const { return direct[from * world_size + to]; }
   std::vector<int32_t> DirectPeers(int32_t rank) const;  // ascending
+  // Every rank reaches every other through its signal board (one host): the agreement
+  // is host messages alone.
+  bool AllOnSignalBoards() const {
+    for (const auto& boards : signal_boards) {
+      if (static_cast<int32_t>(boards.size()) != world_size - 1) return false;
+    }
+    return !signal_boards.empty();
+  }
   v1::LinkPath Path(int32_t from, int32_t to) const { return Direct(from, to) ? v1::DIRECT : v1::STAGED; }
 };
 

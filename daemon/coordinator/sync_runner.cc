@@ -399,12 +399,19 @@ std::vector<int32_t> SyncRunner::DirectGroups() const {
 }
 
 bool SyncRunner::OneCallReady() const {
-  // With a host transport the agreement is a message between every pair of agents,
-  // dearer than the Prepare call it saves: only one agent, or agents on devices (whose
-  // agreement is NCCL's collective, or host messages between agents of one node), get
-  // one call.
-  return !ready_digest_.empty() && ready_digest_ == plan_->compiled.digest() && CommunicatorValid() &&
-         (options_.epoch.world_size == 1 || directory_.AllAgreeFast());
+  // One call needs the agreement in Execute. Between agents on different hosts without
+  // a device collective it is a gRPC message between every pair, dearer than the
+  // Prepare call it saves; one agent, agents whose transport agrees in one collective
+  // (NCCL), and agents that all reach each other's signal boards (one host) get one call.
+  if (ready_digest_.empty() || ready_digest_ != plan_->compiled.digest() || !CommunicatorValid()) return false;
+  if (options_.epoch.world_size > 1 && !directory_.AllAgreeFast() && !paths_.AllOnSignalBoards()) return false;
+  // A failed Execute may have written; a failed Prepare wrote nothing. An agent whose
+  // link is down (killed between syncs) is met by Prepare, so its refusal leaves every
+  // target valid.
+  for (const auto& [rank, link] : directory_.Links()) {
+    if (!link->Connected()) return false;
+  }
+  return true;
 }
 
 std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
