@@ -33,7 +33,9 @@ class DescriptorSocket {
   using TargetDescriptors = std::function<absl::StatusOr<std::vector<UniqueFd>>(const std::string& token)>;
   struct Limits {
     int32_t connections = 256;  // open at once; one past it is closed at once
-    int32_t waiting = 4096;     // descriptors put and not yet claimed, in all
+    // Descriptors put and not yet claimed, in all: each adapter's parameter is a buffer,
+    // so a registration may pass tens of thousands.
+    int32_t waiting = 1 << 16;
   };
 
   // Listens on `path` (ListenUnix) and serves on a thread of its own.

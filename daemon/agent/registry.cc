@@ -172,6 +172,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
     client.buffers.push_back(name);
     entry->registered_at = version_;
     buffers_[name] = entry;
+    if (!entry->descriptor_token.empty()) by_token_[entry->descriptor_token] = name;
   }
   client.request = std::move(request);
   client.peer = peer;
@@ -185,7 +186,10 @@ void Registry::Remove(const std::string& client_id) {
     absl::MutexLock lock(&mu_);
     auto it = clients_.find(client_id);
     if (it == clients_.end()) return;
-    for (const std::string& name : it->second.buffers) buffers_.erase(name);
+    for (const std::string& name : it->second.buffers) {
+      by_token_.erase(buffers_.at(name)->descriptor_token);
+      buffers_.erase(name);
+    }
     clients_.erase(it);
     ++version_;
   }
@@ -315,23 +319,24 @@ absl::StatusOr<v1::RegisteredBuffer> Registry::TargetHandle(const std::string& b
 
 absl::StatusOr<std::vector<UniqueFd>> Registry::TargetDescriptors(const std::string& token) const {
   absl::MutexLock lock(&mu_);
-  for (const auto& [name, entry] : buffers_) {
-    if (token.empty() || entry->descriptor_token != token) continue;
-    if (entry->role != v1::TARGET) {
-      return absl::PermissionDeniedError(absl::StrCat("buffer '", name, "' on rank ", rank_, " is a ",
-                                                      v1::Role_Name(entry->role), ": peers write only targets"));
-    }
-    std::vector<UniqueFd> copies;
-    for (const UniqueFd& fd : entry->descriptors) {
-      copies.emplace_back(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-      if (!copies.back().valid()) {
-        return absl::ResourceExhaustedError(absl::StrCat("buffer '", name, "': dup: ", std::strerror(errno)));
-      }
-    }
-    return copies;
+  const auto named = by_token_.find(token);
+  if (named == by_token_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no target registered on rank ", rank_, " under descriptor token '", token, "'"));
   }
-  return absl::NotFoundError(
-      absl::StrCat("no target registered on rank ", rank_, " under descriptor token '", token, "'"));
+  const BufferEntry& entry = *buffers_.at(named->second);
+  if (entry.role != v1::TARGET) {
+    return absl::PermissionDeniedError(absl::StrCat("buffer '", named->second, "' on rank ", rank_, " is a ",
+                                                    v1::Role_Name(entry.role), ": peers write only targets"));
+  }
+  std::vector<UniqueFd> copies;
+  for (const UniqueFd& fd : entry.descriptors) {
+    copies.emplace_back(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!copies.back().valid()) {
+      return absl::ResourceExhaustedError(absl::StrCat("buffer '", named->second, "': dup: ", std::strerror(errno)));
+    }
+  }
+  return copies;
 }
 
 absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Registry::OpenPeer(

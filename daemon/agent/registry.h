@@ -122,6 +122,7 @@ class Registry {
   mutable absl::Mutex mu_;
   std::map<std::string, Client> clients_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<BufferEntry>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> by_token_ ABSL_GUARDED_BY(mu_);  // buffers passed as descriptors
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<executor::MemorySpan, std::string>> reserved_ ABSL_GUARDED_BY(mu_);
 };

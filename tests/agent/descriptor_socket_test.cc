@@ -238,6 +238,9 @@ TEST_CASE("a registration maps the memfd it passed; a peer fetches a target's, n
 
     registry.Remove("rollout");
     registry.Remove("trainer");
+    // A dropped target's descriptors are no longer handed out.
+    CHECK_THAT(std::string(FetchDescriptors(SocketPath(), *token, deadline).status().message()),
+               Contains(absl::StrCat("under descriptor token '", *token, "'")));
   }
   CHECK(OpenDescriptors() == before);
 }
