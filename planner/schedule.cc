@@ -201,10 +201,19 @@ absl::Status RoundCounter::Add(absl::Span<const Segment> segments) {
   return absl::OkStatus();
 }
 
+std::vector<int32_t> FirstRounds(const std::vector<std::vector<int32_t>>& rounds) {
+  std::vector<int32_t> first_rounds;
+  int32_t first_round = 0;
+  for (const std::vector<int32_t>& stage : rounds) {
+    first_rounds.push_back(first_round);
+    first_round += stage.empty() ? 0 : *std::max_element(stage.begin(), stage.end());
+  }
+  return first_rounds;
+}
+
 RoundCounts RoundCounter::Finish(int32_t stages) {
   RoundCounts counts;
   counts.chunks.assign(num_ranks_, 0);
-  int32_t first_round = 0;
   for (int32_t k = 0; k < stages; ++k) {
     std::vector<int32_t>& rounds = counts.rounds.emplace_back(num_ranks_, 0);
     if (k < static_cast<int32_t>(links_->links.size())) {
@@ -220,9 +229,8 @@ RoundCounts RoundCounter::Finish(int32_t stages) {
         counts.link_chunks += chunks;
       }
     }
-    counts.first_rounds.push_back(first_round);
-    first_round += rounds.empty() ? 0 : *std::max_element(rounds.begin(), rounds.end());
   }
+  counts.first_rounds = FirstRounds(counts.rounds);
   links_ = std::make_unique<Links>(0);
   return counts;
 }
@@ -255,7 +263,7 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
     schedules[plan.fills[i].fill.holder.rank].fills.push_back(static_cast<int32_t>(i));
   }
   LinkBudget budget(staging_bytes);
-  int32_t first_round = 0;
+  std::vector<std::vector<int32_t>> rounds(plan.stages, std::vector<int32_t>(plan.num_ranks, 0));  // [stage][rank]
   for (int32_t k = 0; k < plan.stages; ++k) {
     // One pass in plan order, the order both ends derive their streams from; each
     // segment is read once, where it lies (a rank's segments are spread over the plan).
@@ -308,18 +316,19 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
     }
     sort_by(true);
     for (const auto& [key, i] : order) schedules[links[i].from].stages[k].sends.push_back(std::move(links[i].stream));
-    int32_t most_rounds = 0;
     for (Schedule& schedule : schedules) {
       Stage& stage = schedule.stages[k];
-      stage.first_round = first_round;
       for (const auto* streams : {&stage.sends, &stage.receives}) {
         for (const PeerStream& stream : *streams) {
           stage.rounds = std::max<int32_t>(stage.rounds, static_cast<int32_t>(stream.chunks.size()));
         }
       }
-      most_rounds = std::max(most_rounds, stage.rounds);
+      rounds[k][schedule.rank] = stage.rounds;
     }
-    first_round += most_rounds;
+  }
+  const std::vector<int32_t> first_rounds = FirstRounds(rounds);
+  for (Schedule& schedule : schedules) {
+    for (int32_t k = 0; k < plan.stages; ++k) schedule.stages[k].first_round = first_rounds[k];
   }
   for (size_t i = 0; i < plan.quantizes.size(); ++i) {
     const QuantizeOp& q = plan.quantizes[i];

@@ -92,6 +92,11 @@ struct Schedule {
 // and the plan must fit kMaxChunksPerPlan chunks (else RESOURCE_EXHAUSTED).
 absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes);
 
+// The first round of each stage, from the rounds of each stage on each rank ([stage]
+// [rank]): the rounds of the earlier stages on their busiest rank. Stages run one after
+// another on every rank, so every rank's stage k starts at the same round.
+std::vector<int32_t> FirstRounds(const std::vector<std::vector<int32_t>>& rounds);
+
 // Chunks and rounds as MakeSchedules cuts them, counted from a plan's segments as they
 // come in plan order (StreamPlan's sink), none kept: a streamed plan's rounds, the
 // first round of each stage that every rank's schedule carries, and each link's bytes.
