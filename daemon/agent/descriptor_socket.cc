@@ -106,16 +106,20 @@ bool DescriptorSocket::Answer(const Connection& connection) {
   if (!received.ok()) return answer(absl::StrCat("E", received.message()));
   if (request == "P") {
     if (descriptors.empty()) return answer("Ea put carries at least one descriptor");
-    std::string token = UnguessableHex();
+    const std::string token = UnguessableHex();
+    int32_t waiting = -1;  // set when the put is refused
     {
       absl::MutexLock lock(&mu_);
       if (waiting_ + static_cast<int32_t>(descriptors.size()) > limits_.waiting) {
-        return answer(absl::StrCat("E", waiting_,
-                                   " descriptors wait to be registered on this agent, its limit; "
-                                   "register those first"));
+        waiting = waiting_;
+      } else {
+        waiting_ += static_cast<int32_t>(descriptors.size());
+        puts_[token] = Put{connection.pid, connection.fd.get(), std::move(descriptors)};
       }
-      waiting_ += static_cast<int32_t>(descriptors.size());
-      puts_[token] = Put{connection.pid, connection.fd.get(), std::move(descriptors)};
+    }
+    if (waiting >= 0) {
+      return answer(absl::StrCat("E", waiting, " descriptors wait to be registered on this agent, its limit; ",
+                                 "register those first"));
     }
     return answer("T" + token);
   }
