@@ -47,6 +47,7 @@ class HostShmBuffer final : public MappedBuffer {
   bool on_device() const override { return false; }
   std::optional<uint32_t> owner_uid() const override { return owner_; }
   MemorySpan span() const override { return span_; }
+  int descriptor() const override { return fd_; }
   absl::Status CheckIntact() const override {
     if (SigbusGuard::Faulted(watch_)) {
       return absl::FailedPreconditionError(

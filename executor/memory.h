@@ -53,6 +53,9 @@ class MappedBuffer {
     const auto begin = reinterpret_cast<uintptr_t>(data());
     return {"address space", begin, begin + static_cast<uint64_t>(bytes())};
   }
+  // A descriptor of the mapped object, valid as long as this buffer, that a same-node
+  // peer may be handed (duplicated) to map the memory itself; -1 where there is none.
+  virtual int descriptor() const { return -1; }
   // Whether the memory still holds what was mapped: a client can shrink host shared
   // memory under the mapping (touching the lost pages, SigbusGuard detaches the mapping
   // instead of letting the process die). Checked before and after every sync; OK for

@@ -150,7 +150,6 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
     entry->role = request.role();
     entry->memory = std::shared_ptr<executor::MappedBuffer>(std::move(*memory));
     entry->descriptor_token = token;
-    entry->descriptors = std::move(passed);
     opened[b.name()] = std::move(entry);
   }
   absl::MutexLock lock(&mu_);
@@ -330,11 +329,9 @@ absl::StatusOr<std::vector<UniqueFd>> Registry::TargetDescriptors(const std::str
                                                     v1::Role_Name(entry.role), ": peers write only targets"));
   }
   std::vector<UniqueFd> copies;
-  for (const UniqueFd& fd : entry.descriptors) {
-    copies.emplace_back(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-    if (!copies.back().valid()) {
-      return absl::ResourceExhaustedError(absl::StrCat("buffer '", named->second, "': dup: ", std::strerror(errno)));
-    }
+  copies.emplace_back(fcntl(entry.memory->descriptor(), F_DUPFD_CLOEXEC, 0));
+  if (!copies.back().valid()) {
+    return absl::ResourceExhaustedError(absl::StrCat("buffer '", named->second, "': dup: ", std::strerror(errno)));
   }
   return copies;
 }

@@ -30,10 +30,9 @@ struct BufferEntry {
   v1::Role role = v1::ROLE_UNSPECIFIED;
   std::shared_ptr<executor::MappedBuffer> memory;
   int64_t registered_at = 0;  // the registry's version its registration made
-  // What a client passed on the descriptor socket for it, and under which token: kept
-  // to hand a target to same-node peers.
+  // The token of what a client passed on the descriptor socket for it: a same-node peer
+  // fetches the mapping's own descriptor (MappedBuffer::descriptor) by it.
   std::string descriptor_token;
-  std::vector<UniqueFd> descriptors;
 };
 
 // Descriptors a registration claimed from the descriptor socket, by token.
@@ -58,8 +57,8 @@ class Registry {
   // registration of a client id or of a buffer name, and one past the limits
   // (RESOURCE_EXHAUSTED). `ready_event`: the client's, opened
   // by the device (request.ready_event), held as long as the registration.
-  // `descriptors`: those of every descriptor_token the request names, held as long as
-  // the registration; closed if it is refused.
+  // `descriptors`: those of every descriptor_token the request names, closed once the
+  // buffers are mapped (a mapping keeps a descriptor of its own) or refused.
   absl::Status Add(v1::RegisterRequest request, const Peer& peer,
                    std::shared_ptr<const executor::ReadyEvent> ready_event = nullptr,
                    ClaimedDescriptors descriptors = {});

@@ -287,9 +287,9 @@ class PythonClientTest(unittest.TestCase):
             agent0.register("thief", "target", {"stolen": (stolen, 64)}, [])
         self.assertEqual(unknown.exception.code.name, "NOT_FOUND")
 
-        # Each agent: its flat and its arena, each passed (kept for peers) and mapped (its
-        # own descriptor), and the peer's arena that it writes, mapped.
-        self.assertEqual([self.agent_memfds(rank, "shardsync-test") for rank in range(WORLD)], [5, 5])
+        # Each agent: the mappings of its flat, of its arena and of the peer's arena it
+        # writes, one descriptor each (the one passed is closed once mapped).
+        self.assertEqual([self.agent_memfds(rank, "shardsync-test") for rank in range(WORLD)], [3, 3])
         for r in self.registrations:
             r.close()
         self.registrations = []
