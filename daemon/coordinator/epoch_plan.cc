@@ -9,8 +9,6 @@
 #include "planner/schedule.h"
 
 namespace shardsync::coordinator {
-namespace {}  // namespace
-
 std::string DefaultPlanDir() {
   const char* tmpdir = std::getenv("TMPDIR");
   return tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/var/tmp";
