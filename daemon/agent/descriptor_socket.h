@@ -9,7 +9,6 @@
 // descriptors (the direct path writes it).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
