@@ -209,11 +209,14 @@ std::map<int32_t, std::shared_ptr<AgentLink>> AgentDirectory::Links() const {
   return links;
 }
 
-std::map<int32_t, std::string> AgentDirectory::Addresses() const {
+AgentDirectory::Contacts AgentDirectory::CurrentContacts() const {
   absl::MutexLock lock(&mu_);
-  std::map<int32_t, std::string> addresses;
-  for (const auto& [rank, entry] : agents_) addresses[rank] = entry.join.address();
-  return addresses;
+  Contacts contacts;
+  for (const auto& [rank, entry] : agents_) {
+    contacts.links[rank] = entry.link;
+    contacts.addresses[rank] = entry.join.address();
+  }
+  return contacts;
 }
 
 std::vector<v1::JoinRequest> AgentDirectory::Joins() const {

@@ -52,10 +52,15 @@ class AgentDirectory {
   // The node index of every rank (JoinRequest.node, else host, numbered in rank order).
   std::vector<int32_t> NodeOfRank() const;
   std::map<int32_t, std::shared_ptr<AgentLink>> Links() const;
+  // The links and addresses of the ranks joined, read at one moment.
+  struct Contacts {
+    std::map<int32_t, std::shared_ptr<AgentLink>> links;
+    std::map<int32_t, std::string> addresses;
+  };
+  Contacts CurrentContacts() const;
   // Every rank's JoinRequest (empty for a rank that has not joined), by rank.
   std::vector<v1::JoinRequest> Joins() const;
-  std::map<int32_t, std::string> Addresses() const;  // of the ranks joined
-  std::vector<int32_t> MissingRanks() const;         // not joined
+  std::vector<int32_t> MissingRanks() const;  // not joined
   // Every agent agrees on its device (JoinRequest.fast_agreement).
   bool AllAgreeFast() const;
   // The ranks that published a target tensor, ascending.

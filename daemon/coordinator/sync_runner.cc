@@ -143,13 +143,15 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
         absl::StrCat("sync ", sync_id, " refused, no byte moved: ", planned.status().message())));
   }
   const absl::Time prepare_start = absl::Now();
-  const bool one_call = OneCallReady();
+  const AgentDirectory::Contacts contacts = directory_.CurrentContacts();
+  const bool one_call = OneCallReady(contacts);
   if (!one_call) {
-    if (auto status = PrepareAll(sync_id, timeout); !status.ok()) return finish(status);
+    if (auto status = PrepareAll(sync_id, timeout, contacts); !status.ok()) return finish(status);
   }
   ready_digest_.clear();  // until this sync succeeds
   const absl::Time execute_start = absl::Now();
-  absl::StatusOr<std::vector<v1::ExecuteResponse>> responses = ExecuteAll(sync_id, timeout, request.verify(), one_call);
+  absl::StatusOr<std::vector<v1::ExecuteResponse>> responses =
+      ExecuteAll(sync_id, timeout, request.verify(), one_call, contacts);
   if (!responses.ok()) return finish(responses.status());
   const absl::Time executed = absl::Now();
   v1::SyncResponse response;
@@ -320,12 +322,12 @@ v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, std::optional<v1:
   return request;
 }
 
-absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline) {
+absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration execute_deadline,
+                                    const AgentDirectory::Contacts& contacts) {
   if (auto status = RenewCommunicator(); !status.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("sync ", sync_id, " refused, no byte moved: ", status.message()));
   }
-  const std::map<int32_t, std::string> addresses = directory_.Addresses();
-  const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
+  const std::map<int32_t, std::shared_ptr<AgentLink>>& links = contacts.links;
   const int32_t world = options_.epoch.world_size;
   std::vector<std::string> refusals(world);
   std::vector<char> peer_refused(world, 0);  // refused because a direct peer did
@@ -349,7 +351,7 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
             schedule = *std::move(made);
           }
           const absl::StatusOr<v1::PrepareResponse> response = links.at(rank)->Prepare(
-              PrepareRequestFor(rank, std::move(schedule), sync_id, execute_deadline, addresses),
+              PrepareRequestFor(rank, std::move(schedule), sync_id, execute_deadline, contacts.addresses),
               absl::Now() + options_.rpc_deadline);
           if (send_schedule) gate.Leave(group_of[rank]);
           if (!response.ok()) {
@@ -398,7 +400,7 @@ std::vector<int32_t> SyncRunner::DirectGroups() const {
   return group;
 }
 
-bool SyncRunner::OneCallReady() const {
+bool SyncRunner::OneCallReady(const AgentDirectory::Contacts& contacts) const {
   // One call needs the agreement in Execute. Between agents on different hosts without
   // a device collective it is a gRPC message between every pair, dearer than the
   // Prepare call it saves; one agent, agents whose transport agrees in one collective
@@ -408,7 +410,7 @@ bool SyncRunner::OneCallReady() const {
   // A failed Execute may have written; a failed Prepare wrote nothing. An agent whose
   // link is down (killed between syncs) is met by Prepare, so its refusal leaves every
   // target valid.
-  for (const auto& [rank, link] : directory_.Links()) {
+  for (const auto& [rank, link] : contacts.links) {
     if (!link->Connected()) return false;
   }
   return true;
@@ -446,9 +448,9 @@ std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
 
 absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const std::string& sync_id,
                                                                         absl::Duration timeout, bool verify,
-                                                                        bool one_call) {
-  const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
-  const std::map<int32_t, std::string> addresses = directory_.Addresses();
+                                                                        bool one_call,
+                                                                        const AgentDirectory::Contacts& contacts) {
+  const std::map<int32_t, std::shared_ptr<AgentLink>>& links = contacts.links;
   const int32_t world = options_.epoch.world_size;
   std::vector<absl::Status> results(world);
   std::vector<v1::ExecuteResponse> responses(world);
@@ -474,7 +476,8 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
     execute.set_digest(plan_->compiled.digest());
     execute.set_verify(verify);
     if (const auto delta = deltas.find(rank); delta != deltas.end()) *execute.mutable_delta() = delta->second;
-    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, std::nullopt, sync_id, timeout, addresses);
+    if (one_call)
+      *execute.mutable_prepare() = PrepareRequestFor(rank, std::nullopt, sync_id, timeout, contacts.addresses);
     called[rank] = absl::Now();
     // The agent's own waits end at the timeout; this leaves it room to say so.
     calls[rank] = links.at(rank)->StartExecute(std::move(execute), called[rank] + timeout + options_.rpc_deadline);

@@ -65,8 +65,8 @@ class SyncRunner {
   // A partial sync's ranks, ascending and unique; refused unless each holds a target.
   absl::StatusOr<std::vector<int32_t>> SelectTargetRanks(
       const google::protobuf::RepeatedField<int32_t>& requested) const;
-  absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline,
+                          const AgentDirectory::Contacts& contacts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Rank `rank`'s Prepare around `schedule` (ScheduleRequest; none: the agent holds it).
   v1::PrepareRequest PrepareRequestFor(int32_t rank, std::optional<v1::PrepareRequest> schedule,
                                        const std::string& sync_id, absl::Duration execute_deadline,
@@ -92,7 +92,7 @@ class SyncRunner {
   bool CommunicatorValid() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Every agent holds the schedule and communicator, and agreeing costs them little:
   // the sync may skip Prepare.
-  bool OneCallReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  bool OneCallReady(const AgentDirectory::Contacts& contacts) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Execute on every rank (each preparing itself with `one_call`); the responses by
   // rank, or the sync refused (every rank stopped before writing) or failed (targets
   // invalid).
@@ -101,7 +101,8 @@ class SyncRunner {
   // plan with block-quantized targets, or for an agent on a device.
   std::map<int32_t, v1::DeltaSpec> DeltaSpecs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteAll(const std::string& sync_id, absl::Duration timeout,
-                                                              bool verify, bool one_call)
+                                                              bool verify, bool one_call,
+                                                              const AgentDirectory::Contacts& contacts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
 
   const SyncOptions options_;
