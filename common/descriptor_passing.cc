@@ -30,9 +30,13 @@ absl::Status AwaitReadable(int socket, absl::Time deadline) {
 absl::StatusOr<std::string> Ask(int socket, const std::string& request, const std::vector<int>& descriptors,
                                 absl::Time deadline, std::vector<UniqueFd>* received) {
   if (absl::Status sent = SendMessage(socket, request, descriptors, 0); !sent.ok()) return sent;
-  if (absl::Status ready = AwaitReadable(socket, deadline); !ready.ok()) return ready;
   std::string answer;
-  if (absl::Status got = ReceiveMessage(socket, &answer, received); !got.ok()) return got;
+  while (true) {
+    if (absl::Status ready = AwaitReadable(socket, deadline); !ready.ok()) return ready;
+    absl::StatusOr<bool> got = ReceiveMessage(socket, &answer, received);
+    if (!got.ok()) return got.status();
+    if (*got) break;
+  }
   if (answer.empty()) return absl::UnavailableError("the descriptor socket closed the connection");
   if (answer[0] == 'E') return absl::FailedPreconditionError(answer.substr(1));
   return answer;
@@ -63,7 +67,7 @@ absl::Status SendMessage(int socket, const std::string& payload, const std::vect
   }
 }
 
-absl::Status ReceiveMessage(int socket, std::string* payload, std::vector<UniqueFd>* descriptors) {
+absl::StatusOr<bool> ReceiveMessage(int socket, std::string* payload, std::vector<UniqueFd>* descriptors) {
   char data[kMaxMessage];
   iovec io{data, sizeof(data)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxDescriptors)];
@@ -76,6 +80,7 @@ absl::Status ReceiveMessage(int socket, std::string* payload, std::vector<Unique
   do {
     got = recvmsg(socket, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   } while (got < 0 && errno == EINTR);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
   if (got < 0) return absl::UnavailableError(absl::StrCat("recvmsg: ", std::strerror(errno)));
   for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
     if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
@@ -93,7 +98,7 @@ absl::Status ReceiveMessage(int socket, std::string* payload, std::vector<Unique
   if (message.msg_flags & MSG_TRUNC) {
     return absl::InvalidArgumentError(absl::StrCat("a message longer than ", kMaxMessage, " bytes"));
   }
-  return absl::OkStatus();
+  return true;
 }
 
 absl::StatusOr<UniqueFd> ConnectDescriptorSocket(const std::string& path) {

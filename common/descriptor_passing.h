@@ -26,9 +26,11 @@ std::string DescriptorSocketPath(const std::string& socket_path);
 // One message and the descriptors it carries (they stay the caller's); with
 // MSG_DONTWAIT in `flags`, fails rather than wait for room.
 absl::Status SendMessage(int socket, const std::string& payload, const std::vector<int>& descriptors, int flags);
-// One message, never waiting; the descriptors it carried become the caller's (also when
-// it is refused: too many descriptors or bytes). OK with nothing when the other end closed.
-absl::Status ReceiveMessage(int socket, std::string* payload, std::vector<UniqueFd>* descriptors);
+// One message, never waiting: false when none waits (a wakeup with nothing to read),
+// else true, with an empty payload and no descriptors when the other end closed. The
+// descriptors it carried become the caller's (also when it is refused: too many
+// descriptors or bytes).
+absl::StatusOr<bool> ReceiveMessage(int socket, std::string* payload, std::vector<UniqueFd>* descriptors);
 
 // A connection to the descriptor socket at `path`.
 absl::StatusOr<UniqueFd> ConnectDescriptorSocket(const std::string& path);

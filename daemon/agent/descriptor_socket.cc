@@ -94,8 +94,10 @@ void DescriptorSocket::Accept() {
 bool DescriptorSocket::Answer(const Connection& connection) {
   std::string request;
   std::vector<UniqueFd> descriptors;
-  const absl::Status received = ReceiveMessage(connection.fd.get(), &request, &descriptors);
-  if (received.ok() && request.empty() && descriptors.empty()) return false;  // closed
+  const absl::StatusOr<bool> read = ReceiveMessage(connection.fd.get(), &request, &descriptors);
+  if (read.ok() && !*read) return true;                                   // nothing after all
+  if (read.ok() && request.empty() && descriptors.empty()) return false;  // closed
+  const absl::Status received = read.status();
   if (!received.ok() && absl::IsUnavailable(received)) return false;
   const auto answer = [&](const std::string& payload, const std::vector<int>& passed = {}) {
     // Never waits: a peer that reads no answers loses its connection.

@@ -245,5 +245,28 @@ TEST_CASE("a registration maps the memfd it passed; a peer fetches a target's, n
   CHECK(OpenDescriptors() == before);
 }
 
+TEST_CASE("a read with nothing waiting says so and keeps the connection", "[descriptors]") {
+  int pair[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+  std::string payload = "stale";
+  std::vector<UniqueFd> descriptors;
+  absl::StatusOr<bool> read = ReceiveMessage(ours.get(), &payload, &descriptors);
+  REQUIRE(read.ok());
+  CHECK_FALSE(*read);
+  UniqueFd memfd = Memfd(64);
+  REQUIRE(SendMessage(theirs.get(), "P", {memfd.get()}, 0).ok());
+  read = ReceiveMessage(ours.get(), &payload, &descriptors);
+  REQUIRE(read.ok());
+  CHECK(*read);
+  CHECK(payload == "P");
+  CHECK(descriptors.size() == 1);
+  theirs = UniqueFd();
+  read = ReceiveMessage(ours.get(), &payload, &descriptors);
+  REQUIRE(read.ok());
+  CHECK(*read);
+  CHECK(payload.empty());
+}
+
 }  // namespace
 }  // namespace shardsync::agent
