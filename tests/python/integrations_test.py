@@ -476,6 +476,10 @@ class TensorBufferTest(unittest.TestCase):
             shm.seek(handle.offset_bytes)
             self.assertEqual(shm.read(nbytes), view.numpy().tobytes())
 
+    def test_a_tensor_neither_on_cuda_nor_on_the_cpu_is_refused_naming_its_device(self):
+        with self.assertRaisesRegex(ValueError, "not one on 'meta'"):
+            tensor_buffer(torch.empty(4, device="meta"))
+
     def test_a_storage_shared_under_the_other_strategy_moves_and_its_views_follow(self):
         torch.multiprocessing.set_sharing_strategy("file_system")
         whole, view = self.tensor()

@@ -14,6 +14,10 @@ from shardsync import shardsync_pb2, shardsync_pb2_grpc
 
 __all__ = ["AgentClient", "BufferLike", "CoordinatorClient", "DescriptorBuffer", "Registration", "ShardsyncError"]
 
+# An agent serving the unix socket PATH takes passed memory on PATH + this (the agent's
+# DescriptorSocketPath).
+_DESCRIPTOR_SOCKET_SUFFIX = ".fds"
+
 
 class BufferLike(Protocol):
     """A registered buffer: SharedBuffer, torch_support's CUDA buffers."""
@@ -116,7 +120,7 @@ class AgentClient:
                         timeout: float) -> Tuple[socket.socket, str]:
         """Passes `fd` on the agent's descriptor socket (connecting first if `connection`
         is None): the connection and the token the agent answered."""
-        path = self._socket_path + ".fds"
+        path = self._socket_path + _DESCRIPTOR_SOCKET_SUFFIX
         try:
             if connection is None:
                 connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

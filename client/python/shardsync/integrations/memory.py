@@ -29,24 +29,20 @@ def tensor_buffer(tensor: torch.Tensor) -> Union[Tuple[shardsync_pb2.MemoryHandl
     if tensor.is_cuda:
         from shardsync.torch_support import cuda_buffer
         return cuda_buffer(tensor)
+    if tensor.device.type != "cpu":
+        raise ValueError(f"a shardsync buffer is a CUDA or CPU tensor, not one on '{tensor.device}'")
     storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
     storage_bytes = storage.nbytes() if callable(getattr(storage, "nbytes", None)) else storage.size() * tensor.element_size()
     nbytes = tensor.numel() * tensor.element_size()
     by_name = torch.multiprocessing.get_sharing_strategy() == "file_system"
     if not storage.is_shared():
         storage.share_memory_()
-    try:
-        if by_name:
-            name = storage._share_filename_cpu_()[1].decode()
-            object_bytes = os.path.getsize("/dev/shm" + name)
-        else:
-            fd = storage._share_fd_cpu_()[0]
-            object_bytes = os.fstat(fd).st_size
-    except RuntimeError as error:
-        raise ShardsyncError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"this tensor's storage cannot be shared under torch's sharing strategy "
-            f"'{torch.multiprocessing.get_sharing_strategy()}': {error}") from None
+    if by_name:
+        name = storage._share_filename_cpu_()[1].decode()
+        object_bytes = os.path.getsize("/dev/shm" + name)
+    else:
+        fd = storage._share_fd_cpu_()[0]
+        object_bytes = os.fstat(fd).st_size
     # torch's shared memory may start with a header (a reference count) before the data.
     header = object_bytes - storage_bytes
     if header < 0:
