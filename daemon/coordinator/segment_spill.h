@@ -1,8 +1,10 @@
 // Each rank's segments of a streamed plan, in plan order, kept in a file until the
 // rank's schedule is made: while a plan streams, memory holds one block per rank, and a
-// rank's segments are read back alone. The file has no name (made and unlinked at once)
-// and is closed with the object, so nothing is left behind on any exit. Add and Finish
-// from one thread; Read after Finish, from any.
+// rank's segments are read back alone. A block is written compact: each field of a
+// segment as the zigzag varint of its difference from the block's previous segment
+// (a rank's segments mostly continue each other: 20-30 bytes, not 88). The file has no
+// name (made and unlinked at once) and is closed with the object, so nothing is left
+// behind on any exit. Add and Finish from one thread; Read after Finish, from any.
 #pragma once
 
 #include <cstdint>
@@ -32,14 +34,15 @@ class SegmentSpill {
   absl::Status Add(absl::Span<const planner::Segment> segments);
   // Writes what the blocks still hold; no Add after it.
   absl::Status Finish();
-  // `rank`'s segments, in plan order.
+  // `rank`'s segments, in plan order; the axes past a segment's `axes` read as zero.
   absl::StatusOr<planner::BlockVector<planner::Segment>> Read(int32_t rank) const;
   int64_t file_bytes() const { return end_; }
 
  private:
   struct Block {
     int64_t offset = 0;
-    int64_t count = 0;
+    int64_t bytes = 0;
+    int64_t count = 0;  // segments
   };
   SegmentSpill(int fd, std::string directory, int32_t num_ranks);
   absl::Status Append(int32_t rank, const planner::Segment& segment);
@@ -50,6 +53,7 @@ class SegmentSpill {
   int64_t end_ = 0;
   std::vector<std::vector<planner::Segment>> open_;  // by rank: the block being filled
   std::vector<std::vector<Block>> blocks_;           // by rank: the blocks written, in order
+  std::vector<uint8_t> encoded_;                     // Flush's buffer
 };
 
 }  // namespace shardsync::coordinator
