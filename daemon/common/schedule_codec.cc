@@ -1,9 +1,8 @@
 #include "daemon/common/schedule_codec.h"
 
-#include <algorithm>
 #include <cstring>
-#include <map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "spec/layout_spec.h"
@@ -73,18 +72,16 @@ class RequestEncoder {
   // A buffer of this rank, named once; -1 on the other rank's side (its agent names it).
   int32_t Buffer(planner::Holder h) {
     if (h.rank != rank_) return -1;
-    auto it = std::find(named_buffers_.begin(), named_buffers_.end(), h.buffer);  // a rank has a few
-    if (it != named_buffers_.end()) return static_cast<int32_t>(it - named_buffers_.begin());
-    named_buffers_.push_back(h.buffer);
-    request_->add_buffer_names(buffer_names_.at(h.buffer));
-    return static_cast<int32_t>(named_buffers_.size()) - 1;
+    const auto [it, added] = named_buffers_.try_emplace(h.buffer, request_->buffer_names_size());
+    if (added) request_->add_buffer_names(buffer_names_.at(h.buffer));
+    return it->second;
   }
   // The other rank's buffer a segment this rank sends writes (the direct path may):
   // -2 - its index in peer_buffers, each named once.
   int32_t PeerBuffer(planner::Holder h) {
-    auto it = std::find(named_peer_buffers_.begin(), named_peer_buffers_.end(), h);
-    if (it == named_peer_buffers_.end()) {
-      it = named_peer_buffers_.insert(named_peer_buffers_.end(), h);
+    const uint64_t key = (static_cast<uint64_t>(h.rank) << 32) | static_cast<uint32_t>(h.buffer);
+    const auto [it, added] = named_peer_buffers_.try_emplace(key, request_->peer_buffers_size());
+    if (added) {
       v1::PeerBuffer* peer = request_->add_peer_buffers();
       peer->set_rank(h.rank);
       peer->set_name(buffer_names_.at(h.buffer));
@@ -92,7 +89,7 @@ class RequestEncoder {
         if (b.holder == h) peer->set_scratch_bytes(b.bytes);
       }
     }
-    return -2 - static_cast<int32_t>(it - named_peer_buffers_.begin());
+    return -2 - it->second;
   }
 
  private:
@@ -101,10 +98,11 @@ class RequestEncoder {
   const std::vector<std::string>& buffer_names_;
   v1::PrepareRequest* request_;
   int32_t records_ = 0;
-  std::map<int32_t, int32_t> tensors_;  // plan tensor -> request tensor
+  absl::flat_hash_map<int32_t, int32_t> tensors_;  // plan tensor -> request tensor
   int32_t last_tensor_ = -1, last_request_tensor_ = -1;
-  std::vector<int32_t> named_buffers_;               // plan buffer ids, by buffer_names index
-  std::vector<planner::Holder> named_peer_buffers_;  // by peer_buffers index
+  // A rank may hold a buffer a parameter, and write thousands of its peers'.
+  absl::flat_hash_map<int32_t, int32_t> named_buffers_;        // plan buffer -> buffer_names index
+  absl::flat_hash_map<uint64_t, int32_t> named_peer_buffers_;  // (rank, buffer) -> peer_buffers index
 };
 
 void EncodeStream(const planner::PeerStream& stream, const std::vector<int32_t>& record_of, v1::PeerStreamSpec* out) {
