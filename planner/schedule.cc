@@ -169,9 +169,10 @@ struct RoundCounter::Links {
     ChunkCutter cutter;
     int64_t bytes = 0;
   };
-  // By stage, by (sender, receiver) packed in 64 bits.
-  std::vector<absl::flat_hash_map<uint64_t, Link>> links;
-  // The link of (last_stage, last_pair): a target's pieces come one after another.
+  // By stage, by receiver, by sender: a target's pieces come one after another, so the
+  // small table of one receiver stays in cache (one table of all pairs did not).
+  std::vector<std::vector<absl::flat_hash_map<int32_t, Link>>> links;
+  // The link of (last_stage, last_pair): consecutive pieces mostly share it.
   Link* last = nullptr;
   int8_t last_stage = -1;
   uint64_t last_pair = 0;
@@ -189,8 +190,8 @@ absl::Status RoundCounter::Add(absl::Span<const Segment> segments) {
     SHARDSYNC_ASSIGN_OR_RETURN(const int64_t element, l.budget.Add(s, tensor_names_.at(s.tensor)));
     const uint64_t pair = (static_cast<uint64_t>(s.src.rank) << 32) | static_cast<uint32_t>(s.dst.rank);
     if (l.last == nullptr || pair != l.last_pair || s.stage != l.last_stage) {
-      while (static_cast<int32_t>(l.links.size()) <= s.stage) l.links.emplace_back();
-      l.last = &l.links[s.stage].try_emplace(pair, l.budget.budget()).first->second;
+      while (static_cast<int32_t>(l.links.size()) <= s.stage) l.links.emplace_back(num_ranks_);
+      l.last = &l.links[s.stage][s.dst.rank].try_emplace(s.src.rank, l.budget.budget()).first->second;
       l.last_pair = pair;
       l.last_stage = s.stage;
     }
@@ -216,10 +217,10 @@ RoundCounts RoundCounter::Finish(int32_t stages) {
   counts.chunks.assign(num_ranks_, 0);
   for (int32_t k = 0; k < stages; ++k) {
     std::vector<int32_t>& rounds = counts.rounds.emplace_back(num_ranks_, 0);
-    if (k < static_cast<int32_t>(links_->links.size())) {
-      for (auto& [pair, link] : links_->links[k]) {
+    if (k >= static_cast<int32_t>(links_->links.size())) continue;
+    for (int32_t to = 0; to < num_ranks_; ++to) {
+      for (auto& [from, link] : links_->links[k][to]) {
         link.cutter.Finish(nullptr);
-        const int32_t from = static_cast<int32_t>(pair >> 32), to = static_cast<int32_t>(pair & 0xffffffffu);
         counts.link_bytes[{from, to}] += link.bytes;
         const int32_t chunks = static_cast<int32_t>(link.cutter.chunks());
         for (int32_t rank : {from, to}) {
