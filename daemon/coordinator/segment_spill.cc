@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -19,10 +20,10 @@ namespace {
 using google::protobuf::internal::WireFormatLite;
 
 constexpr int kMaxVarintBytes = 10;
-// Fields of a segment with every axis: 11 scalars and three per axis.
-constexpr int kMaxFields = 11 + 3 * planner::kMaxAxes;
+constexpr int kMaxFields = SegmentSpill::kMaxFields;
 
-// Calls `field(value)` on each field of `s` that a block keeps, in the order written.
+// Calls `field(value)` on each field of `s` that a block keeps, in the order written:
+// SegmentSpill::kScalarFields, then three an axis.
 template <typename Segment, typename Field>
 void ForEachField(Segment& s, Field field) {
   field(s.tensor);
@@ -48,26 +49,12 @@ int64_t AsInt(T value) {
   return static_cast<int64_t>(value);
 }
 
-// Appends `segments`, each against the one before it (the first against a zero
-// segment), at `out`; returns the end.
-uint8_t* Encode(const std::vector<planner::Segment>& segments, uint8_t* out) {
-  const planner::Segment zero{};
-  const planner::Segment* previous = &zero;
-  for (const planner::Segment& s : segments) {
-    int64_t before[kMaxFields];
-    int n = 0;
-    ForEachField(*previous, [&](const auto& value) { before[n++] = AsInt(value); });
-    // Axes `previous` lacks compare with zero.
-    for (int k = n; k < kMaxFields; ++k) before[k] = 0;
-    n = 0;
-    ForEachField(s, [&](const auto& value) {
-      const uint64_t difference = static_cast<uint64_t>(AsInt(value)) - static_cast<uint64_t>(before[n++]);
-      out = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
-          WireFormatLite::ZigZagEncode64(static_cast<int64_t>(difference)), out);
-    });
-    previous = &s;
-  }
-  return out;
+// `s`'s fields in the order written, zero past its axes.
+std::array<int64_t, kMaxFields> Fields(const planner::Segment& s) {
+  std::array<int64_t, kMaxFields> fields{};
+  int n = 0;
+  ForEachField(s, [&](const auto& value) { fields[n++] = AsInt(value); });
+  return fields;
 }
 
 template <typename T>
@@ -108,18 +95,29 @@ absl::Status SegmentSpill::Append(int32_t rank, const planner::Segment& segment)
   if (rank < 0 || rank >= static_cast<int32_t>(open_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("a segment of rank ", rank, " in a plan of ", open_.size()));
   }
-  std::vector<planner::Segment>& block = open_[rank];
-  if (block.empty()) block.reserve(kBlockSegments);
-  block.push_back(segment);
-  return block.size() == kBlockSegments ? Flush(rank) : absl::OkStatus();
+  OpenBlock& block = open_[rank];
+  if (block.bytes.capacity() == 0) block.bytes.reserve(kBlockBytes + kMaxFields * kMaxVarintBytes);
+  const size_t at = block.bytes.size();
+  block.bytes.resize(at + kMaxFields * kMaxVarintBytes);
+  uint8_t* out = block.bytes.data() + at;
+  const std::array<int64_t, kMaxFields> fields = Fields(segment);
+  const int written = SegmentSpill::kScalarFields + 3 * segment.axes;  // not the axes it lacks
+  for (int k = 0; k < written; ++k) {
+    const uint64_t difference = static_cast<uint64_t>(fields[k]) - static_cast<uint64_t>(block.previous[k]);
+    out = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+        WireFormatLite::ZigZagEncode64(static_cast<int64_t>(difference)), out);
+  }
+  block.bytes.resize(out - block.bytes.data());
+  block.previous = fields;
+  ++block.count;
+  return block.bytes.size() >= kBlockBytes ? Flush(rank) : absl::OkStatus();
 }
 
 absl::Status SegmentSpill::Flush(int32_t rank) {
-  std::vector<planner::Segment>& block = open_[rank];
-  if (block.empty()) return absl::OkStatus();
-  encoded_.resize(block.size() * kMaxFields * kMaxVarintBytes);
-  const char* data = reinterpret_cast<const char*>(encoded_.data());
-  const int64_t bytes = Encode(block, encoded_.data()) - encoded_.data();
+  OpenBlock& block = open_[rank];
+  if (block.count == 0) return absl::OkStatus();
+  const char* data = reinterpret_cast<const char*>(block.bytes.data());
+  const int64_t bytes = static_cast<int64_t>(block.bytes.size());
   for (int64_t done = 0; done < bytes;) {
     const ssize_t n = pwrite(fd_, data + done, bytes - done, end_ + done);
     if (n < 0 && errno == EINTR) continue;
@@ -131,18 +129,19 @@ absl::Status SegmentSpill::Flush(int32_t rank) {
     }
     done += n;
   }
-  blocks_[rank].push_back(Block{end_, bytes, static_cast<int64_t>(block.size())});
+  blocks_[rank].push_back(Block{end_, bytes, block.count});
   end_ += bytes;
-  block.clear();
+  block.bytes.clear();
+  block.count = 0;
+  block.previous = {};
   return absl::OkStatus();
 }
 
 absl::Status SegmentSpill::Finish() {
   for (int32_t rank = 0; rank < static_cast<int32_t>(open_.size()); ++rank) {
     SHARDSYNC_RETURN_IF_ERROR(Flush(rank));
-    std::vector<planner::Segment>().swap(open_[rank]);
+    std::vector<uint8_t>().swap(open_[rank].bytes);
   }
-  std::vector<uint8_t>().swap(encoded_);
   return absl::OkStatus();
 }
 
@@ -166,15 +165,11 @@ absl::StatusOr<planner::BlockVector<planner::Segment>> SegmentSpill::Read(int32_
       done += n;
     }
     google::protobuf::io::CodedInputStream in(encoded.data(), static_cast<int>(b.bytes));
-    planner::Segment previous{};
+    std::array<int64_t, kMaxFields> before{};
     for (int64_t i = 0; i < b.count; ++i) {
-      int64_t before[kMaxFields];
-      int n = 0;
-      ForEachField(previous, [&](const auto& value) { before[n++] = AsInt(value); });
-      for (int k = n; k < kMaxFields; ++k) before[k] = 0;
       planner::Segment s{};
       bool ok = true;
-      n = 0;
+      int n = 0;
       // `axes`, read third, bounds the loop over the axes that follow it.
       ForEachField(s, [&](auto& field) {
         uint64_t zigzag = 0;
@@ -188,7 +183,7 @@ absl::StatusOr<planner::BlockVector<planner::Segment>> SegmentSpill::Read(int32_
       });
       if (!ok) return failed("a block does not decode");
       segments.push_back(s);
-      previous = s;
+      before = Fields(s);
     }
     if (in.CurrentPosition() != b.bytes) return failed("a block is longer than its segments");
   }

@@ -1,12 +1,13 @@
 // Each rank's segments of a streamed plan, in plan order, kept in a file until the
 // rank's schedule is made: while a plan streams, memory holds one block per rank, and a
-// rank's segments are read back alone. A block is written compact: each field of a
-// segment as the zigzag varint of its difference from the block's previous segment
-// (a rank's segments mostly continue each other: 20-30 bytes, not 88). The file has no
+// rank's segments are read back alone. A block is kept compact: each field of a segment
+// as the zigzag varint of its difference from the block's previous segment (a rank's
+// segments mostly continue each other: 15-20 bytes, not 88). The file has no
 // name (made and unlinked at once) and is closed with the object, so nothing is left
 // behind on any exit. Add and Finish from one thread; Read after Finish, from any.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,8 +22,12 @@ namespace shardsync::coordinator {
 
 class SegmentSpill {
  public:
-  // Segments a block holds: what one rank keeps in memory while the plan streams.
-  static constexpr size_t kBlockSegments = 512;
+  // A block's bytes, at least (one segment more at most): what one rank keeps in memory
+  // while the plan streams, and what a read of its segments gets at once.
+  static constexpr size_t kBlockBytes = 64 << 10;
+  // A segment is written as its 11 scalar fields and 3 a used axis.
+  static constexpr int kScalarFields = 11;
+  static constexpr int kMaxFields = kScalarFields + 3 * planner::kMaxAxes;
 
   // A file in `directory` for a plan of `num_ranks` ranks; the error names the directory.
   static absl::StatusOr<std::unique_ptr<SegmentSpill>> Create(const std::string& directory, int32_t num_ranks);
@@ -51,9 +56,13 @@ class SegmentSpill {
   int fd_;
   std::string directory_;
   int64_t end_ = 0;
-  std::vector<std::vector<planner::Segment>> open_;  // by rank: the block being filled
-  std::vector<std::vector<Block>> blocks_;           // by rank: the blocks written, in order
-  std::vector<uint8_t> encoded_;                     // Flush's buffer
+  struct OpenBlock {
+    std::vector<uint8_t> bytes;                  // encoded
+    int64_t count = 0;                           // segments
+    std::array<int64_t, kMaxFields> previous{};  // the last segment's fields
+  };
+  std::vector<OpenBlock> open_;             // by rank: the block being filled
+  std::vector<std::vector<Block>> blocks_;  // by rank: the blocks written, in order
 };
 
 }  // namespace shardsync::coordinator

@@ -95,7 +95,8 @@ TEST_CASE("the plan's file has no name, and a directory it cannot use is named")
   planner::Segment s;
   s.src.rank = 0;
   s.dst.rank = 1;
-  for (size_t i = 0; i < SegmentSpill::kBlockSegments + 3; ++i) {
+  const size_t count = SegmentSpill::kBlockBytes / 4;  // several blocks: each segment takes 14 bytes or more
+  for (size_t i = 0; i < count; ++i) {
     s.src_base = static_cast<int64_t>(i);
     REQUIRE((*spill)->Add(absl::MakeConstSpan(&s, 1)).ok());
   }
@@ -103,7 +104,7 @@ TEST_CASE("the plan's file has no name, and a directory it cannot use is named")
   for (int32_t rank : {0, 1}) {
     const absl::StatusOr<planner::BlockVector<planner::Segment>> read = (*spill)->Read(rank);
     REQUIRE(read.ok());
-    REQUIRE(read->size() == SegmentSpill::kBlockSegments + 3);
+    REQUIRE(read->size() == count);
     for (size_t i = 0; i < read->size(); ++i) CHECK((*read)[i].src_base == static_cast<int64_t>(i));
   }
   CHECK((*spill)->Read(2).status().code() == absl::StatusCode::kInvalidArgument);
@@ -140,7 +141,7 @@ TEST_CASE("the plan's file gives back every field of any segment, each rank's in
   absl::StatusOr<std::unique_ptr<SegmentSpill>> spill = SegmentSpill::Create(std::getenv("TEST_TMPDIR"), kRanks);
   REQUIRE(spill.ok());
   std::vector<std::vector<planner::Segment>> expected(kRanks);
-  for (int i = 0; i < 3000; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     planner::Segment s;
     s.src = {static_cast<int32_t>(pick(0, kRanks - 1)), static_cast<int32_t>(pick(0, 1'000'000))};
     s.dst = {static_cast<int32_t>(pick(0, kRanks - 1)), static_cast<int32_t>(pick(0, 1'000'000))};
