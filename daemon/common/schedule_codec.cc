@@ -148,10 +148,11 @@ SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index) {
   return r;
 }
 
-std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
-                                                 absl::Span<const planner::Schedule> schedules,
-                                                 const std::vector<std::string>& given_names,
-                                                 google::protobuf::Arena& arena) {
+namespace {
+
+// EncodeSchedules into `requests`, one for each schedule.
+void EncodeInto(const planner::Plan& plan, absl::Span<const planner::Schedule> schedules,
+                const std::vector<std::string>& given_names, absl::Span<v1::PrepareRequest* const> requests) {
   // The scratch buffers of the quantizes are the plan's own (planner/quantize.h).
   std::vector<std::string> names_with_scratch;
   const std::vector<std::string>& buffer_names = plan.scratch.empty() ? given_names : names_with_scratch;
@@ -167,10 +168,9 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
   std::vector<int32_t> encoder_of(plan.num_ranks, -1);  // by rank
   std::vector<RequestEncoder> encoders;
   encoders.reserve(schedules.size());
-  for (const planner::Schedule& schedule : schedules) {
-    encoder_of.at(schedule.rank) = static_cast<int32_t>(encoders.size());
-    encoders.emplace_back(plan, schedule, buffer_names,
-                          google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena));
+  for (size_t k = 0; k < schedules.size(); ++k) {
+    encoder_of.at(schedules[k].rank) = static_cast<int32_t>(k);
+    encoders.emplace_back(plan, schedules[k], buffer_names, requests[k]);
   }
   // Records in plan order: one pass over the plan, read where it lies (a rank's segments
   // are spread over all of it: fetching them rank by rank missed the cache on each).
@@ -182,7 +182,6 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
     if (s.dst.rank == s.src.rank) continue;  // a local copy: one record
     if (const int32_t e = encoder_of[s.dst.rank]; e >= 0) receiver_record[i] = encoders[e].Add(s);
   }
-  std::vector<v1::PrepareRequest*> requests;
   for (size_t k = 0; k < schedules.size(); ++k) {
     const planner::Schedule& schedule = schedules[k];
     RequestEncoder& encoder = encoders[k];
@@ -228,15 +227,29 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
       for (int64_t v : f.fill.strides) fill->add_strides(v);
       fill->set_dtype(spec::FromDType(f.dtype));
     }
-    requests.push_back(&request);
   }
+}
+
+}  // namespace
+
+std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
+                                                 absl::Span<const planner::Schedule> schedules,
+                                                 const std::vector<std::string>& buffer_names,
+                                                 google::protobuf::Arena& arena) {
+  std::vector<v1::PrepareRequest*> requests;
+  for (size_t k = 0; k < schedules.size(); ++k) {
+    requests.push_back(google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena));
+  }
+  EncodeInto(plan, schedules, buffer_names, requests);
   return requests;
 }
 
 v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
                                   const std::vector<std::string>& buffer_names) {
-  google::protobuf::Arena arena;
-  return *EncodeSchedules(plan, absl::MakeConstSpan(&schedule, 1), buffer_names, arena).front();
+  v1::PrepareRequest request;  // its own, not an arena's: returned without a copy
+  v1::PrepareRequest* const out = &request;
+  EncodeInto(plan, absl::MakeConstSpan(&schedule, 1), buffer_names, absl::MakeConstSpan(&out, 1));
+  return request;
 }
 
 }  // namespace shardsync::daemon
