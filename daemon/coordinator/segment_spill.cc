@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -63,8 +62,6 @@ void Assign(T& field, int64_t value) {
 }
 
 }  // namespace
-
-static_assert(std::is_trivially_copyable_v<planner::Segment>, "segments are copied as plain memory");
 
 absl::StatusOr<std::unique_ptr<SegmentSpill>> SegmentSpill::Create(const std::string& directory, int32_t num_ranks) {
   std::string path = absl::StrCat(directory, "/shardsync-plan-XXXXXX");
