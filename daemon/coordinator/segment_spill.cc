@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -20,6 +22,7 @@ using google::protobuf::internal::WireFormatLite;
 
 constexpr int kMaxVarintBytes = 10;
 constexpr int kMaxFields = SegmentSpill::kMaxFields;
+constexpr int kAxesField = 2;  // ForEachField's third
 
 // Calls `field(value)` on each field of `s` that a block keeps, in the order written:
 // SegmentSpill::kScalarFields, then three an axis.
@@ -43,23 +46,26 @@ void ForEachField(Segment& s, Field field) {
   }
 }
 
-template <typename T>
-int64_t AsInt(T value) {
-  return static_cast<int64_t>(value);
-}
+using Fields = std::array<int64_t, kMaxFields>;
 
 // `s`'s fields in the order written, zero past its axes.
-std::array<int64_t, kMaxFields> Fields(const planner::Segment& s) {
-  std::array<int64_t, kMaxFields> fields{};
+Fields FieldsOf(const planner::Segment& s) {
+  Fields fields{};
   int n = 0;
-  ForEachField(s, [&](const auto& value) { fields[n++] = AsInt(value); });
+  ForEachField(s, [&](const auto& value) { fields[n++] = static_cast<int64_t>(value); });
   return fields;
 }
 
-template <typename T>
-void Assign(T& field, int64_t value) {
-  field = static_cast<T>(value);
+// The segment of `fields` (FieldsOf's inverse; its axes were checked).
+planner::Segment SegmentOf(const Fields& fields) {
+  planner::Segment s{};
+  int n = 0;
+  // `axes` is set third, before ForEachField reads it to walk the axes.
+  ForEachField(s, [&](auto& field) { field = static_cast<std::remove_reference_t<decltype(field)>>(fields[n++]); });
+  return s;
 }
+
+int FieldCount(int64_t axes) { return SegmentSpill::kScalarFields + 3 * static_cast<int>(axes); }
 
 }  // namespace
 
@@ -92,19 +98,21 @@ absl::Status SegmentSpill::Append(int32_t rank, const planner::Segment& segment)
   if (rank < 0 || rank >= static_cast<int32_t>(open_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("a segment of rank ", rank, " in a plan of ", open_.size()));
   }
-  OpenBlock& block = open_[rank];
-  if (block.bytes.capacity() == 0) block.bytes.reserve(kBlockBytes + kMaxFields * kMaxVarintBytes);
-  const size_t at = block.bytes.size();
-  block.bytes.resize(at + kMaxFields * kMaxVarintBytes);
-  uint8_t* out = block.bytes.data() + at;
-  const std::array<int64_t, kMaxFields> fields = Fields(segment);
-  const int written = SegmentSpill::kScalarFields + 3 * segment.axes;  // not the axes it lacks
-  for (int k = 0; k < written; ++k) {
-    const uint64_t difference = static_cast<uint64_t>(fields[k]) - static_cast<uint64_t>(block.previous[k]);
-    out = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
-        WireFormatLite::ZigZagEncode64(static_cast<int64_t>(difference)), out);
+  if (segment.axes < 1 || segment.axes > planner::kMaxAxes) {
+    return absl::InvalidArgumentError(absl::StrCat("a segment of ", segment.axes, " axes"));
   }
-  block.bytes.resize(out - block.bytes.data());
+  OpenBlock& block = open_[rank];
+  // Once a rank has segments, its block holds one more than kBlockBytes at most.
+  if (block.bytes.capacity() == 0) block.bytes.reserve(kBlockBytes + kMaxFields * kMaxVarintBytes);
+  const Fields fields = FieldsOf(segment);
+  uint8_t encoded[kMaxFields * kMaxVarintBytes];
+  uint8_t* end = encoded;
+  for (int k = 0; k < FieldCount(segment.axes); ++k) {
+    const uint64_t difference = static_cast<uint64_t>(fields[k]) - static_cast<uint64_t>(block.previous[k]);
+    end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+        WireFormatLite::ZigZagEncode64(static_cast<int64_t>(difference)), end);
+  }
+  block.bytes.insert(block.bytes.end(), encoded, end);
   block.previous = fields;
   ++block.count;
   return block.bytes.size() >= kBlockBytes ? Flush(rank) : absl::OkStatus();
@@ -162,25 +170,23 @@ absl::StatusOr<planner::BlockVector<planner::Segment>> SegmentSpill::Read(int32_
       done += n;
     }
     google::protobuf::io::CodedInputStream in(encoded.data(), static_cast<int>(b.bytes));
-    std::array<int64_t, kMaxFields> before{};
-    for (int64_t i = 0; i < b.count; ++i) {
-      planner::Segment s{};
-      bool ok = true;
-      int n = 0;
-      // `axes`, read third, bounds the loop over the axes that follow it.
-      ForEachField(s, [&](auto& field) {
+    Fields fields{};  // the previous segment's, then this one's
+    const auto read = [&](int from, int to) {
+      for (int k = from; k < to; ++k) {
         uint64_t zigzag = 0;
-        ok = ok && in.ReadVarint64(&zigzag);
-        const uint64_t difference = static_cast<uint64_t>(WireFormatLite::ZigZagDecode64(zigzag));
-        Assign(field, static_cast<int64_t>(static_cast<uint64_t>(before[n++]) + difference));
-        if (s.axes < 0 || s.axes > planner::kMaxAxes) {
-          ok = false;
-          s.axes = 0;
-        }
-      });
-      if (!ok) return failed("a block does not decode");
-      segments.push_back(s);
-      before = Fields(s);
+        if (!in.ReadVarint64(&zigzag)) return false;
+        fields[k] = static_cast<int64_t>(static_cast<uint64_t>(fields[k]) +
+                                         static_cast<uint64_t>(WireFormatLite::ZigZagDecode64(zigzag)));
+      }
+      return true;
+    };
+    for (int64_t i = 0; i < b.count; ++i) {
+      if (!read(0, SegmentSpill::kScalarFields)) return failed("a block ends inside a segment");
+      const int64_t axes = fields[kAxesField];
+      if (axes < 1 || axes > planner::kMaxAxes) return failed(absl::StrCat("a segment of ", axes, " axes"));
+      if (!read(SegmentSpill::kScalarFields, FieldCount(axes))) return failed("a block ends inside a segment");
+      std::fill(fields.begin() + FieldCount(axes), fields.end(), 0);  // the axes it lacks, as FieldsOf
+      segments.push_back(SegmentOf(fields));
     }
     if (in.CurrentPosition() != b.bytes) return failed("a block is longer than its segments");
   }

@@ -2,7 +2,7 @@
 // rank's schedule is made: while a plan streams, memory holds one block per rank, and a
 // rank's segments are read back alone. A block is kept compact: each field of a segment
 // as the zigzag varint of its difference from the block's previous segment (a rank's
-// segments mostly continue each other: 15-20 bytes, not 88). The file has no
+// segments mostly continue each other: 15-19 bytes, not 88). The file has no
 // name (made and unlinked at once) and is closed with the object, so nothing is left
 // behind on any exit. Add and Finish from one thread; Read after Finish, from any.
 #pragma once

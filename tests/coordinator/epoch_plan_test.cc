@@ -95,12 +95,18 @@ TEST_CASE("the plan's file has no name, and a directory it cannot use is named")
   planner::Segment s;
   s.src.rank = 0;
   s.dst.rank = 1;
+  s.axes = 1;
+  s.shape[0] = s.src_strides[0] = s.dst_strides[0] = 1;
   const size_t count = SegmentSpill::kBlockBytes / 4;  // several blocks: each segment takes 14 bytes or more
   for (size_t i = 0; i < count; ++i) {
     s.src_base = static_cast<int64_t>(i);
     REQUIRE((*spill)->Add(absl::MakeConstSpan(&s, 1)).ok());
   }
+  planner::Segment no_axes = s;  // the planner never makes one
+  no_axes.axes = 0;
+  CHECK((*spill)->Add(absl::MakeConstSpan(&no_axes, 1)).code() == absl::StatusCode::kInvalidArgument);
   REQUIRE((*spill)->Finish().ok());
+  CHECK((*spill)->file_bytes() > 4 * static_cast<int64_t>(SegmentSpill::kBlockBytes));  // two blocks a rank or more
   for (int32_t rank : {0, 1}) {
     const absl::StatusOr<planner::BlockVector<planner::Segment>> read = (*spill)->Read(rank);
     REQUIRE(read.ok());
@@ -162,6 +168,7 @@ TEST_CASE("the plan's file gives back every field of any segment, each rank's in
     if (s.dst.rank != s.src.rank) expected[s.dst.rank].push_back(s);
   }
   REQUIRE((*spill)->Finish().ok());
+  CHECK((*spill)->file_bytes() > 2 * kRanks * static_cast<int64_t>(SegmentSpill::kBlockBytes));  // several blocks
   for (int32_t rank = 0; rank < kRanks; ++rank) {
     const absl::StatusOr<planner::BlockVector<planner::Segment>> read = (*spill)->Read(rank);
     REQUIRE(read.ok());
