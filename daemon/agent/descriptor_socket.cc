@@ -95,15 +95,14 @@ bool DescriptorSocket::Answer(const Connection& connection) {
   std::string request;
   std::vector<UniqueFd> descriptors;
   const absl::StatusOr<bool> read = ReceiveMessage(connection.fd.get(), &request, &descriptors);
-  if (read.ok() && !*read) return true;                                   // nothing after all
-  if (read.ok() && request.empty() && descriptors.empty()) return false;  // closed
-  const absl::Status received = read.status();
-  if (!received.ok() && absl::IsUnavailable(received)) return false;
   const auto answer = [&](const std::string& payload, const std::vector<int>& passed = {}) {
     // Never waits: a peer that reads no answers loses its connection.
     return SendMessage(connection.fd.get(), payload, passed, MSG_DONTWAIT).ok();
   };
-  if (!received.ok()) return answer(absl::StrCat("E", received.message()));
+  // A broken connection ends; a message refused (too many descriptors or bytes) is answered.
+  if (!read.ok()) return !absl::IsUnavailable(read.status()) && answer(absl::StrCat("E", read.status().message()));
+  if (!*read) return true;                                   // nothing after all
+  if (request.empty() && descriptors.empty()) return false;  // closed
   if (request == "P") {
     if (descriptors.empty()) return answer("Ea put carries at least one descriptor");
     const std::string token = UnguessableHex();

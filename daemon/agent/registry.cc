@@ -328,6 +328,10 @@ absl::StatusOr<std::vector<UniqueFd>> Registry::TargetDescriptors(const std::str
     return absl::PermissionDeniedError(absl::StrCat("buffer '", named->second, "' on rank ", rank_, " is a ",
                                                     v1::Role_Name(entry.role), ": peers write only targets"));
   }
+  if (entry.memory->descriptor() < 0) {
+    return absl::InternalError(absl::StrCat("buffer '", named->second, "' on rank ", rank_,
+                                            " was passed as descriptors, but its mapping keeps none"));
+  }
   std::vector<UniqueFd> copies;
   copies.emplace_back(fcntl(entry.memory->descriptor(), F_DUPFD_CLOEXEC, 0));
   if (!copies.back().valid()) {
