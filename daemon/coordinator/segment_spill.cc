@@ -13,12 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/wire_format_lite.h"
 
 namespace shardsync::coordinator {
 namespace {
-
-using google::protobuf::internal::WireFormatLite;
 
 constexpr int kMaxVarintBytes = 10;
 constexpr int kMaxFields = SegmentSpill::kMaxFields;
@@ -65,6 +62,11 @@ planner::Segment SegmentOf(const Fields& fields) {
   return s;
 }
 
+// A difference as an unsigned number that is small when the difference is near zero
+// either way (protobuf's sint64 encoding): 0, -1, 1, -2 ... -> 0, 1, 2, 3 ...
+uint64_t ZigZag(uint64_t difference) { return (difference << 1) ^ (0 - (difference >> 63)); }
+uint64_t UnZigZag(uint64_t zigzag) { return (zigzag >> 1) ^ (0 - (zigzag & 1)); }
+
 int FieldCount(int64_t axes) { return SegmentSpill::kScalarFields + 3 * static_cast<int>(axes); }
 
 }  // namespace
@@ -109,8 +111,7 @@ absl::Status SegmentSpill::Append(int32_t rank, const planner::Segment& segment)
   uint8_t* end = encoded;
   for (int k = 0; k < FieldCount(segment.axes); ++k) {
     const uint64_t difference = static_cast<uint64_t>(fields[k]) - static_cast<uint64_t>(block.previous[k]);
-    end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
-        WireFormatLite::ZigZagEncode64(static_cast<int64_t>(difference)), end);
+    end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(ZigZag(difference), end);
   }
   block.bytes.insert(block.bytes.end(), encoded, end);
   block.previous = fields;
@@ -175,8 +176,7 @@ absl::StatusOr<planner::BlockVector<planner::Segment>> SegmentSpill::Read(int32_
       for (int k = from; k < to; ++k) {
         uint64_t zigzag = 0;
         if (!in.ReadVarint64(&zigzag)) return false;
-        fields[k] = static_cast<int64_t>(static_cast<uint64_t>(fields[k]) +
-                                         static_cast<uint64_t>(WireFormatLite::ZigZagDecode64(zigzag)));
+        fields[k] = static_cast<int64_t>(static_cast<uint64_t>(fields[k]) + UnZigZag(zigzag));
       }
       return true;
     };

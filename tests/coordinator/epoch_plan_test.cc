@@ -1,7 +1,7 @@
 // The coordinator's streamed epoch against the whole plan: every rank's PrepareRequest,
 // made later from that rank's segments alone, is byte for byte the one the whole plan's
 // schedule encodes; the plan's file has no name, keeps every field of any segment, and its
-// errors name the directory.
+// errors name the directory; a file changed under it is refused, saying how.
 #include "daemon/coordinator/epoch_plan.h"
 
 #include <unistd.h>
@@ -119,6 +119,81 @@ TEST_CASE("the plan's file has no name, and a directory it cannot use is named")
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(missing.status().message()), Catch::Matchers::Contains(dir + "/no-such-dir"));
+}
+
+// The descriptor of the one plan's file open in this process, found as its link in
+// /proc/self/fd names it: the file has no other name.
+int PlanFileDescriptor() {
+  int found = -1;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.find("/shardsync-plan-") != std::string::npos) {
+      REQUIRE(found == -1);
+      found = std::stoi(entry.path().filename().string());
+    }
+  }
+  REQUIRE(found >= 0);
+  return found;
+}
+
+TEST_CASE("a plan's file changed under the coordinator is refused, saying how") {
+  // Each segment takes 15 bytes (its base steps by 1,000: a two-byte varint).
+  const auto spilled = [] {
+    absl::StatusOr<std::unique_ptr<SegmentSpill>> spill = SegmentSpill::Create(std::getenv("TEST_TMPDIR"), 2);
+    REQUIRE(spill.ok());
+    planner::Segment s;
+    s.src.rank = 0;
+    s.dst.rank = 1;
+    s.axes = 1;
+    s.shape[0] = s.src_strides[0] = s.dst_strides[0] = 1;
+    for (int64_t i = 0; i < static_cast<int64_t>(SegmentSpill::kBlockBytes / 8); ++i) {
+      s.src_base = i * 1000;
+      REQUIRE((*spill)->Add(absl::MakeConstSpan(&s, 1)).ok());
+    }
+    REQUIRE((*spill)->Finish().ok());
+    REQUIRE((*spill)->Read(0).ok());
+    return std::move(*spill);
+  };
+  // Rank 0's first block starts the file: `first`, then `rest`, over its first
+  // kBlockBytes bytes (rank 1's block follows it).
+  const auto overwrite = [](std::vector<uint8_t> first, uint8_t rest) {
+    first.resize(SegmentSpill::kBlockBytes, rest);
+    REQUIRE(pwrite(PlanFileDescriptor(), first.data(), first.size(), 0) == static_cast<ssize_t>(first.size()));
+  };
+  const auto refused = [](const SegmentSpill& spill, const std::string& why) {
+    const absl::StatusOr<planner::BlockVector<planner::Segment>> read = spill.Read(0);
+    REQUIRE_FALSE(read.ok());
+    CHECK(read.status().code() == absl::StatusCode::kInternal);
+    const std::string message(read.status().message());
+    CHECK_THAT(message, Catch::Matchers::Contains("rank 0's segments") &&
+                            Catch::Matchers::Contains(std::getenv("TEST_TMPDIR")) && Catch::Matchers::Contains(why));
+    CHECK(spill.Read(1).ok());  // rank 1's blocks are untouched, except by truncation
+  };
+  SECTION("truncated") {
+    const std::unique_ptr<SegmentSpill> spill = spilled();
+    REQUIRE(ftruncate(PlanFileDescriptor(), 100) == 0);
+    const absl::StatusOr<planner::BlockVector<planner::Segment>> read = spill->Read(0);
+    REQUIRE_FALSE(read.ok());
+    CHECK_THAT(std::string(read.status().message()), Catch::Matchers::Contains("short file"));
+  }
+  SECTION("a varint that never ends") {
+    const std::unique_ptr<SegmentSpill> spill = spilled();
+    overwrite({}, 0xff);
+    refused(*spill, "a block ends inside a segment");
+  }
+  SECTION("a segment of no axes") {
+    const std::unique_ptr<SegmentSpill> spill = spilled();
+    overwrite({}, 0);
+    refused(*spill, "a segment of 0 axes");
+  }
+  SECTION("segments shorter than their block") {
+    const std::unique_ptr<SegmentSpill> spill = spilled();
+    // A segment of one axis in 14 one-byte fields, then the same again and again: the
+    // block's segments end before its bytes.
+    overwrite({0, 0, 2, 0, 0, 0, 0, 2, 0, 0, 0, 2, 2, 2}, 0);
+    refused(*spill, "a block is longer than its segments");
+  }
 }
 
 TEST_CASE("the plan's file gives back every field of any segment, each rank's in order") {
