@@ -277,6 +277,36 @@ TEST_CASE("a peer gets a target's registration by name, never a source's; a new 
   CHECK(registered_at > first);
 }
 
+// Takes passed descriptors and maps them without keeping one (no backend does so today).
+class KeepsNoDescriptorBackend final : public executor::MemoryBackend {
+ public:
+  absl::string_view name() const override { return "keeps-no-descriptor"; }
+  bool Accepts(const executor::MemoryHandle& handle) const override { return handle.fd >= 0; }
+  absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Open(const executor::MemoryHandle&, int64_t bytes) override {
+    return std::unique_ptr<executor::MappedBuffer>(new FakeBuffer(bytes, std::nullopt));
+  }
+};
+
+TEST_CASE("a passed target whose mapping keeps no descriptor is named, not handed on as -1") {
+  KeepsNoDescriptorBackend backend;
+  Registry registry(2, {&backend});
+  v1::RegisterRequest request = Request("rollout", "");
+  v1::MemoryHandle* handle = request.mutable_buffers(0)->mutable_handle();
+  handle->set_descriptor_token("token-1");
+  handle->set_device(-1);  // host memory
+  ClaimedDescriptors descriptors;
+  descriptors["token-1"].emplace_back(memfd_create("registry_test", MFD_CLOEXEC));
+  REQUIRE(descriptors["token-1"].back().valid());
+  const absl::Status added = registry.Add(request, Peer{1, 1000}, nullptr, std::move(descriptors));
+  INFO(added.message());
+  REQUIRE(added.ok());
+  const absl::StatusOr<std::vector<UniqueFd>> handed = registry.TargetDescriptors("token-1");
+  CHECK(absl::IsInternal(handed.status()));
+  CHECK_THAT(std::string(handed.status().message()),
+             Contains("buffer 'arena-rollout' on rank 2 was passed as descriptors, but its mapping keeps none"));
+  CHECK(absl::IsNotFound(registry.TargetDescriptors("token-2").status()));
+}
+
 }  // namespace
 }  // namespace shardsync::agent
 
