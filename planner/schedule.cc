@@ -1,6 +1,7 @@
 #include "planner/schedule.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -236,35 +237,35 @@ RoundCounts RoundCounter::Finish(int32_t stages) {
   return counts;
 }
 
-absl::StatusOr<Schedule> MakeRankSchedule(const Plan& rank_plan, int32_t rank, int64_t staging_bytes,
-                                          absl::Span<const int32_t> first_rounds) {
-  SHARDSYNC_ASSIGN_OR_RETURN(std::vector<Schedule> schedules, MakeSchedules(rank_plan, staging_bytes));
-  if (rank < 0 || rank >= static_cast<int32_t>(schedules.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside a plan of ", schedules.size()));
-  }
-  Schedule schedule = std::move(schedules[rank]);
-  if (first_rounds.size() != schedule.stages.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("first rounds of ", first_rounds.size(), " stages for a plan of ", schedule.stages.size()));
-  }
-  for (size_t k = 0; k < schedule.stages.size(); ++k) schedule.stages[k].first_round = first_rounds[k];
-  return schedule;
-}
+namespace {
 
-absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes) {
+// The schedules of every rank of `plan` (`only_rank` none) or of `only_rank` alone (the
+// one schedule returned), from `segments` read in place of the plan's own. Stages'
+// first rounds are left zero: they come from every rank's rounds.
+absl::StatusOr<std::vector<Schedule>> SchedulesOf(const Plan& plan, const BlockVector<Segment>& segments,
+                                                  int64_t staging_bytes, std::optional<int32_t> only_rank) {
   if (staging_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("staging budget must be positive, got ", staging_bytes));
   }
-  std::vector<Schedule> schedules(plan.num_ranks);
-  for (int32_t r = 0; r < plan.num_ranks; ++r) {
-    schedules[r].rank = r;
+  if (only_rank && (*only_rank < 0 || *only_rank >= plan.num_ranks)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", *only_rank, " is outside a plan of ", plan.num_ranks));
+  }
+  std::vector<Schedule> schedules(only_rank ? 1 : plan.num_ranks);
+  for (size_t r = 0; r < schedules.size(); ++r) {
+    schedules[r].rank = only_rank ? *only_rank : static_cast<int32_t>(r);
     schedules[r].stages.resize(plan.stages);
   }
+  // Where `rank`'s schedule is made: nowhere for the ranks not asked for.
+  const auto schedule_of = [&](int32_t rank) -> Schedule* {
+    if (!only_rank) return &schedules[rank];
+    return rank == *only_rank ? &schedules[0] : nullptr;
+  };
   for (size_t i = 0; i < plan.fills.size(); ++i) {
-    schedules[plan.fills[i].fill.holder.rank].fills.push_back(static_cast<int32_t>(i));
+    if (Schedule* schedule = schedule_of(plan.fills[i].fill.holder.rank)) {
+      schedule->fills.push_back(static_cast<int32_t>(i));
+    }
   }
   LinkBudget budget(staging_bytes);
-  std::vector<std::vector<int32_t>> rounds(plan.stages, std::vector<int32_t>(plan.num_ranks, 0));  // [stage][rank]
   for (int32_t k = 0; k < plan.stages; ++k) {
     // One pass in plan order, the order both ends derive their streams from; each
     // segment is read once, where it lies (a rank's segments are spread over the plan).
@@ -274,12 +275,12 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
     std::vector<absl::flat_hash_map<int32_t, int32_t>> link_from(plan.num_ranks);
     uint64_t last_pair = ~uint64_t{0};
     int32_t last_link = -1;
-    for (size_t i = 0; i < plan.segments.size(); ++i) {
-      const Segment& s = plan.segments[i];
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const Segment& s = segments[i];
       if (s.stage != k) continue;
       const int32_t index = static_cast<int32_t>(i);
       if (s.src.rank == s.dst.rank) {
-        schedules[s.src.rank].stages[k].local_segments.push_back(index);
+        if (Schedule* schedule = schedule_of(s.src.rank)) schedule->stages[k].local_segments.push_back(index);
         continue;
       }
       SHARDSYNC_ASSIGN_OR_RETURN(const int64_t element, budget.Add(s, plan.tensor_names[s.tensor]));
@@ -311,12 +312,16 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
     };
     sort_by(false);
     for (const auto& [key, i] : order) {
+      Schedule* receiver = schedule_of(links[i].stream.peer);
+      if (receiver == nullptr) continue;
       PeerStream received = links[i].stream;
       received.peer = links[i].from;
-      schedules[links[i].stream.peer].stages[k].receives.push_back(std::move(received));
+      receiver->stages[k].receives.push_back(std::move(received));
     }
     sort_by(true);
-    for (const auto& [key, i] : order) schedules[links[i].from].stages[k].sends.push_back(std::move(links[i].stream));
+    for (const auto& [key, i] : order) {
+      if (Schedule* sender = schedule_of(links[i].from)) sender->stages[k].sends.push_back(std::move(links[i].stream));
+    }
     for (Schedule& schedule : schedules) {
       Stage& stage = schedule.stages[k];
       for (const auto* streams : {&stage.sends, &stage.receives}) {
@@ -324,18 +329,43 @@ absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t st
           stage.rounds = std::max<int32_t>(stage.rounds, static_cast<int32_t>(stream.chunks.size()));
         }
       }
-      rounds[k][schedule.rank] = stage.rounds;
     }
+  }
+  for (size_t i = 0; i < plan.quantizes.size(); ++i) {
+    const QuantizeOp& q = plan.quantizes[i];
+    if (Schedule* schedule = schedule_of(q.target.rank)) {
+      schedule->stages[q.stage].quantizes.push_back(static_cast<int32_t>(i));
+    }
+  }
+  for (Schedule& schedule : schedules) schedule.scratch_handoff = !plan.quantizes.empty();
+  return schedules;
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> MakeRankSchedule(const Plan& plan, const BlockVector<Segment>& rank_segments, int32_t rank,
+                                          int64_t staging_bytes, absl::Span<const int32_t> first_rounds) {
+  if (first_rounds.size() != static_cast<size_t>(plan.stages)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first rounds of ", first_rounds.size(), " stages for a plan of ", plan.stages));
+  }
+  SHARDSYNC_ASSIGN_OR_RETURN(std::vector<Schedule> schedules, SchedulesOf(plan, rank_segments, staging_bytes, rank));
+  Schedule schedule = std::move(schedules[0]);
+  for (size_t k = 0; k < schedule.stages.size(); ++k) schedule.stages[k].first_round = first_rounds[k];
+  return schedule;
+}
+
+absl::StatusOr<std::vector<Schedule>> MakeSchedules(const Plan& plan, int64_t staging_bytes) {
+  SHARDSYNC_ASSIGN_OR_RETURN(std::vector<Schedule> schedules,
+                             SchedulesOf(plan, plan.segments, staging_bytes, std::nullopt));
+  std::vector<std::vector<int32_t>> rounds(plan.stages, std::vector<int32_t>(plan.num_ranks, 0));  // [stage][rank]
+  for (const Schedule& schedule : schedules) {
+    for (int32_t k = 0; k < plan.stages; ++k) rounds[k][schedule.rank] = schedule.stages[k].rounds;
   }
   const std::vector<int32_t> first_rounds = FirstRounds(rounds);
   for (Schedule& schedule : schedules) {
     for (int32_t k = 0; k < plan.stages; ++k) schedule.stages[k].first_round = first_rounds[k];
   }
-  for (size_t i = 0; i < plan.quantizes.size(); ++i) {
-    const QuantizeOp& q = plan.quantizes[i];
-    schedules[q.target.rank].stages[q.stage].quantizes.push_back(static_cast<int32_t>(i));
-  }
-  for (Schedule& schedule : schedules) schedule.scratch_handoff = !plan.quantizes.empty();
   return schedules;
 }
 

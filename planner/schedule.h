@@ -123,12 +123,13 @@ class RoundCounter {
   std::unique_ptr<Links> links_;
 };
 
-// One rank's schedule from a plan that holds only that rank's segments (its sends,
-// receives and local copies, in plan order) and every fill and quantize: MakeSchedules'
-// schedule of `rank`, with each stage's first round taken from the whole plan's
-// (RoundCounts::first_rounds).
-absl::StatusOr<Schedule> MakeRankSchedule(const Plan& rank_plan, int32_t rank, int64_t staging_bytes,
-                                          absl::Span<const int32_t> first_rounds);
+// One rank's schedule from that rank's segments alone (its sends, receives and local
+// copies, in plan order), read in place of `plan`'s own (which may hold none), and the
+// plan's fills and quantizes: MakeSchedules' schedule of `rank`, with each stage's first
+// round taken from the whole plan's (RoundCounts::first_rounds). Indices into segments
+// are into `rank_segments`.
+absl::StatusOr<Schedule> MakeRankSchedule(const Plan& plan, const BlockVector<Segment>& rank_segments, int32_t rank,
+                                          int64_t staging_bytes, absl::Span<const int32_t> first_rounds);
 
 // What an executor checks of a schedule it was sent: every chunk's bytes are its parts'
 // (none empty) and fit one slot of `staging_bytes`; no stream has more chunks than its

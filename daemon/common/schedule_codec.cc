@@ -151,8 +151,10 @@ SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index) {
 namespace {
 
 // EncodeSchedules into `requests`, one for each schedule.
-void EncodeInto(const planner::Plan& plan, absl::Span<const planner::Schedule> schedules,
-                const std::vector<std::string>& given_names, absl::Span<v1::PrepareRequest* const> requests) {
+// `segments` is read in place of `plan.segments`.
+void EncodeInto(const planner::Plan& plan, const planner::BlockVector<planner::Segment>& segments,
+                absl::Span<const planner::Schedule> schedules, const std::vector<std::string>& given_names,
+                absl::Span<v1::PrepareRequest* const> requests) {
   // The scratch buffers of the quantizes are the plan's own (planner/quantize.h).
   std::vector<std::string> names_with_scratch;
   const std::vector<std::string>& buffer_names = plan.scratch.empty() ? given_names : names_with_scratch;
@@ -175,9 +177,9 @@ void EncodeInto(const planner::Plan& plan, absl::Span<const planner::Schedule> s
   // Records in plan order: one pass over the plan, read where it lies (a rank's segments
   // are spread over all of it: fetching them rank by rank missed the cache on each).
   // A segment's record index on its sender's side and on its receiver's.
-  std::vector<int32_t> sender_record(plan.segments.size(), -1), receiver_record(plan.segments.size(), -1);
-  for (size_t i = 0; i < plan.segments.size(); ++i) {
-    const planner::Segment& s = plan.segments[i];
+  std::vector<int32_t> sender_record(segments.size(), -1), receiver_record(segments.size(), -1);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const planner::Segment& s = segments[i];
     if (const int32_t e = encoder_of[s.src.rank]; e >= 0) sender_record[i] = encoders[e].Add(s);
     if (s.dst.rank == s.src.rank) continue;  // a local copy: one record
     if (const int32_t e = encoder_of[s.dst.rank]; e >= 0) receiver_record[i] = encoders[e].Add(s);
@@ -240,15 +242,21 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
   for (size_t k = 0; k < schedules.size(); ++k) {
     requests.push_back(google::protobuf::Arena::CreateMessage<v1::PrepareRequest>(&arena));
   }
-  EncodeInto(plan, schedules, buffer_names, requests);
+  EncodeInto(plan, plan.segments, schedules, buffer_names, requests);
   return requests;
 }
 
 v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
                                   const std::vector<std::string>& buffer_names) {
+  return EncodeRankSchedule(plan, plan.segments, schedule, buffer_names);
+}
+
+v1::PrepareRequest EncodeRankSchedule(const planner::Plan& plan,
+                                      const planner::BlockVector<planner::Segment>& rank_segments,
+                                      const planner::Schedule& schedule, const std::vector<std::string>& buffer_names) {
   v1::PrepareRequest request;  // its own, not an arena's: returned without a copy
   v1::PrepareRequest* const out = &request;
-  EncodeInto(plan, absl::MakeConstSpan(&schedule, 1), buffer_names, absl::MakeConstSpan(&out, 1));
+  EncodeInto(plan, rank_segments, absl::MakeConstSpan(&schedule, 1), buffer_names, absl::MakeConstSpan(&out, 1));
   return request;
 }
 

@@ -53,6 +53,11 @@ std::vector<v1::PrepareRequest*> EncodeSchedules(const planner::Plan& plan,
 // One rank's, as a message of its own (tests, seeds; it passes over the whole plan).
 v1::PrepareRequest EncodeSchedule(const planner::Plan& plan, const planner::Schedule& schedule,
                                   const std::vector<std::string>& buffer_names);
+// The same for a schedule of MakeRankSchedule: its segment indices are into
+// `rank_segments`, read in place of `plan.segments`.
+v1::PrepareRequest EncodeRankSchedule(const planner::Plan& plan,
+                                      const planner::BlockVector<planner::Segment>& rank_segments,
+                                      const planner::Schedule& schedule, const std::vector<std::string>& buffer_names);
 
 // A buffer of another rank that this rank's segments write (the direct path).
 struct PeerBufferName {

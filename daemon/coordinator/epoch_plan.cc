@@ -54,12 +54,12 @@ absl::StatusOr<EpochPlan> CompileEpoch(const planner::PlanInput& input, const st
 }
 
 absl::StatusOr<v1::PrepareRequest> ScheduleRequest(const EpochPlan& epoch, int32_t rank) {
-  planner::Plan rank_plan = epoch.planned.plan;
-  SHARDSYNC_ASSIGN_OR_RETURN(rank_plan.segments, epoch.segments->Read(rank));
+  // The plan's shared fields are read where they are, not copied for each rank.
+  SHARDSYNC_ASSIGN_OR_RETURN(const planner::BlockVector<planner::Segment> segments, epoch.segments->Read(rank));
   SHARDSYNC_ASSIGN_OR_RETURN(
       const planner::Schedule schedule,
-      planner::MakeRankSchedule(rank_plan, rank, epoch.staging_bytes, epoch.planned.first_rounds));
-  return daemon::EncodeSchedule(rank_plan, schedule, epoch.buffer_names);
+      planner::MakeRankSchedule(epoch.planned.plan, segments, rank, epoch.staging_bytes, epoch.planned.first_rounds));
+  return daemon::EncodeRankSchedule(epoch.planned.plan, segments, schedule, epoch.buffer_names);
 }
 
 }  // namespace shardsync::coordinator

@@ -245,15 +245,15 @@ TEST_CASE("a plan streamed through PlanStreamed has the whole plan's stats, dige
     }
     // Each rank's schedule from its own segments alone is the one the whole plan gives.
     for (int32_t rank = 0; rank < whole->num_ranks; ++rank) {
-      planner::Plan rank_plan = streamed->plan;
+      planner::BlockVector<planner::Segment> rank_segments;
       std::vector<int64_t> position(whole->segments.size(), -1);
       for (size_t i = 0; i < whole->segments.size(); ++i) {
         const planner::Segment& s = whole->segments[i];
         if (s.src.rank != rank && s.dst.rank != rank) continue;
-        position[i] = static_cast<int64_t>(rank_plan.segments.size());
-        rank_plan.segments.push_back(s);
+        position[i] = static_cast<int64_t>(rank_segments.size());
+        rank_segments.push_back(s);
       }
-      auto schedule = planner::MakeRankSchedule(rank_plan, rank, budget, streamed->first_rounds);
+      auto schedule = planner::MakeRankSchedule(streamed->plan, rank_segments, rank, budget, streamed->first_rounds);
       REQUIRE(schedule.ok());
       CHECK(Flatten(*schedule, [](int32_t i) { return i; }) ==
             Flatten((*schedules)[rank], [&](int32_t i) { return position[i]; }));
