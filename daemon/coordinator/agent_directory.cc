@@ -215,6 +215,7 @@ AgentDirectory::Contacts AgentDirectory::CurrentContacts() const {
   for (const auto& [rank, entry] : agents_) {
     contacts.links[rank] = entry.link;
     contacts.addresses[rank] = entry.join.address();
+    contacts.all_agree_fast = contacts.all_agree_fast && entry.join.fast_agreement();
   }
   return contacts;
 }
@@ -233,14 +234,6 @@ std::vector<int32_t> AgentDirectory::MissingRanks() const {
     if (!agents_.count(r)) missing.push_back(r);
   }
   return missing;
-}
-
-bool AgentDirectory::AllAgreeFast() const {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [rank, entry] : agents_) {
-    if (!entry.join.fast_agreement()) return false;
-  }
-  return true;
 }
 
 std::vector<int32_t> AgentDirectory::TargetRanks() const {

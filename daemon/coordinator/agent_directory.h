@@ -56,13 +56,12 @@ class AgentDirectory {
   struct Contacts {
     std::map<int32_t, std::shared_ptr<AgentLink>> links;
     std::map<int32_t, std::string> addresses;
+    bool all_agree_fast = true;  // every one agrees on its device (JoinRequest.fast_agreement)
   };
   Contacts CurrentContacts() const;
   // Every rank's JoinRequest (empty for a rank that has not joined), by rank.
   std::vector<v1::JoinRequest> Joins() const;
   std::vector<int32_t> MissingRanks() const;  // not joined
-  // Every agent agrees on its device (JoinRequest.fast_agreement).
-  bool AllAgreeFast() const;
   // The ranks that published a target tensor, ascending.
   std::vector<int32_t> TargetRanks() const;
   // Of those ranks, each with the version its agent says its targets hold (empty: they

@@ -406,7 +406,7 @@ bool SyncRunner::OneCallReady(const AgentDirectory::Contacts& contacts) const {
   // Prepare call it saves; one agent, agents whose transport agrees in one collective
   // (NCCL), and agents that all reach each other's signal boards (one host) get one call.
   if (ready_digest_.empty() || ready_digest_ != plan_->compiled.digest() || !CommunicatorValid()) return false;
-  if (options_.epoch.world_size > 1 && !directory_.AllAgreeFast() && !paths_.AllOnSignalBoards()) return false;
+  if (options_.epoch.world_size > 1 && !contacts.all_agree_fast && !paths_.AllOnSignalBoards()) return false;
   // A failed Execute may have written; a failed Prepare wrote nothing. An agent whose
   // link is down (killed between syncs) is met by Prepare, so its refusal leaves every
   // target valid.
