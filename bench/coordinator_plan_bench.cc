@@ -2,7 +2,9 @@
 // benchmark's MoE (planner/moe_layout.h): the streamed plan with each rank's segments written
 // to the plan's file (CompileEpoch), then one PrepareRequest per rank made from its
 // segments alone (ScheduleRequest), rank after rank as a Prepare fan-out limited to one
-// at a time would. Times both, the file's and the requests' size, and the peak RSS.
+// at a time would. Times both, the file's and the requests' size, and the peak RSS;
+// then the agent's first step with the largest request: its wire bytes parsed and
+// decoded into the rank's plan and schedule (DecodeSchedule, every index checked).
 //   bazel run -c opt //bench:coordinator_plan_bench -- [--moe-layers N] [--dense] [--plan-dir D]
 #include <sys/resource.h>
 
@@ -44,25 +46,40 @@ int Run(int layers, bool dense, int64_t staging_bytes, const std::string& plan_d
   if (!epoch.ok()) return std::fprintf(stderr, "%s\n", std::string(epoch.status().message()).c_str()), 1;
   const absl::Time start = absl::Now();
   int64_t bytes = 0, max_bytes = 0, records = 0;
+  int32_t max_rank = 0;
   for (int32_t rank = 0; rank < options.world_size; ++rank) {
     const absl::StatusOr<v1::PrepareRequest> request = coordinator::ScheduleRequest(*epoch, rank);
     if (!request.ok()) return std::fprintf(stderr, "%s\n", std::string(request.status().message()).c_str()), 1;
     const int64_t n = static_cast<int64_t>(request->ByteSizeLong());
     bytes += n;
-    max_bytes = std::max(max_bytes, n);
+    if (n > max_bytes) max_bytes = n, max_rank = rank;
     records += static_cast<int64_t>(request->segment_table().size() / daemon::kSegmentRecordBytes);
   }
   const double requests_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
+  getrusage(RUSAGE_SELF, &usage);  // the coordinator's peak, before the agent's step
+  // The largest request as its agent gets it: wire bytes, parsed, then decoded.
+  std::string wire;
+  {
+    const absl::StatusOr<v1::PrepareRequest> request = coordinator::ScheduleRequest(*epoch, max_rank);
+    if (!request.ok() || !request->SerializeToString(&wire)) return std::fprintf(stderr, "serializing failed\n"), 1;
+  }
+  const absl::Time decoding = absl::Now();
+  v1::PrepareRequest received;
+  if (!received.ParseFromString(wire)) return std::fprintf(stderr, "parsing rank %d's request failed\n", max_rank), 1;
+  const absl::StatusOr<daemon::LocalSchedule> decoded = daemon::DecodeSchedule(received, max_rank);
+  if (!decoded.ok()) return std::fprintf(stderr, "%s\n", std::string(decoded.status().message()).c_str()), 1;
+  const double decode_ms = absl::ToDoubleMilliseconds(absl::Now() - decoding);
   std::printf(
       "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%lld,\"segment_records\":%lld,"
       "\"plan_ms\":%.1f,\"plan_file_bytes\":%lld,\"requests_ms\":%.1f,\"encoded_bytes\":%lld,"
-      "\"max_rank_encoded_bytes\":%lld,\"digest\":\"%s\",\"layouts_rss_mib\":%ld,\"peak_rss_mib\":%ld}\n",
+      "\"max_rank_encoded_bytes\":%lld,\"max_rank_decode_ms\":%.1f,\"digest\":\"%s\",\"layouts_rss_mib\":%ld,"
+      "\"peak_rss_mib\":%ld}\n",
       layers, dense ? " with dense tensors" : ", experts", epoch->planned.plan.num_ranks,
       static_cast<long long>(epoch->planned.stats.segments), static_cast<long long>(records), plan_ms,
       static_cast<long long>(epoch->segments->file_bytes()), requests_ms, static_cast<long long>(bytes),
-      static_cast<long long>(max_bytes), epoch->digest().c_str(), before.ru_maxrss / 1024, usage.ru_maxrss / 1024);
+      static_cast<long long>(max_bytes), decode_ms, epoch->digest().c_str(), before.ru_maxrss / 1024,
+      usage.ru_maxrss / 1024);
   return 0;
 }
 
