@@ -53,7 +53,7 @@ int Run(int layers, bool dense, int64_t staging_bytes, const std::string& plan_d
     const int64_t n = static_cast<int64_t>(request->ByteSizeLong());
     bytes += n;
     if (n > max_bytes) max_bytes = n, max_rank = rank;
-    records += static_cast<int64_t>(request->segment_table().size() / daemon::kSegmentRecordBytes);
+    records += request->segment_count();
   }
   const double requests_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   rusage usage{};

@@ -1,6 +1,8 @@
 #include "daemon/common/schedule_codec.h"
 
-#include <cstring>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -10,22 +12,34 @@
 namespace shardsync::daemon {
 namespace {
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "segment records are written in host order");
-
-template <typename T>
-char* Put(char* at, const T& value) {
-  std::memcpy(at, &value, sizeof value);
-  return at + sizeof value;
-}
-template <typename T>
-const char* Get(const char* at, T& value) {
-  std::memcpy(&value, at, sizeof value);
-  return at + sizeof value;
+// Calls `field(value)` on each field of `r` the table keeps, in its order
+// (segment_fields.h: axes third, then three an axis used).
+template <typename Record, typename Field>
+void ForEachField(Record& r, Field field) {
+  field(r.tensor);
+  field(r.stage);
+  field(r.axes);
+  field(r.src_dtype);
+  field(r.dst_dtype);
+  field(r.src_rank);
+  field(r.src_buffer);
+  field(r.dst_rank);
+  field(r.dst_buffer);
+  field(r.src_base);
+  field(r.dst_base);
+  for (int k = 0; k < r.axes; ++k) {
+    field(r.shape[k]);
+    field(r.src_strides[k]);
+    field(r.dst_strides[k]);
+  }
 }
 
 // One request being encoded: its tensors and buffers, each named once.
 class RequestEncoder {
  public:
+  // What a record takes at most but rarely (a rank's segments continue each other: 15-31
+  // bytes): its table is reserved for that, and the pages not written are never touched.
+  static constexpr size_t kTypicalRecordBytes = 32;
   RequestEncoder(const planner::Plan& plan, const planner::Schedule& schedule,
                  const std::vector<std::string>& buffer_names, v1::PrepareRequest* request)
       : plan_(plan), rank_(schedule.rank), buffer_names_(buffer_names), request_(request) {
@@ -36,9 +50,10 @@ class RequestEncoder {
         for (const planner::PeerStream& stream : *streams) segments += stream.segments.size();
       }
     }
-    request_->mutable_segment_table()->reserve(segments * kSegmentRecordBytes);
+    request_->mutable_segment_table()->reserve(segments * kTypicalRecordBytes);
   }
   v1::PrepareRequest& request() { return *request_; }
+  int32_t records() const { return records_; }
 
   // Appends the record of `s`; returns its index in the table.
   int32_t Add(const planner::Segment& s) {
@@ -59,7 +74,7 @@ class RequestEncoder {
       r.src_strides[k] = s.src_strides[k];
       r.dst_strides[k] = s.dst_strides[k];
     }
-    AppendSegmentRecord(r, *request_->mutable_segment_table());
+    table_.Append(r, *request_->mutable_segment_table());
     return records_++;
   }
   int32_t Tensor(int32_t t) {
@@ -97,6 +112,7 @@ class RequestEncoder {
   int32_t rank_;
   const std::vector<std::string>& buffer_names_;
   v1::PrepareRequest* request_;
+  SegmentTableWriter table_;
   int32_t records_ = 0;
   absl::flat_hash_map<int32_t, int32_t> tensors_;  // plan tensor -> request tensor
   int32_t last_tensor_ = -1, last_request_tensor_ = -1;
@@ -122,30 +138,28 @@ void EncodeStream(const planner::PeerStream& stream, const std::vector<int32_t>&
 
 }  // namespace
 
-void AppendSegmentRecord(const SegmentRecord& r, std::string& table) {
-  char record[kSegmentRecordBytes];
-  char* at = record;
-  for (int32_t v : {r.tensor, r.src_rank, r.src_buffer, r.dst_rank, r.dst_buffer}) at = Put(at, v);
-  at = Put(at, r.src_base);
-  at = Put(at, r.dst_base);
-  for (uint8_t v : {r.src_dtype, r.dst_dtype, r.axes, r.stage}) at = Put(at, v);
-  for (const auto* axis : {&r.shape, &r.src_strides, &r.dst_strides}) {
-    for (int32_t v : *axis) at = Put(at, v);
-  }
-  table.append(record, kSegmentRecordBytes);
+void SegmentTableWriter::Append(const SegmentRecord& record, std::string& table) {
+  SegmentFields fields{};
+  int n = 0;
+  ForEachField(record, [&](const auto& value) { fields[n++] = static_cast<int64_t>(value); });
+  fields_.Append(fields, table);
 }
 
-SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index) {
-  SegmentRecord r;
-  const char* at = table.data() + index * kSegmentRecordBytes;
-  for (int32_t* v : {&r.tensor, &r.src_rank, &r.src_buffer, &r.dst_rank, &r.dst_buffer}) at = Get(at, *v);
-  at = Get(at, r.src_base);
-  at = Get(at, r.dst_base);
-  for (uint8_t* v : {&r.src_dtype, &r.dst_dtype, &r.axes, &r.stage}) at = Get(at, *v);
-  for (auto* axis : {&r.shape, &r.src_strides, &r.dst_strides}) {
-    for (int32_t& v : *axis) at = Get(at, v);
-  }
-  return r;
+absl::Status SegmentTableReader::Next(SegmentRecord& record) {
+  SegmentFields fields;
+  SHARDSYNC_RETURN_IF_ERROR(fields_.Next(fields));
+  record = SegmentRecord{};
+  int n = 0;
+  bool fits = true;
+  // `axes` is set third (checked in 1..kMaxAxes), before ForEachField reads it.
+  ForEachField(record, [&](auto& field) {
+    using Field = std::remove_reference_t<decltype(field)>;
+    const int64_t value = fields[n++];
+    fits = fits && value >= std::numeric_limits<Field>::min() && value <= std::numeric_limits<Field>::max();
+    field = static_cast<Field>(value);
+  });
+  if (!fits) return absl::InvalidArgumentError("a field outside its type");
+  return absl::OkStatus();
 }
 
 namespace {
@@ -188,6 +202,7 @@ void EncodeInto(const planner::Plan& plan, const planner::BlockVector<planner::S
     const planner::Schedule& schedule = schedules[k];
     RequestEncoder& encoder = encoders[k];
     v1::PrepareRequest& request = encoder.request();
+    request.set_segment_count(encoder.records());
     for (const planner::Stage& stage : schedule.stages) {
       v1::StageSpec* out = request.add_stages();
       for (int32_t index : stage.local_segments) out->add_local_segments(sender_record[index]);

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "daemon/common/segment_fields.h"
 #include "google/protobuf/arena.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
@@ -18,8 +19,7 @@
 
 namespace shardsync::daemon {
 
-// A segment in PrepareRequest.segment_table (the proto documents each field): written
-// and read field by field, in declaration order, little-endian, no padding.
+// A segment in PrepareRequest.segment_table (the proto documents each field).
 struct SegmentRecord {
   int32_t tensor = 0;
   int32_t src_rank = 0;
@@ -36,11 +36,27 @@ struct SegmentRecord {
   std::array<int32_t, planner::kMaxAxes> src_strides{};
   std::array<int32_t, planner::kMaxAxes> dst_strides{};
 };
-inline constexpr size_t kSegmentRecordBytes = 5 * 4 + 2 * 8 + 4 + 3 * 4 * planner::kMaxAxes;  // 88
 
-void AppendSegmentRecord(const SegmentRecord& record, std::string& table);
-// Record `index` of `table`; the caller checks that the table holds it.
-SegmentRecord ReadSegmentRecord(absl::string_view table, size_t index);
+// Writes a table record after record; `record.axes` must be in 1..planner::kMaxAxes.
+class SegmentTableWriter {
+ public:
+  void Append(const SegmentRecord& record, std::string& table);
+
+ private:
+  SegmentFieldsWriter fields_;
+};
+
+// Reads a table record after record; a field that does not fit its record's type is
+// refused as the bytes' end inside a record is.
+class SegmentTableReader {
+ public:
+  explicit SegmentTableReader(absl::string_view table) : fields_(table) {}
+  bool done() const { return fields_.done(); }
+  absl::Status Next(SegmentRecord& record);
+
+ private:
+  SegmentFieldsReader fields_;
+};
 
 // Every schedule's PrepareRequest, made on `arena`, which owns them, in the order of
 // `schedules`: one pass over the plan writes each segment into the tables of its two

@@ -81,14 +81,18 @@ class ScheduleDecoder {
   }
 
   absl::Status Segments() {
-    const std::string& table = request_.segment_table();
-    if (table.size() % kSegmentRecordBytes != 0) {
-      return Malformed(
-          absl::StrCat("a segment table of ", table.size(), " bytes (records are ", kSegmentRecordBytes, ")"));
-    }
-    for (size_t i = 0; i < table.size() / kSegmentRecordBytes; ++i) {
-      SHARDSYNC_ASSIGN_OR_RETURN(planner::Segment s, Segment(ReadSegmentRecord(table, i)));
+    if (request_.segment_count() < 0) return Malformed(absl::StrCat("segment count ", request_.segment_count()));
+    SegmentTableReader table(request_.segment_table());
+    SegmentRecord record;
+    for (int32_t i = 0; i < request_.segment_count(); ++i) {
+      if (absl::Status read = table.Next(record); !read.ok()) {
+        return Malformed(absl::StrCat("segment record ", i, " of ", request_.segment_count(), ": ", read.message()));
+      }
+      SHARDSYNC_ASSIGN_OR_RETURN(planner::Segment s, Segment(record));
       local_.plan.segments.push_back(s);
+    }
+    if (!table.done()) {
+      return Malformed(absl::StrCat("the segment table holds more than its ", request_.segment_count(), " records"));
     }
     return absl::OkStatus();
   }

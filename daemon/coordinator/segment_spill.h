@@ -1,13 +1,12 @@
 // Each rank's segments of a streamed plan, in plan order, kept in a file until the
 // rank's schedule is made: while a plan streams, memory holds one block per rank, and a
-// rank's segments are read back alone. A block is kept compact: each field of a segment
-// as the zigzag varint of its difference from the block's previous segment (a rank's
-// segments mostly continue each other: 15-19 bytes, not 88). The file has no
+// rank's segments are read back alone. A block is kept compact, as the segments of a
+// PrepareRequest are (daemon/common/segment_fields.h, from the block's start: a rank's
+// segments mostly continue each other, 15-19 bytes, not 88). The file has no
 // name (made and unlinked at once) and is closed with the object, so nothing is left
 // behind on any exit. Add and Finish from one thread; Read after Finish, from any.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "daemon/common/segment_fields.h"
 #include "planner/block_vector.h"
 #include "planner/plan.h"
 
@@ -25,9 +25,6 @@ class SegmentSpill {
   // A block's bytes, at least (one segment more at most): what one rank keeps in memory
   // while the plan streams, and what a read of its segments gets at once.
   static constexpr size_t kBlockBytes = 64 << 10;
-  // A segment is written as its 11 scalar fields and 3 a used axis.
-  static constexpr int kScalarFields = 11;
-  static constexpr int kMaxFields = kScalarFields + 3 * planner::kMaxAxes;
 
   // A file in `directory` for a plan of `num_ranks` ranks; the error names the directory.
   static absl::StatusOr<std::unique_ptr<SegmentSpill>> Create(const std::string& directory, int32_t num_ranks);
@@ -57,9 +54,9 @@ class SegmentSpill {
   std::string directory_;
   int64_t end_ = 0;
   struct OpenBlock {
-    std::vector<uint8_t> bytes;                  // encoded
-    int64_t count = 0;                           // segments
-    std::array<int64_t, kMaxFields> previous{};  // the last segment's fields
+    std::string bytes;  // encoded
+    int64_t count = 0;  // segments
+    daemon::SegmentFieldsWriter writer;
   };
   std::vector<OpenBlock> open_;             // by rank: the block being filled
   std::vector<std::vector<Block>> blocks_;  // by rank: the blocks written, in order

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,26 @@ v1::PrepareRequest ScheduleOfRankOne(planner::Segment* segment, int32_t rank = 1
   return EncodeSchedule(*plan, (*schedules)[rank], {"buffer"});
 }
 
+// The records of a request's table, each read whole.
+std::vector<SegmentRecord> RecordsOf(const v1::PrepareRequest& request) {
+  std::vector<SegmentRecord> records;
+  SegmentTableReader reader(request.segment_table());
+  for (int32_t i = 0; i < request.segment_count(); ++i) {
+    REQUIRE(reader.Next(records.emplace_back()).ok());
+  }
+  REQUIRE(reader.done());
+  return records;
+}
+
+// `request` with `records` as its table.
+v1::PrepareRequest WithRecords(v1::PrepareRequest request, const std::vector<SegmentRecord>& records) {
+  request.clear_segment_table();
+  SegmentTableWriter writer;
+  for (const SegmentRecord& r : records) writer.Append(r, *request.mutable_segment_table());
+  request.set_segment_count(static_cast<int32_t>(records.size()));
+  return request;
+}
+
 TEST_CASE("a decoded segment is the planned one, axes and strides included") {
   planner::Segment planned;
   const v1::PrepareRequest request = ScheduleOfRankOne(&planned);
@@ -59,8 +80,8 @@ TEST_CASE("a decoded segment is the planned one, axes and strides included") {
 TEST_CASE("a segment record the executor cannot use is refused, naming what is wrong") {
   planner::Segment planned;
   const v1::PrepareRequest request = ScheduleOfRankOne(&planned);
-  REQUIRE(request.segment_table().size() == kSegmentRecordBytes);
-  const SegmentRecord good = ReadSegmentRecord(request.segment_table(), 0);
+  REQUIRE(request.segment_count() == 1);
+  const SegmentRecord good = RecordsOf(request)[0];
   CHECK(good.src_buffer == -1);  // rank 0's side: its agent names it
   CHECK(good.dst_buffer == 0);
   const std::vector<std::pair<std::function<void(SegmentRecord&)>, std::string>> corruptions = {
@@ -68,8 +89,8 @@ TEST_CASE("a segment record the executor cannot use is refused, naming what is w
       {[](SegmentRecord& r) { r.shape[1] = 0; }, "empty axis"},
       {[](SegmentRecord& r) { r.src_strides[0] = -1; }, "stride out of range"},
       {[](SegmentRecord& r) { r.dst_strides[1] = -7; }, "stride out of range"},
-      {[](SegmentRecord& r) { r.axes = 0; }, "segment axes"},
-      {[](SegmentRecord& r) { r.axes = planner::kMaxAxes + 1; }, "segment axes"},
+      {[](SegmentRecord& r) { r.axes = 0; }, "segment record 0 of 1: a segment of 0 axes"},
+      {[](SegmentRecord& r) { r.axes = planner::kMaxAxes + 1; }, "a segment of 5 axes"},
       {[](SegmentRecord& r) { r.dst_buffer = 1; }, "buffer index"},
       {[](SegmentRecord& r) { r.tensor = 1; }, "tensor index"},
       {[](SegmentRecord& r) { r.src_dtype = 200; }, "dtypes"},
@@ -80,19 +101,29 @@ TEST_CASE("a segment record the executor cannot use is refused, naming what is w
   for (const auto& [corrupt, message] : corruptions) {
     SegmentRecord bad = good;
     corrupt(bad);
+    auto decoded = DecodeSchedule(WithRecords(request, {bad}), 1);
+    INFO(message);
+    REQUIRE_FALSE(decoded.ok());
+    CHECK_THAT(std::string(decoded.status().message()), Contains(message));
+  }
+  // A table that ends inside a record, holds fewer or more records than it says, or
+  // says a negative count.
+  const std::vector<std::pair<std::function<void(v1::PrepareRequest&)>, std::string>> tables = {
+      {[](v1::PrepareRequest& r) { r.mutable_segment_table()->pop_back(); },
+       "segment record 0 of 1: the bytes end inside a segment"},
+      {[](v1::PrepareRequest& r) { r.set_segment_count(2); }, "segment record 1 of 2: the bytes end inside a segment"},
+      {[](v1::PrepareRequest& r) { r.set_segment_count(0); }, "holds more than its 0 records"},
+      {[](v1::PrepareRequest& r) { r.set_segment_count(-1); }, "segment count -1"},
+      {[](v1::PrepareRequest& r) { r.mutable_segment_table()->append(1, '\x80'); }, "holds more than its 1 records"},
+  };
+  for (const auto& [change, message] : tables) {
     v1::PrepareRequest changed = request;
-    changed.clear_segment_table();
-    AppendSegmentRecord(bad, *changed.mutable_segment_table());
+    change(changed);
     auto decoded = DecodeSchedule(changed, 1);
     INFO(message);
     REQUIRE_FALSE(decoded.ok());
     CHECK_THAT(std::string(decoded.status().message()), Contains(message));
   }
-  v1::PrepareRequest torn = request;
-  torn.mutable_segment_table()->pop_back();  // not a whole record
-  auto decoded = DecodeSchedule(torn, 1);
-  REQUIRE_FALSE(decoded.ok());
-  CHECK_THAT(std::string(decoded.status().message()), Contains("87 bytes"));
 }
 
 TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; a bad reference is refused") {
@@ -101,7 +132,7 @@ TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; 
   REQUIRE(request.peer_buffers_size() == 1);
   CHECK(request.peer_buffers(0).rank() == 1);
   CHECK(request.peer_buffers(0).name() == "buffer");
-  const SegmentRecord good = ReadSegmentRecord(request.segment_table(), 0);
+  const SegmentRecord good = RecordsOf(request)[0];
   CHECK(good.dst_buffer == -2);  // peer_buffers[0]
   auto decoded = DecodeSchedule(request, 0);
   REQUIRE(decoded.ok());
@@ -111,10 +142,7 @@ TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; 
 
   SegmentRecord past = good;
   past.dst_buffer = -3;  // peer_buffers[1]: none
-  v1::PrepareRequest changed = request;
-  changed.clear_segment_table();
-  AppendSegmentRecord(past, *changed.mutable_segment_table());
-  auto refused = DecodeSchedule(changed, 0);
+  auto refused = DecodeSchedule(WithRecords(request, {past}), 0);
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(std::string(refused.status().message()), Contains("buffer index"));
   v1::PrepareRequest other_rank = request;
@@ -124,7 +152,7 @@ TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; 
   CHECK_THAT(std::string(refused.status().message()), Contains("buffer index"));
 }
 
-TEST_CASE("a segment record reads back what was written, every field") {
+TEST_CASE("segment records read back what was written, every field, each after the one before") {
   SegmentRecord r;
   r.tensor = 7;
   r.src_rank = 1023;
@@ -142,11 +170,23 @@ TEST_CASE("a segment record reads back what was written, every field") {
     r.src_strides[k] = 1000 + k;
     r.dst_strides[k] = 2000 + k;
   }
+  SegmentRecord first;
+  first.axes = 1;
+  first.shape[0] = -2147483647 - 1;  // each field's difference from the record before: both ways, at the extremes
+  first.src_base = std::numeric_limits<int64_t>::max();
+  first.dst_base = std::numeric_limits<int64_t>::min();
   std::string table;
-  AppendSegmentRecord(SegmentRecord{}, table);
-  AppendSegmentRecord(r, table);
-  REQUIRE(table.size() == 2 * kSegmentRecordBytes);
-  const SegmentRecord back = ReadSegmentRecord(table, 1);
+  SegmentTableWriter writer;
+  writer.Append(first, table);
+  writer.Append(r, table);
+  SegmentTableReader reader(table);
+  SegmentRecord back;
+  REQUIRE(reader.Next(back).ok());
+  CHECK(back.shape[0] == first.shape[0]);
+  CHECK(back.src_base == first.src_base);
+  CHECK(back.dst_base == first.dst_base);
+  REQUIRE(reader.Next(back).ok());
+  CHECK(reader.done());
   CHECK(back.tensor == r.tensor);
   CHECK(back.src_rank == r.src_rank);
   CHECK(back.src_buffer == r.src_buffer);

@@ -180,7 +180,7 @@ TEST_CASE("a plan's file changed under the coordinator is refused, saying how") 
   SECTION("a varint that never ends") {
     const std::unique_ptr<SegmentSpill> spill = spilled();
     overwrite({}, 0xff);
-    refused(*spill, "a block ends inside a segment");
+    refused(*spill, "the bytes end inside a segment");
   }
   SECTION("a segment of no axes") {
     const std::unique_ptr<SegmentSpill> spill = spilled();

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
       cached.set_verify(true);
       v1::PrepareRequest again = prepare;
       again.clear_segment_table();
+      again.clear_segment_count();
       again.clear_tensor_names();
       again.clear_buffer_names();
       again.clear_fills();
