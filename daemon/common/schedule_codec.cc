@@ -1,5 +1,6 @@
 #include "daemon/common/schedule_codec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -13,7 +14,8 @@ namespace shardsync::daemon {
 namespace {
 
 // Calls `field(value)` on each field of `r` the table keeps, in its order
-// (segment_fields.h: axes third, then three an axis used).
+// (segment_fields.h: axes third, then three an axis used; axes past kMaxAxes, which a
+// reader refuses, have no fields to write).
 template <typename Record, typename Field>
 void ForEachField(Record& r, Field field) {
   field(r.tensor);
@@ -27,7 +29,7 @@ void ForEachField(Record& r, Field field) {
   field(r.dst_buffer);
   field(r.src_base);
   field(r.dst_base);
-  for (int k = 0; k < r.axes; ++k) {
+  for (int k = 0; k < std::min<int>(r.axes, planner::kMaxAxes); ++k) {
     field(r.shape[k]);
     field(r.src_strides[k]);
     field(r.dst_strides[k]);
