@@ -1,9 +1,6 @@
 #include "daemon/common/schedule_codec.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <limits>
-#include <type_traits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -13,35 +10,12 @@
 namespace shardsync::daemon {
 namespace {
 
-// Calls `field(value)` on each field of `r` the table keeps, in its order
-// (segment_fields.h: axes third, then three an axis used; axes past kMaxAxes, which a
-// reader refuses, have no fields to write).
-template <typename Record, typename Field>
-void ForEachField(Record& r, Field field) {
-  field(r.tensor);
-  field(r.stage);
-  field(r.axes);
-  field(r.src_dtype);
-  field(r.dst_dtype);
-  field(r.src_rank);
-  field(r.src_buffer);
-  field(r.dst_rank);
-  field(r.dst_buffer);
-  field(r.src_base);
-  field(r.dst_base);
-  for (int k = 0; k < std::min<int>(r.axes, planner::kMaxAxes); ++k) {
-    field(r.shape[k]);
-    field(r.src_strides[k]);
-    field(r.dst_strides[k]);
-  }
-}
-
 // One request being encoded: its tensors and buffers, each named once.
 class RequestEncoder {
  public:
-  // What a record takes at most but rarely (a rank's segments continue each other: 15-31
-  // bytes): its table is reserved for that, and the pages not written are never touched.
-  static constexpr size_t kTypicalRecordBytes = 32;
+  // A table is reserved for records of this many bytes, more than they mostly take (a
+  // rank's segments continue each other: 15-26 bytes); pages not written stay untouched.
+  static constexpr size_t kReservedRecordBytes = 32;
   RequestEncoder(const planner::Plan& plan, const planner::Schedule& schedule,
                  const std::vector<std::string>& buffer_names, v1::PrepareRequest* request)
       : plan_(plan), rank_(schedule.rank), buffer_names_(buffer_names), request_(request) {
@@ -52,7 +26,7 @@ class RequestEncoder {
         for (const planner::PeerStream& stream : *streams) segments += stream.segments.size();
       }
     }
-    request_->mutable_segment_table()->reserve(segments * kTypicalRecordBytes);
+    request_->mutable_segment_table()->reserve(segments * kReservedRecordBytes);
   }
   v1::PrepareRequest& request() { return *request_; }
   int32_t records() const { return records_; }
@@ -61,10 +35,8 @@ class RequestEncoder {
   int32_t Add(const planner::Segment& s) {
     SegmentRecord r;
     r.tensor = Tensor(s.tensor);
-    r.src_rank = s.src.rank;
-    r.src_buffer = Buffer(s.src);
-    r.dst_rank = s.dst.rank;
-    r.dst_buffer = s.src.rank == rank_ && s.dst.rank != rank_ ? PeerBuffer(s.dst) : Buffer(s.dst);
+    r.src = {s.src.rank, Buffer(s.src)};
+    r.dst = {s.dst.rank, s.src.rank == rank_ && s.dst.rank != rank_ ? PeerBuffer(s.dst) : Buffer(s.dst)};
     r.src_base = s.src_base;
     r.dst_base = s.dst_base;
     r.src_dtype = static_cast<uint8_t>(spec::FromDType(s.src_dtype));
@@ -76,7 +48,7 @@ class RequestEncoder {
       r.src_strides[k] = s.src_strides[k];
       r.dst_strides[k] = s.dst_strides[k];
     }
-    table_.Append(r, *request_->mutable_segment_table());
+    table_.Append(FieldsOf(r), *request_->mutable_segment_table());
     return records_++;
   }
   int32_t Tensor(int32_t t) {
@@ -114,7 +86,7 @@ class RequestEncoder {
   int32_t rank_;
   const std::vector<std::string>& buffer_names_;
   v1::PrepareRequest* request_;
-  SegmentTableWriter table_;
+  SegmentFieldsWriter table_;
   int32_t records_ = 0;
   absl::flat_hash_map<int32_t, int32_t> tensors_;  // plan tensor -> request tensor
   int32_t last_tensor_ = -1, last_request_tensor_ = -1;
@@ -139,30 +111,6 @@ void EncodeStream(const planner::PeerStream& stream, const std::vector<int32_t>&
 }
 
 }  // namespace
-
-void SegmentTableWriter::Append(const SegmentRecord& record, std::string& table) {
-  SegmentFields fields{};
-  int n = 0;
-  ForEachField(record, [&](const auto& value) { fields[n++] = static_cast<int64_t>(value); });
-  fields_.Append(fields, table);
-}
-
-absl::Status SegmentTableReader::Next(SegmentRecord& record) {
-  SegmentFields fields;
-  SHARDSYNC_RETURN_IF_ERROR(fields_.Next(fields));
-  record = SegmentRecord{};
-  int n = 0;
-  bool fits = true;
-  // `axes` is set third (checked in 1..kMaxAxes), before ForEachField reads it.
-  ForEachField(record, [&](auto& field) {
-    using Field = std::remove_reference_t<decltype(field)>;
-    const int64_t value = fields[n++];
-    fits = fits && value >= std::numeric_limits<Field>::min() && value <= std::numeric_limits<Field>::max();
-    field = static_cast<Field>(value);
-  });
-  if (!fits) return absl::InvalidArgumentError("a field outside its type");
-  return absl::OkStatus();
-}
 
 namespace {
 

@@ -19,13 +19,14 @@
 
 namespace shardsync::daemon {
 
-// A segment in PrepareRequest.segment_table (the proto documents each field).
+// A segment in PrepareRequest.segment_table (the proto documents each field), kept in
+// segment_fields.h's format (FieldsOf, FromFields): its members are named as
+// planner::Segment's, with the request's own tensor and buffer indices and v1.DType
+// values.
 struct SegmentRecord {
   int32_t tensor = 0;
-  int32_t src_rank = 0;
-  int32_t src_buffer = -1;
-  int32_t dst_rank = 0;
-  int32_t dst_buffer = -1;
+  planner::Holder src{0, -1};
+  planner::Holder dst{0, -1};
   int64_t src_base = 0;
   int64_t dst_base = 0;
   uint8_t src_dtype = 0;
@@ -35,27 +36,6 @@ struct SegmentRecord {
   std::array<int32_t, planner::kMaxAxes> shape{};
   std::array<int32_t, planner::kMaxAxes> src_strides{};
   std::array<int32_t, planner::kMaxAxes> dst_strides{};
-};
-
-// Writes a table record after record; `record.axes` must be in 1..planner::kMaxAxes.
-class SegmentTableWriter {
- public:
-  void Append(const SegmentRecord& record, std::string& table);
-
- private:
-  SegmentFieldsWriter fields_;
-};
-
-// Reads a table record after record; a field that does not fit its record's type is
-// refused as the bytes' end inside a record is.
-class SegmentTableReader {
- public:
-  explicit SegmentTableReader(absl::string_view table) : fields_(table) {}
-  bool done() const { return fields_.done(); }
-  absl::Status Next(SegmentRecord& record);
-
- private:
-  SegmentFieldsReader fields_;
 };
 
 // Every schedule's PrepareRequest, made on `arena`, which owns them, in the order of

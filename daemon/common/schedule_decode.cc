@@ -82,12 +82,15 @@ class ScheduleDecoder {
 
   absl::Status Segments() {
     if (request_.segment_count() < 0) return Malformed(absl::StrCat("segment count ", request_.segment_count()));
-    SegmentTableReader table(request_.segment_table());
+    SegmentFieldsReader table(request_.segment_table());
+    SegmentFields fields;
     SegmentRecord record;
     for (int32_t i = 0; i < request_.segment_count(); ++i) {
-      if (absl::Status read = table.Next(record); !read.ok()) {
-        return Malformed(absl::StrCat("segment record ", i, " of ", request_.segment_count(), ": ", read.message()));
-      }
+      const auto malformed = [&](absl::string_view why) {
+        return Malformed(absl::StrCat("segment record ", i, " of ", request_.segment_count(), ": ", why));
+      };
+      if (absl::Status read = table.Next(fields); !read.ok()) return malformed(read.message());
+      if (!FromFields(fields, record)) return malformed("a field outside its type");
       SHARDSYNC_ASSIGN_OR_RETURN(planner::Segment s, Segment(record));
       local_.plan.segments.push_back(s);
     }
@@ -103,8 +106,8 @@ class ScheduleDecoder {
     const std::string& tensor = request_.tensor_names(in.tensor);
     if (in.axes < 1 || in.axes > planner::kMaxAxes)
       return Malformed(absl::StrCat("tensor '", tensor, "': segment axes"));
-    if (in.src_rank != rank_ && in.dst_rank != rank_) return Malformed("a segment that does not touch this rank");
-    if (!Named(in.src_rank, in.src_buffer, &s.src.buffer) || !Named(in.dst_rank, in.dst_buffer, &s.dst.buffer) ||
+    if (in.src.rank != rank_ && in.dst.rank != rank_) return Malformed("a segment that does not touch this rank");
+    if (!Named(in.src.rank, in.src.buffer, &s.src.buffer) || !Named(in.dst.rank, in.dst.buffer, &s.dst.buffer) ||
         s.src.buffer < -1) {
       return Malformed(absl::StrCat("tensor '", tensor, "': a buffer index"));
     }
@@ -124,8 +127,8 @@ class ScheduleDecoder {
     }
     s.tensor = in.tensor;
     s.stage = static_cast<int8_t>(in.stage);
-    s.src.rank = in.src_rank;
-    s.dst.rank = in.dst_rank;
+    s.src.rank = in.src.rank;
+    s.dst.rank = in.dst.rank;
     s.src_base = in.src_base;
     s.dst_base = in.dst_base;
     s.src_dtype = *src_dtype;

@@ -1,7 +1,6 @@
 #include "daemon/common/segment_fields.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -29,10 +28,7 @@ void SegmentFieldsWriter::Append(const SegmentFields& fields, std::string& out) 
 
 SegmentFieldsReader::SegmentFieldsReader(absl::string_view bytes)
     : in_(reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int>(bytes.size())),
-      size_(static_cast<int>(bytes.size())) {
-  // The stream's own limit is INT_MAX bytes, as an int can count: a table is smaller.
-  in_.SetTotalBytesLimit(std::numeric_limits<int>::max());
-}
+      size_(static_cast<int>(bytes.size())) {}
 
 absl::Status SegmentFieldsReader::Next(SegmentFields& fields) {
   fields = previous_;

@@ -3,60 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace shardsync::coordinator {
-namespace {
-
-using daemon::SegmentFields;
-
-// Calls `field(value)` on each field of `s` that a block keeps, in the order written
-// (daemon/common/segment_fields.h: axes third, then three an axis).
-template <typename Segment, typename Field>
-void ForEachField(Segment& s, Field field) {
-  field(s.tensor);
-  field(s.stage);
-  field(s.axes);
-  field(s.src_dtype);
-  field(s.dst_dtype);
-  field(s.src.rank);
-  field(s.src.buffer);
-  field(s.dst.rank);
-  field(s.dst.buffer);
-  field(s.src_base);
-  field(s.dst_base);
-  for (int k = 0; k < s.axes; ++k) {
-    field(s.shape[k]);
-    field(s.src_strides[k]);
-    field(s.dst_strides[k]);
-  }
-}
-
-// `s`'s fields in the order written, zero past its axes.
-SegmentFields FieldsOf(const planner::Segment& s) {
-  SegmentFields fields{};
-  int n = 0;
-  ForEachField(s, [&](const auto& value) { fields[n++] = static_cast<int64_t>(value); });
-  return fields;
-}
-
-// The segment of `fields` (FieldsOf's inverse; its axes were checked).
-planner::Segment SegmentOf(const SegmentFields& fields) {
-  planner::Segment s{};
-  int n = 0;
-  // `axes` is set third, before ForEachField reads it to walk the axes.
-  ForEachField(s, [&](auto& field) { field = static_cast<std::remove_reference_t<decltype(field)>>(fields[n++]); });
-  return s;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<SegmentSpill>> SegmentSpill::Create(const std::string& directory, int32_t num_ranks) {
   std::string path = absl::StrCat(directory, "/shardsync-plan-XXXXXX");
@@ -93,7 +47,7 @@ absl::Status SegmentSpill::Append(int32_t rank, const planner::Segment& segment)
   OpenBlock& block = open_[rank];
   // Once a rank has segments, its block holds one more than kBlockBytes at most.
   if (block.bytes.capacity() < kBlockBytes) block.bytes.reserve(kBlockBytes + daemon::SegmentFieldsWriter::kMaxBytes);
-  block.writer.Append(FieldsOf(segment), block.bytes);
+  block.writer.Append(daemon::FieldsOf(segment), block.bytes);
   ++block.count;
   return block.bytes.size() >= kBlockBytes ? Flush(rank) : absl::OkStatus();
 }
@@ -149,10 +103,12 @@ absl::StatusOr<planner::BlockVector<planner::Segment>> SegmentSpill::Read(int32_
       done += n;
     }
     daemon::SegmentFieldsReader reader(encoded);
-    SegmentFields fields;
+    daemon::SegmentFields fields;
+    planner::Segment segment;
     for (int64_t i = 0; i < b.count; ++i) {
       if (absl::Status read = reader.Next(fields); !read.ok()) return failed(read.message());
-      segments.push_back(SegmentOf(fields));
+      if (!daemon::FromFields(fields, segment)) return failed("a field outside its type");
+      segments.push_back(segment);
     }
     if (!reader.done()) return failed("a block is longer than its segments");
   }

@@ -42,9 +42,11 @@ v1::PrepareRequest ScheduleOfRankOne(planner::Segment* segment, int32_t rank = 1
 // The records of a request's table, each read whole.
 std::vector<SegmentRecord> RecordsOf(const v1::PrepareRequest& request) {
   std::vector<SegmentRecord> records;
-  SegmentTableReader reader(request.segment_table());
+  SegmentFieldsReader reader(request.segment_table());
+  SegmentFields fields;
   for (int32_t i = 0; i < request.segment_count(); ++i) {
-    REQUIRE(reader.Next(records.emplace_back()).ok());
+    REQUIRE(reader.Next(fields).ok());
+    REQUIRE(FromFields(fields, records.emplace_back()));
   }
   REQUIRE(reader.done());
   return records;
@@ -53,8 +55,8 @@ std::vector<SegmentRecord> RecordsOf(const v1::PrepareRequest& request) {
 // `request` with `records` as its table.
 v1::PrepareRequest WithRecords(v1::PrepareRequest request, const std::vector<SegmentRecord>& records) {
   request.clear_segment_table();
-  SegmentTableWriter writer;
-  for (const SegmentRecord& r : records) writer.Append(r, *request.mutable_segment_table());
+  SegmentFieldsWriter writer;
+  for (const SegmentRecord& r : records) writer.Append(FieldsOf(r), *request.mutable_segment_table());
   request.set_segment_count(static_cast<int32_t>(records.size()));
   return request;
 }
@@ -82,8 +84,8 @@ TEST_CASE("a segment record the executor cannot use is refused, naming what is w
   const v1::PrepareRequest request = ScheduleOfRankOne(&planned);
   REQUIRE(request.segment_count() == 1);
   const SegmentRecord good = RecordsOf(request)[0];
-  CHECK(good.src_buffer == -1);  // rank 0's side: its agent names it
-  CHECK(good.dst_buffer == 0);
+  CHECK(good.src.buffer == -1);  // rank 0's side: its agent names it
+  CHECK(good.dst.buffer == 0);
   const std::vector<std::pair<std::function<void(SegmentRecord&)>, std::string>> corruptions = {
       {[](SegmentRecord& r) { r.shape[0] = -1; }, "empty axis"},
       {[](SegmentRecord& r) { r.shape[1] = 0; }, "empty axis"},
@@ -91,12 +93,12 @@ TEST_CASE("a segment record the executor cannot use is refused, naming what is w
       {[](SegmentRecord& r) { r.dst_strides[1] = -7; }, "stride out of range"},
       {[](SegmentRecord& r) { r.axes = 0; }, "segment record 0 of 1: a segment of 0 axes"},
       {[](SegmentRecord& r) { r.axes = planner::kMaxAxes + 1; }, "a segment of 5 axes"},
-      {[](SegmentRecord& r) { r.dst_buffer = 1; }, "buffer index"},
+      {[](SegmentRecord& r) { r.dst.buffer = 1; }, "buffer index"},
       {[](SegmentRecord& r) { r.tensor = 1; }, "tensor index"},
       {[](SegmentRecord& r) { r.src_dtype = 200; }, "dtypes"},
       {[](SegmentRecord& r) { r.stage = 1; }, "stage 1"},
-      {[](SegmentRecord& r) { r.src_rank = r.dst_rank = 3; }, "does not touch this rank"},
-      {[](SegmentRecord& r) { r.src_buffer = -2; }, "buffer index"},  // a peer buffer on a source side
+      {[](SegmentRecord& r) { r.src.rank = r.dst.rank = 3; }, "does not touch this rank"},
+      {[](SegmentRecord& r) { r.src.buffer = -2; }, "buffer index"},  // a peer buffer on a source side
   };
   for (const auto& [corrupt, message] : corruptions) {
     SegmentRecord bad = good;
@@ -115,6 +117,13 @@ TEST_CASE("a segment record the executor cannot use is refused, naming what is w
       {[](v1::PrepareRequest& r) { r.set_segment_count(0); }, "holds more than its 0 records"},
       {[](v1::PrepareRequest& r) { r.set_segment_count(-1); }, "segment count -1"},
       {[](v1::PrepareRequest& r) { r.mutable_segment_table()->append(1, '\x80'); }, "holds more than its 1 records"},
+      {[](v1::PrepareRequest& r) {
+         SegmentFields fields = FieldsOf(RecordsOf(r)[0]);
+         fields[0] = int64_t{1} << 40;  // the tensor, an int32
+         r.clear_segment_table();
+         SegmentFieldsWriter().Append(fields, *r.mutable_segment_table());
+       },
+       "segment record 0 of 1: a field outside its type"},
   };
   for (const auto& [change, message] : tables) {
     v1::PrepareRequest changed = request;
@@ -133,7 +142,7 @@ TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; 
   CHECK(request.peer_buffers(0).rank() == 1);
   CHECK(request.peer_buffers(0).name() == "buffer");
   const SegmentRecord good = RecordsOf(request)[0];
-  CHECK(good.dst_buffer == -2);  // peer_buffers[0]
+  CHECK(good.dst.buffer == -2);  // peer_buffers[0]
   auto decoded = DecodeSchedule(request, 0);
   REQUIRE(decoded.ok());
   REQUIRE(decoded->peer_buffers.size() == 1);
@@ -141,7 +150,7 @@ TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; 
   CHECK(decoded->buffer_count() == static_cast<int32_t>(decoded->buffer_names.size()) + 1);
 
   SegmentRecord past = good;
-  past.dst_buffer = -3;  // peer_buffers[1]: none
+  past.dst.buffer = -3;  // peer_buffers[1]: none
   auto refused = DecodeSchedule(WithRecords(request, {past}), 0);
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(std::string(refused.status().message()), Contains("buffer index"));
@@ -155,10 +164,10 @@ TEST_CASE("a sender's schedule names the receiver's buffer for the direct path; 
 TEST_CASE("segment records read back what was written, every field, each after the one before") {
   SegmentRecord r;
   r.tensor = 7;
-  r.src_rank = 1023;
-  r.src_buffer = -1;
-  r.dst_rank = 5;
-  r.dst_buffer = 2;
+  r.src.rank = 1023;
+  r.src.buffer = -1;
+  r.dst.rank = 5;
+  r.dst.buffer = 2;
   r.src_base = int64_t{1} << 40;
   r.dst_base = 123456789;
   r.src_dtype = 3;
@@ -175,23 +184,32 @@ TEST_CASE("segment records read back what was written, every field, each after t
   first.shape[0] = -2147483647 - 1;  // each field's difference from the record before: both ways, at the extremes
   first.src_base = std::numeric_limits<int64_t>::max();
   first.dst_base = std::numeric_limits<int64_t>::min();
+  SegmentFields too_wide = FieldsOf(r);
+  too_wide[kSegmentScalarFields] = int64_t{1} << 40;  // shape[0], an int32
   std::string table;
-  SegmentTableWriter writer;
-  writer.Append(first, table);
-  writer.Append(r, table);
-  SegmentTableReader reader(table);
+  SegmentFieldsWriter writer;
+  writer.Append(FieldsOf(first), table);
+  writer.Append(FieldsOf(r), table);
+  writer.Append(too_wide, table);
+  SegmentFieldsReader reader(table);
+  SegmentFields fields;
   SegmentRecord back;
-  REQUIRE(reader.Next(back).ok());
+  REQUIRE(reader.Next(fields).ok());
+  REQUIRE(FromFields(fields, back));
   CHECK(back.shape[0] == first.shape[0]);
   CHECK(back.src_base == first.src_base);
   CHECK(back.dst_base == first.dst_base);
-  REQUIRE(reader.Next(back).ok());
+  REQUIRE(reader.Next(fields).ok());
+  REQUIRE(FromFields(fields, back));
+  SegmentRecord refused;
+  REQUIRE(reader.Next(fields).ok());
+  CHECK_FALSE(FromFields(fields, refused));  // read whole, but not into a record
   CHECK(reader.done());
   CHECK(back.tensor == r.tensor);
-  CHECK(back.src_rank == r.src_rank);
-  CHECK(back.src_buffer == r.src_buffer);
-  CHECK(back.dst_rank == r.dst_rank);
-  CHECK(back.dst_buffer == r.dst_buffer);
+  CHECK(back.src.rank == r.src.rank);
+  CHECK(back.src.buffer == r.src.buffer);
+  CHECK(back.dst.rank == r.dst.rank);
+  CHECK(back.dst.buffer == r.dst.buffer);
   CHECK(back.src_base == r.src_base);
   CHECK(back.dst_base == r.dst_base);
   CHECK(back.src_dtype == r.src_dtype);
