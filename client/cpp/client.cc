@@ -34,16 +34,17 @@ Credentials UnixSocketCredentials() {
 }
 
 // `prepare_async(context, request, queue)`: the stub's PrepareAsync call. The calling
-// thread waits for the answer on a queue of its own, polling it first.
+// thread waits for the answer on a queue of its own, polling it for `poll_for` first.
 template <typename Request, typename Response, typename PrepareAsync>
-absl::StatusOr<Response> Unary(PrepareAsync prepare_async, const Request& request, absl::Duration timeout) {
+absl::StatusOr<Response> Unary(PrepareAsync prepare_async, const Request& request, absl::Duration timeout,
+                               std::chrono::steady_clock::duration poll_for = kPollBeforeSleep) {
   Response response;
   const grpc::Status status = UnaryCall(
       absl::ToChronoTime(absl::Now() + timeout),
       [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
         return prepare_async(context, request, queue);
       },
-      &response);
+      &response, poll_for);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
@@ -123,9 +124,11 @@ absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout,
   request.set_verify(verify);
   request.mutable_target_ranks()->Add(target_ranks.begin(), target_ranks.end());
   // The coordinator needs a little longer than the sync's own deadline to report it.
-  return Unary<v1::SyncRequest, v1::SyncResponse>(
+  absl::StatusOr<v1::SyncResponse> response = Unary<v1::SyncRequest, v1::SyncResponse>(
       [&](auto* c, const auto& q, auto* cq) { return stub_->PrepareAsyncSync(c, q, cq); }, request,
-      timeout + absl::Seconds(10));
+      timeout + absl::Seconds(10), host_copies_ ? std::chrono::steady_clock::duration::zero() : kPollBeforeSleep);
+  if (response.ok()) host_copies_ = response->host_copies();
+  return response;
 }
 
 absl::StatusOr<v1::ExplainResponse> CoordinatorClient::Explain(const v1::ExplainRequest& request,

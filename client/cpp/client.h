@@ -2,6 +2,7 @@
 // status from the coordinator. Errors come back as absl::Status with the server's code.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -60,6 +61,8 @@ class CoordinatorClient {
   // Waits for the whole sync; `timeout` bounds the wait and is passed on as the sync's.
   // With `verify`, every target placement's checksum is compared with its sources'.
   // With `target_ranks`, only the targets on those ranks are written (partial targets).
+  // The wait polls before it sleeps (common/polling.h) unless the last sync's agents
+  // copied on their host's cores (SyncResponse.host_copies).
   absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout, bool verify = false,
                                         const std::vector<int32_t>& target_ranks = {});
   // The plan's bytes and floor (the request's speeds; 0: the coordinator's cost model).
@@ -68,6 +71,7 @@ class CoordinatorClient {
 
  private:
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::atomic<bool> host_copies_{false};  // the last successful sync's SyncResponse.host_copies
 };
 
 // A POSIX shared memory object this process creates and owns (CPU mode): mapped

@@ -58,11 +58,13 @@ extern "C" shardsync_channel* shardsync_channel_open(const char* address, const 
 }
 
 extern "C" int shardsync_unary_call(shardsync_channel* channel, const char* method, const void* request,
-                                    size_t request_size, double timeout_seconds, void** response, size_t* response_size,
-                                    char* message, size_t message_size) {
+                                    size_t request_size, double timeout_seconds, double poll_seconds, void** response,
+                                    size_t* response_size, char* message, size_t message_size) {
   const auto deadline =
       std::chrono::system_clock::now() +
       std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(timeout_seconds));
+  const auto poll_for =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(poll_seconds));
   grpc::Slice slice(request, request_size);
   grpc::ByteBuffer request_buffer(&slice, 1);
   grpc::ByteBuffer response_buffer;
@@ -73,7 +75,7 @@ extern "C" int shardsync_unary_call(shardsync_channel* channel, const char* meth
       [&](grpc::ClientContext* context, grpc::CompletionQueue* queue) {
         return channel->stub->PrepareUnaryCall(context, method, request_buffer, queue);
       },
-      &response_buffer);
+      &response_buffer, poll_for);
   if (!status.ok()) {
     CopyMessage(status.error_message(), message, message_size);
     return status.error_code();

@@ -216,6 +216,7 @@ AgentDirectory::Contacts AgentDirectory::CurrentContacts() const {
     contacts.links[rank] = entry.link;
     contacts.addresses[rank] = entry.join.address();
     contacts.all_agree_fast = contacts.all_agree_fast && entry.join.fast_agreement();
+    contacts.host_copies = contacts.host_copies || entry.join.device() == "cpu";
   }
   return contacts;
 }

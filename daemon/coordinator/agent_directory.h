@@ -57,6 +57,7 @@ class AgentDirectory {
     std::map<int32_t, std::shared_ptr<AgentLink>> links;
     std::map<int32_t, std::string> addresses;
     bool all_agree_fast = true;  // every one agrees on its device (JoinRequest.fast_agreement)
+    bool host_copies = false;    // some agent copies on its host's cores (JoinRequest.device "cpu")
   };
   Contacts CurrentContacts() const;
   // Every rank's JoinRequest (empty for a rank that has not joined), by rank.

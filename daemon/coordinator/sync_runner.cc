@@ -164,6 +164,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   validity_.Written(plan_->target_ranks, !plan_->partial, sync_id);
   ready_digest_ = plan_->compiled.digest();
   response.set_one_call(one_call);
+  response.set_host_copies(contacts.host_copies);
   response.set_sync_id(sync_id);
   response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
   if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));

@@ -163,6 +163,7 @@ TEST_CASE("one agent: the first sync prepares, every later one is a single Execu
   auto first = SyncOnce(cluster, absl::Seconds(20));
   REQUIRE(first.ok());
   CHECK_FALSE(first->one_call());
+  CHECK(first->host_copies());  // a CPU agent: clients' waits for the next syncs sleep at once
   CHECK(deployment.CheckTargets(21).empty());
   for (uint64_t seed = 22; seed < 25; ++seed) {
     deployment.Refill(seed);

@@ -424,6 +424,7 @@ class PythonClientTest(unittest.TestCase):
         response = native.sync(timeout=20)
         self.assertEqual(len(response.ranks), WORLD)
         self.assertEqual(native.stats(), response)
+        self.assertTrue(response.host_copies)  # CPU agents: the next sync's wait sleeps at once
         self.check(arenas, values)
         values = {name: rng.randbytes(len(v)) for name, v in values.items()}
         for rank, flat in enumerate(flats):

@@ -230,10 +230,11 @@ class CoordinatorClient:
             self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
         self._last: Optional[shardsync_pb2.SyncResponse] = None
 
-    def _unary(self, method: str, request: Any, response_type: Any, timeout: float) -> Any:
+    def _unary(self, method: str, request: Any, response_type: Any, timeout: float,
+               poll: float = native_library.POLL_SECONDS) -> Any:
         if self._native:
             return self._native.call(f"/shardsync.v1.Coordinator/{method}", request, response_type, timeout,
-                                     ShardsyncError)
+                                     ShardsyncError, poll)
         return _call(getattr(self._stub, method), request, timeout)
 
     def sync(self, timeout: float = 60.0, verify: bool = False,
@@ -244,7 +245,9 @@ class CoordinatorClient:
         inference engine restarted); every other target keeps its bytes."""
         request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000), verify=verify,
                                             target_ranks=list(target_ranks))
-        self._last = self._unary("Sync", request, shardsync_pb2.SyncResponse, timeout + 10)
+        # Beside agents that copy on their host's cores, the native wait sleeps at once.
+        poll = 0.0 if self._last is not None and self._last.host_copies else native_library.POLL_SECONDS
+        self._last = self._unary("Sync", request, shardsync_pb2.SyncResponse, timeout + 10, poll)
         return self._last
 
     def stats(self) -> Optional[shardsync_pb2.SyncResponse]:

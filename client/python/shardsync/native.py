@@ -8,11 +8,13 @@ import os
 
 import grpc
 
-__all__ = ["PACKAGED", "NativeChannel", "load"]
+__all__ = ["PACKAGED", "POLL_SECONDS", "NativeChannel", "load"]
 
 # Where scripts/build-portable puts the library and the gRPC libraries it needs.
 PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "libshardsync_native.so")
 
+# How long a call polls for its answer before it sleeps (common/polling.h).
+POLL_SECONDS = 0.05
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _MESSAGE_BYTES = 4096
 
@@ -27,7 +29,7 @@ def load(path: str) -> ctypes.CDLL:
     library.shardsync_channel_open.argtypes = [ctypes.c_char_p] * 5 + [ctypes.c_char_p, ctypes.c_size_t]
     library.shardsync_unary_call.restype = ctypes.c_int
     library.shardsync_unary_call.argtypes = [
-        ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_double,
+        ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_double, ctypes.c_double,
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
     library.shardsync_free.argtypes = [ctypes.c_void_p]
     library.shardsync_channel_close.argtypes = [ctypes.c_void_p]
@@ -50,13 +52,14 @@ class NativeChannel:
             raise ValueError(f"shardsync native channel to {address}: {error.value.decode()}")
 
     def call(self, method: str, request: Any, response_type: Any, timeout: float,
-             error_type: Callable[[grpc.StatusCode, str], Exception]) -> Any:
+             error_type: Callable[[grpc.StatusCode, str], Exception], poll: float = POLL_SECONDS) -> Any:
+        """The answer, waited for up to `timeout` seconds, polled for its first `poll`."""
         payload = request.SerializeToString()
         response = ctypes.c_void_p()
         size = ctypes.c_size_t()
         message = ctypes.create_string_buffer(_MESSAGE_BYTES)
         code = self._library.shardsync_unary_call(self._channel, method.encode(), payload, len(payload), timeout,
-                                                  ctypes.byref(response), ctypes.byref(size), message, _MESSAGE_BYTES)
+                                                  poll, ctypes.byref(response), ctypes.byref(size), message, _MESSAGE_BYTES)
         if code != 0:
             raise error_type(_CODES.get(code, grpc.StatusCode.UNKNOWN), message.value.decode(errors="replace"))
         try:
