@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "absl/synchronization/mutex.h"
 #include "common/tls.h"
 
 namespace shardsync {
@@ -37,6 +38,12 @@ void AddDaemonFlags(CLI::App& app, DaemonFlags& flags) {
 void BlockStopSignals() {
   const sigset_t signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+void SkipLockOrderChecksInRelease() {
+#ifdef NDEBUG
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
 }
 
 int WaitForStopSignal() {

@@ -23,6 +23,10 @@ void AddDaemonFlags(CLI::App& app, DaemonFlags& flags);
 // Blocks SIGINT and SIGTERM in this thread and every thread started after it, so that
 // WaitForStopSignal alone receives them. Call first in main.
 void BlockStopSignals();
+// In a release build (NDEBUG) turns off abseil's lock-order graph, which a libabsl
+// built without NDEBUG (Debian's) keeps on every Mutex of the process, gRPC's too;
+// debug builds and the tests keep it, and abort on a lock-order cycle.
+void SkipLockOrderChecksInRelease();
 // Waits for SIGINT or SIGTERM; returns its number.
 int WaitForStopSignal();
 // Writes `port` to `path` through a rename, so a reader never sees half a file.

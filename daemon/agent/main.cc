@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
   if (credentials->insecure)
     spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may control this agent", c.listen);
   BlockStopSignals();
+  SkipLockOrderChecksInRelease();
   RaiseFileLimit();
   const auto fail = [](const absl::Status& status) {
     spdlog::error("{}", std::string(status.message()));

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   if (credentials->insecure) spdlog::warn("--insecure: plaintext TCP, anyone who reaches {} may join or sync", listen);
 
   shardsync::BlockStopSignals();
+  shardsync::SkipLockOrderChecksInRelease();
 
   shardsync::coordinator::Coordinator coordinator(config);
   shardsync::coordinator::CoordinatorService service(coordinator);
