@@ -14,6 +14,13 @@ namespace shardsync {
 
 inline constexpr std::chrono::milliseconds kPollBeforeSleep{50};
 
+// How long a wait within a sync polls: not at all where some agent copies on its host's
+// cores (`host_copies`), whose cores the polling would take.
+inline std::chrono::steady_clock::duration SyncWaitPoll(bool host_copies) {
+  return host_copies ? std::chrono::steady_clock::duration::zero()
+                     : std::chrono::steady_clock::duration(kPollBeforeSleep);
+}
+
 // Calls `ready` until it returns true or `limit` has passed, yielding between calls;
 // whether it returned true.
 template <typename Ready>

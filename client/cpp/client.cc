@@ -126,7 +126,7 @@ absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout,
   // The coordinator needs a little longer than the sync's own deadline to report it.
   absl::StatusOr<v1::SyncResponse> response = Unary<v1::SyncRequest, v1::SyncResponse>(
       [&](auto* c, const auto& q, auto* cq) { return stub_->PrepareAsyncSync(c, q, cq); }, request,
-      timeout + absl::Seconds(10), host_copies_ ? std::chrono::steady_clock::duration::zero() : kPollBeforeSleep);
+      timeout + absl::Seconds(10), SyncWaitPoll(host_copies_));
   if (response.ok()) host_copies_ = response->host_copies();
   return response;
 }

@@ -1,7 +1,5 @@
 #include "daemon/coordinator/rank_pool.h"
 
-#include "common/polling.h"
-
 namespace shardsync::coordinator {
 
 RankPool::RankPool(int32_t ranks) {
@@ -16,7 +14,8 @@ RankPool::~RankPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-void RankPool::Run(const std::function<void(int32_t)>& fn, int32_t caller_rank) {
+void RankPool::Run(const std::function<void(int32_t)>& fn, int32_t caller_rank,
+                   std::chrono::steady_clock::duration poll_for) {
   {
     absl::MutexLock lock(&mu_);
     job_ = &fn;
@@ -25,7 +24,7 @@ void RankPool::Run(const std::function<void(int32_t)>& fn, int32_t caller_rank) 
     ++generation_;
   }
   fn(caller_rank);
-  PollFor([this] { return running_.load(std::memory_order_acquire) == 0; });
+  PollFor([this] { return running_.load(std::memory_order_acquire) == 0; }, poll_for);
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](std::atomic<int32_t>* running) { return running->load(std::memory_order_acquire) == 0; }, &running_));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/polling.h"
 
 namespace shardsync::coordinator {
 
@@ -23,9 +25,10 @@ class RankPool {
   RankPool& operator=(const RankPool&) = delete;
 
   // Calls fn(rank) for every rank at once, fn(caller_rank) on the calling thread;
-  // returns when all returned (polling for the last of them before it sleeps:
-  // common/polling.h).
-  void Run(const std::function<void(int32_t)>& fn, int32_t caller_rank = 0);
+  // returns when all returned, polling for the last of them for `poll_for` before it
+  // sleeps (common/polling.h: zero beside agents that copy on the host's cores).
+  void Run(const std::function<void(int32_t)>& fn, int32_t caller_rank = 0,
+           std::chrono::steady_clock::duration poll_for = kPollBeforeSleep);
 
  private:
   // Thread `slot` (1..ranks-1) runs rank `slot`, except the caller's rank, whose thread

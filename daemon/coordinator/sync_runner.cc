@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/polling.h"
 #include "common/status_macros.h"
 #include "daemon/common/plan_report.h"
 #include "daemon/coordinator/layouts.h"
@@ -365,7 +366,7 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
           return;
         }
       },
-      CallerRank(links));
+      CallerRank(links), SyncWaitPoll(contacts.host_copies));
   std::vector<std::string> refused;
   std::vector<std::string> followers;  // named only when no rank refused on its own
   for (int32_t rank = 0; rank < world; ++rank) {
@@ -499,7 +500,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
         }
         if (!results[rank].ok()) abort_all(rank, std::string(results[rank].message()));
       },
-      CallerRank(links));
+      CallerRank(links), SyncWaitPoll(contacts.host_copies));
   std::vector<std::string> failures;
   bool written = false;  // some rank finished, or failed after it may have written
   for (int32_t rank = 0; rank < world; ++rank) {

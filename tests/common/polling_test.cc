@@ -2,13 +2,12 @@
 // as soon as what they wait for is there, whether it came while they polled or after.
 #include "common/polling.h"
 
-#include <time.h>
-
 #include <catch2/catch.hpp>
 #include <chrono>
 
 #include "common/grpc_polling.h"
 #include "grpcpp/alarm.h"
+#include "tests/common/thread_cpu.h"
 
 namespace shardsync {
 namespace {
@@ -43,24 +42,17 @@ TEST_CASE("AwaitUnaryFinish takes its queue's event, polled or slept for, and dr
   CHECK_FALSE(queue.Next(&tag, &ok));  // shut down and empty
 }
 
-// What the thread waiting has spent of a core.
-std::chrono::nanoseconds ThreadCpu() {
-  timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
-}
-
 TEST_CASE("AwaitUnaryFinish without polling sleeps: the wait spends almost none of a core") {
   grpc::CompletionQueue queue;
   grpc::Alarm alarm;
   const auto wait = std::chrono::milliseconds(300);
   const auto start = Clock::now();
-  const auto cpu_before = ThreadCpu();
+  const auto cpu_before = testing::ThreadCpu();
   alarm.Set(&queue, std::chrono::system_clock::now() + wait, &alarm);
   AwaitUnaryFinish(queue, Clock::duration::zero());
   CHECK(Clock::now() - start >= wait);
   // Polling would look for all of its 50 ms; a sleep costs microseconds.
-  CHECK(ThreadCpu() - cpu_before < kPollBeforeSleep / 5);
+  CHECK(testing::ThreadCpu() - cpu_before < kPollBeforeSleep / 5);
 }
 
 }  // namespace

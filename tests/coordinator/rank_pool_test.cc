@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "tests/common/thread_cpu.h"
 
 namespace shardsync::coordinator {
 namespace {
@@ -73,6 +74,19 @@ TEST_CASE("the caller's rank runs on the calling thread, every other rank on the
     }
     CHECK(distinct.size() == kRanks);
   }
+}
+
+TEST_CASE("a Run that does not poll sleeps while its last rank works: its caller spends almost none of a core") {
+  constexpr int kRanks = 4;
+  RankPool pool(kRanks);
+  const auto cpu_before = testing::ThreadCpu();
+  pool.Run(
+      [&](int32_t rank) {
+        if (rank == kRanks - 1) absl::SleepFor(absl::Milliseconds(300));
+      },
+      0, std::chrono::steady_clock::duration::zero());
+  // Polling would look for all of its 50 ms; a sleep costs microseconds.
+  CHECK(testing::ThreadCpu() - cpu_before < kPollBeforeSleep / 5);
 }
 
 TEST_CASE("a group gate admits at most its limit of groups, and any rank of an admitted group") {
