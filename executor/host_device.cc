@@ -86,11 +86,18 @@ absl::Status HostDevice::CopyDirect(const planner::Plan& plan, absl::Span<const 
 
 absl::Status HostDevice::QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) {
   for (const HashPiece& p : pieces) {
+    const uint8_t* bytes = data + p.offset;
+    const int64_t whole = p.bytes / 8;
     uint64_t sum = 0;
-    for (int64_t at = 0; at < p.bytes; at += 8) {
-      uint64_t word = 0;  // the last one zero-padded
-      std::memcpy(&word, data + p.offset + at, static_cast<size_t>(std::min<int64_t>(8, p.bytes - at)));
-      sum += WordHash(static_cast<uint64_t>(p.first_word + at / 8), word);
+    for (int64_t w = 0; w < whole; ++w) {
+      uint64_t word;
+      std::memcpy(&word, bytes + w * 8, 8);  // one load: the size is known
+      sum += WordHash(static_cast<uint64_t>(p.first_word + w), word);
+    }
+    if (p.bytes % 8 != 0) {
+      uint64_t tail = 0;  // zero-padded
+      std::memcpy(&tail, bytes + whole * 8, static_cast<size_t>(p.bytes % 8));
+      sum += WordHash(static_cast<uint64_t>(p.first_word + whole), tail);
     }
     hash_sums_.push_back(sum);
   }

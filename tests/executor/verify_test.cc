@@ -181,6 +181,13 @@ TEST_CASE("a region's word-hash sum does not depend on how it is cut into word-a
   };
   const int64_t size = static_cast<int64_t>(bytes.size());
   const uint64_t whole = sum_of(bytes, {{0, size, 0}});
+  uint64_t defined = 0;  // word_hash.h's definition, word by word, the last zero-padded
+  for (int64_t word = 0; word * 8 < size; ++word) {
+    uint64_t value = 0;
+    for (int64_t b = 0; b < 8 && word * 8 + b < size; ++b) value |= uint64_t{bytes[word * 8 + b]} << (8 * b);
+    defined += WordHash(static_cast<uint64_t>(word), value);
+  }
+  CHECK(whole == defined);
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<HashPiece> pieces;
     for (int64_t at = 0; at < size;) {
