@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
                  "the coordinator's --delta: off, auto or always; on, every link is staged (--direct never), as "
                  "between hosts")
       ->check(CLI::IsMember({"off", "auto", "always"}));
+  bool verify = false;
+  flags::AddSwitch(app, "--verify", verify,
+                   "every sync compares each target placement's checksum with its sources' (sync --verify)");
   if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
   if (!options.delta.empty() && options.delta != "off") options.direct = "never";
   if (tp * replicas > options.agents) return flags::UsageError(app, "tp * replicas exceeds the agents");
@@ -81,7 +84,7 @@ int main(int argc, char** argv) {
     double seconds = 0;
     for (int i = 1; i <= syncs; ++i) {
       if (i > 1) deployment.Refill(i);
-      auto response = localsync::SyncOnce(cluster, absl::Minutes(10));
+      auto response = localsync::SyncOnce(cluster, absl::Minutes(10), verify);
       if (!response.ok()) {
         cluster.DumpLogs();
         return Fail(std::string(response.status().message()));
