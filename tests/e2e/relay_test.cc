@@ -1,8 +1,11 @@
 // Agents on two nodes (--node): the trainer on node a, two rollout replicas on node b.
 // With the relay each element crosses between the nodes once, and the replicas copy
 // from each other in a second stage; without it every replica reads its own copy from
-// node a. Real daemons and client processes (CPU).
+// node a; with delta sync the changed elements cross once, as deltas, and the relay
+// forwards them whole inside node b. Real daemons and client processes (CPU).
 #include <catch2/catch.hpp>
+#include <map>
+#include <string>
 
 #include "client/cpp/client.h"
 #include "planner/types.h"
@@ -102,6 +105,59 @@ TEST_CASE("a rollout rank refilled alone on the relayed node reads node a itself
   CHECK(refill->stages() == 1);  // rank 2's target is not written now: never a source
   CHECK(deployment.CheckTargets(92, {3}).empty());
   CHECK(deployment.CheckTargets(91, {2}).empty());
+}
+
+TEST_CASE(
+    "relayed with --delta auto: changed elements cross into node b once, as deltas, and the relay forwards them") {
+  ClusterOptions options = TwoNodes("always");
+  options.delta = "auto";
+  options.direct = "never";  // the relay's forward is a staged link inside node b
+  Cluster cluster(options);
+  Deployment deployment(cluster, "relay-delta", kDisaggregated, 101);
+  RequireReady(deployment);
+  deployment.SetChanged(0.01);
+  for (uint64_t seed = 101; seed <= 103; ++seed) {
+    INFO("seed " << seed);
+    if (seed > 101) deployment.Refill(seed);
+    auto sync = SyncOnce(cluster, absl::Seconds(30), /*verify=*/true);
+    if (!sync.ok()) cluster.DumpLogs();
+    REQUIRE(sync.ok());
+    CHECK(deployment.CheckTargets(seed).empty());
+    CHECK(sync->verified_placements() == 14);
+    CHECK(sync->stages() == 2);
+    CHECK(sync->network_bytes() == ModelBytes(deployment));  // each element planned into node b once
+    int64_t into_b = 0, into_b_wire = 0, forwarded = 0, forwarded_wire = 0, elsewhere = 0;
+    for (const v1::LinkBytes& link : sync->links()) {
+      if (link.from_rank() < 2 && link.to_rank() >= 2) {
+        into_b += link.bytes();
+        into_b_wire += link.wire_bytes();
+      } else if (link.from_rank() >= 2 && link.to_rank() >= 2) {
+        forwarded += link.bytes();
+        forwarded_wire += link.wire_bytes();
+      } else {
+        elsewhere += link.bytes();
+      }
+    }
+    CHECK(elsewhere == 0);
+    CHECK(into_b == ModelBytes(deployment));
+    CHECK(forwarded > 0);
+    CHECK(forwarded_wire == forwarded);  // inside a node every chunk goes whole
+    int64_t deltas = 0;
+    std::map<std::string, int64_t> whole;
+    for (const v1::RankStats& r : sync->ranks()) {
+      deltas += r.delta_chunks();
+      for (const auto& [why, chunks] : r.full_chunks()) whole[why] += chunks;
+    }
+    CHECK(whole.count("same_node") == 1);
+    if (seed == 101) {
+      CHECK(deltas == 0);
+      CHECK(into_b_wire == into_b);
+    } else {
+      CHECK(deltas > 0);
+      CHECK(whole.size() == 1);          // between the nodes every chunk went as a delta
+      CHECK(into_b_wire * 10 < into_b);  // 1% changed: a few percent of the bytes
+    }
+  }
 }
 
 }  // namespace
