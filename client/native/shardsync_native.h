@@ -20,9 +20,9 @@ shardsync_channel* shardsync_channel_open(const char* address, const char* ca_pe
 
 // Calls `method` ("/shardsync.v1.Coordinator/Sync") with `request` and waits up to
 // `timeout_seconds`, polling for the answer for its first `poll_seconds` (0: sleeps at
-// once; common/polling.h says when a wait polls). Returns the gRPC status code (0: OK). On OK, `*response` holds
-// `*response_size` bytes the caller frees with shardsync_free; otherwise `message`
-// holds the server's message (truncated to `message_size`).
+// once; common/polling.h says when a wait polls). Returns the gRPC status code (0: OK).
+// On OK, `*response` holds `*response_size` bytes the caller frees with shardsync_free;
+// otherwise `message` holds the server's message (truncated to `message_size`).
 int shardsync_unary_call(shardsync_channel* channel, const char* method, const void* request, size_t request_size,
                          double timeout_seconds, double poll_seconds, void** response, size_t* response_size,
                          char* message, size_t message_size);

@@ -15,6 +15,7 @@ PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "l
 
 # How long a call polls for its answer before it sleeps (common/polling.h).
 POLL_SECONDS = 0.05
+
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _MESSAGE_BYTES = 4096
 
@@ -59,7 +60,8 @@ class NativeChannel:
         size = ctypes.c_size_t()
         message = ctypes.create_string_buffer(_MESSAGE_BYTES)
         code = self._library.shardsync_unary_call(self._channel, method.encode(), payload, len(payload), timeout,
-                                                  poll, ctypes.byref(response), ctypes.byref(size), message, _MESSAGE_BYTES)
+                                                  poll, ctypes.byref(response), ctypes.byref(size), message,
+                                                  _MESSAGE_BYTES)
         if code != 0:
             raise error_type(_CODES.get(code, grpc.StatusCode.UNKNOWN), message.value.decode(errors="replace"))
         try:
