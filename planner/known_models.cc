@@ -1,6 +1,7 @@
 #include "planner/known_models.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace shardsync::planner {
 namespace {
@@ -25,13 +26,9 @@ absl::StatusOr<DenseModelConfig> FindDenseModel(const std::string& name) {
   for (const DenseModelConfig& m : Known()) {
     if (m.name == name) return m;
   }
-  return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
-}
-
-std::vector<std::string> DenseModelNames() {
   std::vector<std::string> names;
   for (const DenseModelConfig& m : Known()) names.push_back(m.name);
-  return names;
+  return absl::NotFoundError(absl::StrCat("unknown model '", name, "' (known: ", absl::StrJoin(names, ", "), ")"));
 }
 
 ModelLayoutSpec Qwen3Layout(const DenseModelConfig& c, bool fused) {

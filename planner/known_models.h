@@ -24,7 +24,6 @@ struct DenseModelConfig {
 
 // "qwen3-0.6b", "qwen3-1.7b", "qwen3-8b".
 absl::StatusOr<DenseModelConfig> FindDenseModel(const std::string& name);
-std::vector<std::string> DenseModelNames();
 
 // The model's tensors as the rollout holds them: column/row parallel, padded vocab,
 // tied head; with `fused`, q/k/v and gate/up land in fused shards (vLLM's view).

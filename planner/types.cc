@@ -32,13 +32,6 @@ const DTypeInfo& Info(DType dtype) { return kDTypes[static_cast<int>(dtype)]; }
 int64_t ElementBytes(DType dtype) { return Info(dtype).bytes; }
 absl::string_view DTypeName(DType dtype) { return Info(dtype).name; }
 
-absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  for (const DTypeInfo& info : kDTypes) {
-    if (info.name == name) return info.dtype;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
-}
-
 bool CanConvert(DType from, DType to) { return from == to || (from == DType::kFloat32 && to == DType::kBFloat16); }
 
 Index ContiguousStrides(const Index& shape) {

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace shardsync::planner {
@@ -20,7 +19,6 @@ enum class DType : uint8_t { kFloat32, kBFloat16, kFloat16, kFloat8E4M3, kFloat8
 
 int64_t ElementBytes(DType dtype);
 absl::string_view DTypeName(DType dtype);
-absl::StatusOr<DType> ParseDType(absl::string_view name);
 // Same dtype, or a conversion the sender performs while packing (float32 -> bfloat16).
 bool CanConvert(DType from, DType to);
 

@@ -67,7 +67,7 @@ TEST_CASE("preset model specs expand to every tensor of the model") {
 TEST_CASE("a spec with an unknown key, an unknown preset or a bad dtype is refused") {
   CHECK_THAT(ErrorOf(R"({"modle": {}})"), Contains("modle"));
   CHECK_THAT(ErrorOf(R"({"model": {"preset": "gpt-5", "zero_stage": 3, "dp_ranks": [0]}})"),
-             Contains("unknown model 'gpt-5'"));
+             Contains("unknown model 'gpt-5' (known: qwen3-0.6b, qwen3-1.7b, qwen3-8b)"));
   CHECK_THAT(ErrorOf(R"({"sources": [{"name": "w", "shape": [2]}]})"),
              Contains("tensor 'w'") && Contains("unsupported dtype"));
   CHECK_THAT(ErrorOf("{not json"), Contains("layout spec"));
