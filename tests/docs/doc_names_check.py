@@ -21,7 +21,7 @@ CODE_DIRS = ("bench", "client", "common", "daemon", "deploy", "executor", "plann
 # Flags of other programs the docs show in their commands.
 OTHER_PROGRAMS = {"--config", "--test_output", "--system-site-packages", "--no-build-isolation", "--repo_env",
                   "--linkopt", "--watch", "--version", "--help", "--now",  # bazel, pip, systemctl
-                  "--custom-weight-loader"}  # SGLang's
+                  "--custom-weight-loader", "--enable-memory-saver"}  # SGLang's
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_]*(?:-[a-z0-9_]+)*")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")

@@ -99,10 +99,12 @@ def check_float8(report, rank, world, device, socket, coordinator, mesh):
     from standins import vllm_qwen3
 
     class StandinWorker(WorkerExtension):
-        """vLLM's worker as its worker extension sees it: model_runner.model, device, rank."""
+        """vLLM's worker as its worker extension sees it: model_runner.model, model_config,
+        device, rank."""
 
         def __init__(self, model):
             self.model_runner, self.rank, self.device = SimpleNamespace(model=model), rank, device
+            self.model_config = SimpleNamespace(enable_sleep_mode=False)
 
     vllm_qwen3.install_as_vllm()
     config = Qwen3Config(max_position_embeddings=64, **FLOAT8)

@@ -16,11 +16,13 @@ import sys
 import tempfile
 import time
 import unittest
+from types import SimpleNamespace
 from unittest import mock
 
+import grpc
 import torch
 
-from shardsync.client import AgentClient, CoordinatorClient, DescriptorBuffer
+from shardsync.client import AgentClient, CoordinatorClient, DescriptorBuffer, ShardsyncError
 from shardsync.integrations import (EngineTarget, ProbeError, TrainerSource, loader_targets, module_sources,
                                     module_targets, zero3_sources, zero12_master_sources)
 from shardsync.integrations.memory import tensor_buffer
@@ -28,7 +30,7 @@ from shardsync.integrations.modules import checkpoint_name, safetensors_shapes, 
 from shardsync.integrations.probe import Piece
 from shardsync.integrations.sources import namespaced
 from shardsync.integrations.targets import _elements, piece_scales
-from shardsync.integrations.vllm import created_parameters
+from shardsync.integrations.vllm import WorkerExtension, created_parameters
 from shardsync.layouts import tensor_layout
 from shardsync.testing import LocalCluster
 
@@ -304,6 +306,17 @@ class IntegrationsTest(unittest.TestCase):
         self.sync()
         for rank, engine in enumerate(engines):
             self.assertEqual(differences(engine, loaded_engine(DENSE, rank, tp, checkpoint)), [])
+
+    def test_vllm_in_sleep_mode_is_refused_by_name_before_any_agent_is_asked(self):
+        worker = WorkerExtension()
+        worker.model_runner = SimpleNamespace(model=vllm_qwen3.Qwen3ForCausalLM(DENSE))
+        worker.model_config = SimpleNamespace(enable_sleep_mode=True)
+        worker.rank, worker.device = 0, torch.device("cpu")
+        with self.assertRaises(ShardsyncError) as refused:
+            worker.shardsync_register(os.path.join(private_dir("ss-no-agent-"), "absent.sock"), "vllm",
+                                      vllm_qwen3.checkpoint_shapes(DENSE))
+        self.assertEqual(refused.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("vLLM's sleep mode (enable_sleep_mode=True)", str(refused.exception))
 
     def test_a_live_parameter_unlike_its_record_is_refused_by_name(self):
         self.enterContext(mock.patch.dict(sys.modules))

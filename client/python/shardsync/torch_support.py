@@ -71,8 +71,10 @@ def cuda_buffer(tensor: torch.Tensor) -> Tuple[shardsync_pb2.MemoryHandle, int]:
     except RuntimeError as error:
         raise ShardsyncError(
             grpc.StatusCode.FAILED_PRECONDITION,
-            f"this tensor's memory cannot be shared through a CUDA IPC handle ({error}); with "
-            "PyTorch's expandable segments set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False") from None
+            f"this tensor's memory cannot be shared through a CUDA IPC handle ({error}): memory mapped with "
+            "cuMemCreate has none (PyTorch's expandable segments: set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False; vLLM's sleep mode and SGLang's memory saver: "
+            "start the engine without them)") from None
     device, handle, storage_offset = shared[0], shared[1], shared[3]
     offset = storage_offset + tensor.storage_offset() * tensor.element_size()
     nbytes = tensor.numel() * tensor.element_size()

@@ -12,8 +12,9 @@ SGLang's hook passes only the model, so the rest comes from the environment of t
 SGLang process: SHARDSYNC_SOCKET (the agent's socket, formatted with ``device``),
 SHARDSYNC_CHECKPOINT (the model folder, whose safetensors headers give the checkpoint's
 shapes; required) and SHARDSYNC_CLIENT_ID (default "sglang").
-After ``release_memory_occupation``/``resume_memory_occupation`` the weights keep their
-addresses but, without ``--enable-weights-cpu-backup``, not their contents: sync again.
+SGLang's memory saver (``--enable-memory-saver``, which ``release_memory_occupation``
+needs) maps the weights with ``cuMemCreate``, which gives no CUDA IPC handle: their
+registration fails; run SGLang without it.
 """
 
 from typing import Dict, Iterable, Optional, Tuple

@@ -18,16 +18,16 @@ created them, from vLLM's own record of them for reloading
 float8 layers, and so is DeepGEMM's power-of-two scale format (``VLLM_USE_DEEP_GEMM_E8M0``),
 which changes the weights after loading. Where vLLM leaves the memory it loaded in place
 (its CUDA weights, unquantized or float8 on the CUTLASS and Triton kernels), what the
-loader wrote is what the engine reads. After ``llm.wake_up()`` from sleep level 1 the
-weights keep their addresses (vLLM's CuMem allocator keeps the virtual range); after
-level 2 their contents are gone until the next sync. ``shardsync_reregister`` registers
-again if the memory moved.
+loader wrote is what the engine reads. Sleep mode (``enable_sleep_mode=True``) is
+refused: vLLM then maps the weights through its CuMem allocator (``cuMemCreate``), which
+gives no CUDA IPC handle. ``shardsync_reregister`` registers again if the memory moved.
 """
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
+import grpc
 import torch
 
-from shardsync.client import AgentClient
+from shardsync.client import AgentClient, ShardsyncError
 from shardsync.integrations.modules import safetensors_shapes
 from shardsync.integrations.probe import ProbeError
 from shardsync.integrations.targets import SCALES, EngineTarget, float8_names, loader_targets
@@ -51,7 +51,13 @@ class WorkerExtension:
         """Registers this worker's weights with the agent at `socket` (formatted with
         ``device``, this worker's CUDA ordinal, and ``rank``) as client
         ``{client_id}-{rank}``. `checkpoint_shapes` ({name: shape}) defaults to the
-        tensors of the model's safetensors files. Returns the agent's rank."""
+        tensors of the model's safetensors files. Returns the agent's rank. Refused under
+        sleep mode: its weights have no CUDA IPC handle."""
+        if self.model_config.enable_sleep_mode:
+            raise ShardsyncError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 "vLLM's sleep mode (enable_sleep_mode=True) maps the weights with cuMemCreate, "
+                                 "which gives no CUDA IPC handle: shardsync cannot register them; start vLLM "
+                                 "without sleep mode")
         model = self.model_runner.model
         shapes = checkpoint_shapes or safetensors_shapes(self.model_config.model)
         agent = AgentClient(socket.format(device=self.device.index, rank=self.rank))
