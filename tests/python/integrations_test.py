@@ -222,6 +222,17 @@ class IntegrationsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "parameter group 0: rank 7 holds no partition of 6 elements"):
             zero12_master_sources(optimizer, module, rank_of=lambda g: 7)
 
+    def test_zero12_masters_offloaded_from_the_weights_device_are_refused_before_memory_is_shared(self):
+        module = CheckpointModule({"a": (4,), "b": (6,)})
+        optimizer = deepspeed_zero.Zero12Optimizer(module, 0, 2, {"a": torch.ones(4), "b": torch.ones(6)},
+                                                   param_groups=[["a"], ["b"]])
+        # offload_optimizer: the masters on another device than the bit16 flat.
+        optimizer.single_partition_of_fp32_groups[1] = optimizer.single_partition_of_fp32_groups[1].to("meta")
+        with self.assertRaisesRegex(ValueError, r"parameter group 1: the fp32 masters are on meta and the bit16 "
+                                                r"weights on cpu \(DeepSpeed's offload_optimizer"):
+            zero12_master_sources(optimizer, module, rank_of=lambda g: 0)
+        self.assertFalse(any(t.is_shared() for t in optimizer.bit16_groups_flat + optimizer.single_partition_of_fp32_groups[:1]))
+
     def test_an_optimizer_without_fp32_partitions_is_refused_by_name(self):
         module = CheckpointModule({"w": (4,)})
         with self.assertRaisesRegex(ValueError, "optimizer SGD holds no ZeRO-1/2 fp32 partitions"):

@@ -191,14 +191,21 @@ def zero12_master_sources(optimizer: Any, module: torch.nn.Module, rename: Renam
     elements [r*P, (r+1)*P) as fp32, P the partition's length, r this rank's index in
     ``real_dp_process_group[g]`` (``rank_of``, as for zero3_sources). Parameters in no
     group (frozen ones: DeepSpeed keeps no master of them) come whole from their own
-    memory, as module_sources reads them."""
+    memory, as module_sources reads them. Masters on another device than the weights
+    (``offload_optimizer``) are refused before any memory is shared."""
+    groups = _zero12_groups(optimizer)
+    for g, (_, flat, partition) in enumerate(groups):
+        if partition.device != flat.device:
+            raise ValueError(f"parameter group {g}: the fp32 masters are on {partition.device} and the bit16 weights "
+                             f"on {flat.device} (DeepSpeed's offload_optimizer keeps the masters in host memory); "
+                             "an agent reads one device's memory: register the bit16 weights (module_sources)")
     if rank_of is None:
         import torch.distributed as dist
         rank_of = lambda group: dist.get_rank(group=group)  # noqa: E731
     names = {id(param): name for name, param in module.named_parameters()}
     out = Layouts()
     mastered = set()
-    for g, (params, flat, partition) in enumerate(_zero12_groups(optimizer)):
+    for g, (params, flat, partition) in enumerate(groups):
         # Group g is partitioned over its own group (MoE expert groups differ from the DP group).
         rank = rank_of(optimizer.real_dp_process_group[g])
         size = partition.numel()
