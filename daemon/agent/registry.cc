@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "planner/quantize.h"
 #include "planner/validate.h"
@@ -41,6 +43,23 @@ absl::StatusOr<executor::MemoryHandle> ToHandle(const v1::MemoryHandle& in, cons
     handle.fd = descriptors[0].get();
   }
   return handle;
+}
+
+// A handle no backend of this agent takes: what memory it is, what the agent takes, and
+// where that memory goes instead.
+absl::Status NotTaken(const std::string& who, const executor::MemoryHandle& handle,
+                      const std::vector<executor::MemoryBackend*>& backends) {
+  const bool host = !handle.shm_name.empty() || handle.fd >= 0;
+  if (handle.cuda_ipc_handle.empty() && !host) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": its handle names no memory (no shared memory name, descriptor or CUDA IPC handle)"));
+  }
+  std::vector<std::string> taken;
+  for (const executor::MemoryBackend* backend : backends) taken.emplace_back(backend->name());
+  const std::string kind = host ? "host memory" : absl::StrCat("memory of CUDA device ", handle.device);
+  return absl::InvalidArgumentError(absl::StrCat(who, ": ", kind, " is not taken by this agent (it takes ",
+                                                 absl::StrJoin(taken, ", "), "): host memory goes to an agent of ",
+                                                 "--device cpu, CUDA memory to the agent of its device"));
 }
 
 // The request's layouts checked with the planner's own rules, on this rank alone.
@@ -126,8 +145,7 @@ absl::Status Registry::Add(v1::RegisterRequest request, const Peer& peer,
       if (candidate->Accepts(*handle)) backend = candidate;
     }
     if (backend == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(),
-                                                     "': no memory backend on this agent takes its handle"));
+      return NotTaken(absl::StrCat("client '", request.client_id(), "' buffer '", b.name(), "'"), *handle, backends_);
     }
     auto memory = backend->Open(*handle, b.bytes());
     if (!memory.ok()) {
@@ -348,8 +366,7 @@ absl::StatusOr<std::unique_ptr<executor::MappedBuffer>> Registry::OpenPeer(
   for (executor::MemoryBackend* backend : backends_) {
     if (backend->Accepts(*handle)) return backend->OpenPeer(*handle, buffer.bytes());
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("buffer '", buffer.name(), "': no memory backend on this agent takes its handle"));
+  return NotTaken(absl::StrCat("buffer '", buffer.name(), "'"), *handle, backends_);
 }
 
 absl::Status Registry::ProvideScratch(int64_t bytes) {

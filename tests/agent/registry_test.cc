@@ -59,6 +59,20 @@ v1::RegisterRequest Request(const std::string& client, const std::string& handle
   return request;
 }
 
+TEST_CASE("memory of a kind the agent does not take is refused, naming both kinds and where it goes") {
+  executor::HostShmBackend host;
+  Registry registry(0, {&host});
+  v1::RegisterRequest request = Request("rollout", "");
+  request.mutable_buffers(0)->mutable_handle()->set_cuda_ipc_handle(std::string(64, '\x07'));
+  request.mutable_buffers(0)->mutable_handle()->set_device(0);
+  const absl::Status refused = registry.Add(request, Peer{1234, 1000});
+  CHECK(absl::IsInvalidArgument(refused));
+  CHECK_THAT(std::string(refused.message()),
+             Contains("client 'rollout' buffer 'arena-rollout': memory of CUDA device 0 is not taken by this agent "
+                      "(it takes host-shm): host memory goes to an agent of --device cpu"));
+  CHECK(registry.Clients().empty());
+}
+
 TEST_CASE("a client registers only memory its own uid owns") {
   FakeBackend backend;
   Registry registry(0, {&backend});

@@ -76,7 +76,7 @@ TEST_CASE("bad registrations are refused with their reason and leave nothing reg
   SECTION("a handle no backend takes") {
     v1::RegisterRequest request = Request("trainer", v1::SOURCE, **shm, 64);
     request.mutable_buffers(0)->mutable_handle()->clear_shm_name();
-    CHECK_THAT(refused(request), Contains("no memory backend"));
+    CHECK_THAT(refused(request), Contains("client 'trainer' buffer 'b': its handle names no memory"));
   }
   SECTION("a ready event on a CPU agent, or from a target") {
     v1::RegisterRequest source = Request("trainer", v1::SOURCE, **shm, 64);

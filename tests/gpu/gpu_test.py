@@ -566,9 +566,29 @@ def shared_never_refused():
         cluster.stop()
 
 
+@case("host memory registered with a GPU agent is refused, naming what it takes and --device cpu")
+def host_memory_refused():
+    cluster = Cluster("host-memory", 1)
+    try:
+        host = shardsync.SharedBuffer(64)
+        layout = shardsync.tensor_layout("w", [16], "float32", flat_placements=[(0, 16, "host", 0)])
+        try:
+            shardsync.AgentClient(cluster.socket(0)).register("host-trainer", "source", {"host": host}, [layout])
+        except shardsync.ShardsyncError as error:
+            assert "host memory is not taken by this agent (it takes cuda-ipc)" in error.message, error.message
+            assert "an agent of --device cpu" in error.message, error.message
+            return error.message[:160]
+        finally:
+            host.close()
+        raise AssertionError("the GPU agent took host memory")
+    finally:
+        cluster.stop()
+
+
 def main():
     print(f"GPUs: {GPUS} x {torch.cuda.get_device_name(0) if GPUS else '-'}; torch {torch.__version__}", flush=True)
-    cases = [one_gpu, ready_event_case, main_job] + [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
+    cases = [one_gpu, ready_event_case, main_job, host_memory_refused]
+    cases += [layout_case(1, z, "TP1", [(0, 1, 0)]) for z in (1, 3)]
     cases += [layout_case(1, 3, "TP1", [(0, 1, 0)], serving="agent0")]
     cases += [engine_case(t, link, unpack) for t in ("copy", "nccl-self") for link, unpack in ((0, 0), (300, 0), (0, 300))]
     cases += [shared_layout_case(2, z, name, layout) for z in (1, 2, 3) for name, layout in TWO_GPU_LAYOUTS.items()]
