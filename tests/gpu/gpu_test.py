@@ -6,6 +6,7 @@ processes sharing torch CUDA tensors by IPC. Run by tests/gpu/run on a GPU machi
           it; the arena keeps its address. A trainer's ready event: the sync waits for
           writes still in flight (and reads early without the record: the control).
           The main job (tools/localsync/gpu_sync.py, scripts/quickstart's GPU path).
+          Host memory registered with the GPU agent is refused by name.
   2 GPUs: ZeRO-1, 2 and 3 over 2 ranks into TP2 and into TP1 x 2; every element equal
           after two syncs with changed sources; under ZeRO-1/2 no byte crosses GPUs; a
           missing shard makes the sync refused and no target changes; an agent killed
