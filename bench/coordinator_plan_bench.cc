@@ -5,6 +5,7 @@
 // at a time would. Times both, the file's and the requests' size, and the peak RSS;
 // then the agent's first step with the largest request: its wire bytes parsed and
 // decoded into the rank's plan and schedule (DecodeSchedule, every index checked).
+// Last, what a sync's response costs with every link in it (SyncRequest.links).
 //   bazel run -c opt //bench:coordinator_plan_bench -- [--moe-layers N] [--dense] [--plan-dir D]
 #include <sys/resource.h>
 
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "daemon/common/plan_report.h"
 #include "daemon/common/schedule_codec.h"
 #include "daemon/coordinator/epoch_plan.h"
 #include "planner/moe_layout.h"
@@ -70,16 +72,22 @@ int Run(int layers, bool dense, int64_t staging_bytes, const std::string& plan_d
   const absl::StatusOr<daemon::LocalSchedule> decoded = daemon::DecodeSchedule(received, max_rank);
   if (!decoded.ok()) return std::fprintf(stderr, "%s\n", std::string(decoded.status().message()).c_str()), 1;
   const double decode_ms = absl::ToDoubleMilliseconds(absl::Now() - decoding);
+  // What SyncRequest.links adds to a sync's response: every link, built and serialized.
+  const absl::Time linking = absl::Now();
+  v1::SyncResponse linked;
+  for (v1::LinkBytes& link : daemon::LinksOf(epoch->planned.stats)) *linked.add_links() = std::move(link);
+  const std::string linked_wire = linked.SerializeAsString();
+  const double links_ms = absl::ToDoubleMilliseconds(absl::Now() - linking);
   std::printf(
       "{\"case\":\"moe %d layers%s\",\"ranks\":%d,\"segments\":%lld,\"segment_records\":%lld,"
       "\"plan_ms\":%.1f,\"plan_file_bytes\":%lld,\"requests_ms\":%.1f,\"encoded_bytes\":%lld,"
-      "\"max_rank_encoded_bytes\":%lld,\"max_rank_decode_ms\":%.1f,\"digest\":\"%s\",\"layouts_rss_mib\":%ld,"
-      "\"peak_rss_mib\":%ld}\n",
+      "\"max_rank_encoded_bytes\":%lld,\"max_rank_decode_ms\":%.1f,\"links\":%d,\"links_bytes\":%zu,"
+      "\"links_ms\":%.1f,\"digest\":\"%s\",\"layouts_rss_mib\":%ld,\"peak_rss_mib\":%ld}\n",
       layers, dense ? " with dense tensors" : ", experts", epoch->planned.plan.num_ranks,
       static_cast<long long>(epoch->planned.stats.segments), static_cast<long long>(records), plan_ms,
       static_cast<long long>(epoch->segments->file_bytes()), requests_ms, static_cast<long long>(bytes),
-      static_cast<long long>(max_bytes), decode_ms, epoch->digest().c_str(), before.ru_maxrss / 1024,
-      usage.ru_maxrss / 1024);
+      static_cast<long long>(max_bytes), decode_ms, linked.links_size(), linked_wire.size(), links_ms,
+      epoch->digest().c_str(), before.ru_maxrss / 1024, usage.ru_maxrss / 1024);
   return 0;
 }
 

@@ -93,6 +93,8 @@ void AddRpcFlags(CLI::App& command, shardsync::cli::RpcCommandConfig& config, sh
     flags::AddSwitch(command, "--verify", config.verify,
                      "afterwards every agent checksums each target placement and the source bytes it came from; any "
                      "difference fails the sync (exit 4) naming tensor and rank");
+    flags::AddSwitch(command, "--links", config.links,
+                     "every link's bytes too (up to ranks x ranks of them; without it a sync reports per rank only)");
   }
   if (name == "explain") {
     flags::AddSwitch(command, "--layout", config.layout, "bytes per link too");

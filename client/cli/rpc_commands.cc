@@ -99,7 +99,11 @@ int RunSyncCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream& e
   std::atomic<bool> done{false};
   std::thread watcher;
   if (c.watch) watcher = std::thread([&] { Watch(c, done, out); });
-  auto response = coordinator.Sync(timeout, c.verify, c.target_ranks);
+  v1::SyncRequest request;
+  request.set_verify(c.verify);
+  request.set_links(c.links);
+  request.mutable_target_ranks()->Add(c.target_ranks.begin(), c.target_ranks.end());
+  auto response = coordinator.Sync(std::move(request), timeout);
   done = true;
   if (watcher.joinable()) watcher.join();
   if (!response.ok()) return Fail("sync", response.status(), err);

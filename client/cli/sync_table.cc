@@ -30,7 +30,7 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
         response.quantized_bytes(), Bytes(scratch), response.stages());
   }
   int64_t direct = 0, staged = 0;
-  for (const v1::LinkBytes& l : response.links()) (l.path() == v1::DIRECT ? direct : staged) += l.bytes();
+  for (const v1::RankStats& r : response.ranks()) direct += r.direct_sent_bytes(), staged += r.staged_sent_bytes();
   if (direct + staged > 0) {
     out << absl::StrFormat("between agents: %s direct (written in place, no staging), %s staged\n", Bytes(direct),
                            Bytes(staged));
@@ -89,6 +89,15 @@ void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out) {
   if (response.unverified_quantized_placements() > 0) {
     out << absl::StrFormat("not verified: %d float8 placements (their bytes are not their sources')\n",
                            response.unverified_quantized_placements());
+  }
+  if (response.links_size() > 0) {
+    out << "\nlinks (from -> to: bytes, path)\n";
+    for (const v1::LinkBytes& l : response.links()) {
+      out << absl::StrFormat(
+          "  %d -> %d: %s, %s%s\n", l.from_rank(), l.to_rank(), Bytes(l.bytes()),
+          l.path() == v1::DIRECT ? "direct" : "staged",
+          l.wire_bytes() > 0 ? absl::StrCat(", ", Bytes(l.wire_bytes()), " on the wire (delta)") : "");
+    }
   }
 }
 

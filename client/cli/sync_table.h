@@ -8,7 +8,8 @@
 namespace shardsync::cli {
 
 // Per rank: bytes sent, received and copied locally, rounds, chunks, peak staging,
-// seconds and effective GB/s ((received + local) / seconds); then the totals.
+// seconds and effective GB/s ((received + local) / seconds); then the totals; then
+// the links, when the response has them (SyncRequest.links).
 void PrintSyncTable(const v1::SyncResponse& response, std::ostream& out);
 
 }  // namespace shardsync::cli

@@ -120,9 +120,13 @@ CoordinatorClient::CoordinatorClient(const std::string& address, const Credentia
 absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(absl::Duration timeout, bool verify,
                                                          const std::vector<int32_t>& target_ranks) {
   v1::SyncRequest request;
-  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   request.set_verify(verify);
   request.mutable_target_ranks()->Add(target_ranks.begin(), target_ranks.end());
+  return Sync(std::move(request), timeout);
+}
+
+absl::StatusOr<v1::SyncResponse> CoordinatorClient::Sync(v1::SyncRequest request, absl::Duration timeout) {
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   // The coordinator needs a little longer than the sync's own deadline to report it.
   absl::StatusOr<v1::SyncResponse> response = Unary<v1::SyncRequest, v1::SyncResponse>(
       [&](auto* c, const auto& q, auto* cq) { return stub_->PrepareAsyncSync(c, q, cq); }, request,

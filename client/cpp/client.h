@@ -65,6 +65,8 @@ class CoordinatorClient {
   // copied on their host's cores (SyncResponse.host_copies).
   absl::StatusOr<v1::SyncResponse> Sync(absl::Duration timeout, bool verify = false,
                                         const std::vector<int32_t>& target_ranks = {});
+  // The same for a whole request (SyncRequest.links, ...); its timeout_ms is `timeout`.
+  absl::StatusOr<v1::SyncResponse> Sync(v1::SyncRequest request, absl::Duration timeout);
   // The plan's bytes and floor (the request's speeds; 0: the coordinator's cost model).
   absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request, absl::Duration timeout);
   absl::StatusOr<v1::CoordinatorStatus> Status(absl::Duration timeout);

@@ -170,7 +170,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   response.set_plan_seconds(*planned ? plan_->plan_seconds : 0);
   if (!one_call) response.set_prepare_seconds(absl::ToDoubleSeconds(execute_start - prepare_start));
   response.set_execute_seconds(absl::ToDoubleSeconds(executed - execute_start));
-  FillFromPlan(*responses, response);
+  FillFromPlan(*responses, request.links(), response);
   response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   record_.AddMoved(response);
   finish(absl::OkStatus()).IgnoreError();
@@ -189,7 +189,8 @@ absl::Status SyncRunner::CheckVerified(const std::vector<v1::ExecuteResponse>& r
   return absl::OkStatus();
 }
 
-void SyncRunner::FillFromPlan(std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const {
+void SyncRunner::FillFromPlan(std::vector<v1::ExecuteResponse>& responses, bool links,
+                              v1::SyncResponse& response) const {
   response.set_layout_epoch(plan_->epoch);
   response.set_digest(plan_->compiled.digest());
   const planner::StreamedPlan& planned = plan_->compiled.planned;
@@ -197,19 +198,22 @@ void SyncRunner::FillFromPlan(std::vector<v1::ExecuteResponse>& responses, v1::S
   response.set_network_bytes(planned.stats.total_network_bytes);
   response.set_relayed_bytes(planned.stats.total_relayed_bytes);
   response.mutable_target_ranks()->Add(plan_->target_ranks.begin(), plan_->target_ranks.end());
-  std::map<std::pair<int32_t, int32_t>, const v1::PeerWire*> wire;  // by (sender, receiver)
-  for (const v1::ExecuteResponse& r : responses) {
-    for (const v1::PeerWire& peer : r.stats().peer_wire()) wire[{r.stats().rank(), peer.peer()}] = &peer;
-  }
-  for (v1::LinkBytes& link : LinksOfPlan()) {
-    if (const auto sent = wire.find({link.from_rank(), link.to_rank()}); sent != wire.end()) {
-      link.set_wire_bytes(sent->second->wire_bytes());
-      link.set_changed_words(sent->second->changed_words());
+  if (links) {
+    std::map<std::pair<int32_t, int32_t>, const v1::PeerWire*> wire;  // by (sender, receiver)
+    for (const v1::ExecuteResponse& r : responses) {
+      for (const v1::PeerWire& peer : r.stats().peer_wire()) wire[{r.stats().rank(), peer.peer()}] = &peer;
     }
-    *response.add_links() = std::move(link);
+    for (v1::LinkBytes& link : LinksOfPlan()) {
+      if (const auto sent = wire.find({link.from_rank(), link.to_rank()}); sent != wire.end()) {
+        link.set_wire_bytes(sent->second->wire_bytes());
+        link.set_changed_words(sent->second->changed_words());
+      }
+      *response.add_links() = std::move(link);
+    }
   }
   for (v1::ExecuteResponse& r : responses) {
     response.set_quantized_bytes(response.quantized_bytes() + r.stats().quantized_bytes());
+    if (!links) r.mutable_stats()->clear_peer_wire();
     *response.add_ranks() = std::move(*r.mutable_stats());
   }
 }
@@ -231,14 +235,16 @@ absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest
   // Paths need every agent, and agents the coordinator can link (a sync would say
   // why not); without them the links say none.
   if (directory_.MissingRanks().empty() && EnsureLinkPaths().ok()) {
-    for (v1::LinkBytes& link : *response.mutable_links()) link.set_path(paths_.Path(link.from_rank(), link.to_rank()));
-    for (v1::RankStats& rank : *response.mutable_ranks()) {
-      for (const v1::LinkBytes& link : response.links()) {
-        if (link.path() != v1::DIRECT) continue;
-        if (link.from_rank() == rank.rank()) rank.set_direct_sent_bytes(rank.direct_sent_bytes() + link.bytes());
-        if (link.to_rank() == rank.rank()) {
-          rank.set_direct_received_bytes(rank.direct_received_bytes() + link.bytes());
-        }
+    std::map<int32_t, v1::RankStats*> by_rank;
+    for (v1::RankStats& rank : *response.mutable_ranks()) by_rank[rank.rank()] = &rank;
+    for (v1::LinkBytes& link : *response.mutable_links()) {
+      link.set_path(paths_.Path(link.from_rank(), link.to_rank()));
+      if (link.path() != v1::DIRECT) continue;
+      if (const auto from = by_rank.find(link.from_rank()); from != by_rank.end()) {
+        from->second->set_direct_sent_bytes(from->second->direct_sent_bytes() + link.bytes());
+      }
+      if (const auto to = by_rank.find(link.to_rank()); to != by_rank.end()) {
+        to->second->set_direct_received_bytes(to->second->direct_received_bytes() + link.bytes());
       }
     }
   }

@@ -84,8 +84,9 @@ class SyncRunner {
   absl::Status CheckVerified(const std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // The plan's fields of a successful sync's response, and every rank's stats (moved
-  // out of `responses`).
-  void FillFromPlan(std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const
+  // out of `responses`); with `links` every link (SyncRequest.links), else no rank's
+  // peer_wire either.
+  void FillFromPlan(std::vector<v1::ExecuteResponse>& responses, bool links, v1::SyncResponse& response) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Every link of the plan's schedules with its bytes and path.
   std::vector<v1::LinkBytes> LinksOfPlan() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);

@@ -58,14 +58,19 @@ TEST_CASE("delta sync: a trainer changing 1% of its elements puts a few percent 
       CHECK(wire * 10 < full);
       CHECK_THAT(table.str(), Contains(absl::StrCat(deltas, " chunks as deltas")));
     }
+    // Links were not asked for: none, and no rank's per-peer wire either.
+    CHECK(sync->links_size() == 0);
+    for (const v1::RankStats& r : sync->ranks()) CHECK(r.peer_wire_size() == 0);
   }
   // A rollout that restarted registers new memory with the same layout (the plan keeps
   // its digest): chunks into its rank go whole, as new targets; the other ranks keep
   // getting deltas; the sync after, every rank does.
   REQUIRE_THAT(deployment.RestartRollout(3), Catch::Matchers::StartsWith("ready"));
+  v1::SyncRequest with_links;
+  with_links.set_links(true);
   for (uint64_t seed = 85; seed <= 86; ++seed) {
     deployment.Refill(seed);
-    auto sync = SyncOnce(cluster, absl::Seconds(30));
+    auto sync = SyncOnce(cluster, with_links, absl::Seconds(30));
     REQUIRE(sync.ok());
     CHECK(deployment.CheckTargets(seed).empty());
     std::map<std::string, int64_t> whole;
@@ -79,6 +84,7 @@ TEST_CASE("delta sync: a trainer changing 1% of its elements puts a few percent 
       CHECK(deltas > 0);
       CHECK(whole.count("new_target") == 1);
       CHECK(whole.size() == 1);
+      CHECK(sync->links_size() > 0);
       for (const v1::LinkBytes& link : sync->links()) {
         if (link.path() == v1::STAGED && link.to_rank() == 3) CHECK(link.wire_bytes() == link.bytes());
       }
@@ -136,9 +142,11 @@ TEST_CASE("delta sync after an agent is killed, during a sync or between two: wh
   Deployment deployment(cluster, "delta-faults", ManyRoundsModelJson(), 60);
   RequireReady(deployment);
   deployment.SetChanged(0.01);
+  v1::SyncRequest with_links;  // the per-link checks below
+  with_links.set_links(true);
   const auto sync_exact = [&](uint64_t seed) {
     deployment.Refill(seed);
-    auto sync = SyncOnce(cluster, absl::Seconds(60));
+    auto sync = SyncOnce(cluster, with_links, absl::Seconds(60));
     if (!sync.ok()) cluster.DumpLogs();
     REQUIRE(sync.ok());
     const std::vector<std::string> errors = deployment.CheckTargets(seed);

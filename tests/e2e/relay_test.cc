@@ -116,10 +116,13 @@ TEST_CASE(
   Deployment deployment(cluster, "relay-delta", kDisaggregated, 101);
   RequireReady(deployment);
   deployment.SetChanged(0.01);
+  v1::SyncRequest request;
+  request.set_verify(true);
+  request.set_links(true);  // the bytes into node b and within it, per link
   for (uint64_t seed = 101; seed <= 103; ++seed) {
     INFO("seed " << seed);
     if (seed > 101) deployment.Refill(seed);
-    auto sync = SyncOnce(cluster, absl::Seconds(30), /*verify=*/true);
+    auto sync = SyncOnce(cluster, request, absl::Seconds(30));
     if (!sync.ok()) cluster.DumpLogs();
     REQUIRE(sync.ok());
     CHECK(deployment.CheckTargets(seed).empty());

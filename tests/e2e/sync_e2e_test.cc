@@ -59,7 +59,9 @@ TEST_CASE(
         const std::string address = deployment.RolloutAddress(layout.first_target_rank);
         CHECK(deployment.CheckTargets(stage * 100 + 1).size() > 0);  // poisoned before the sync
 
-        auto first = SyncOnce(cluster, absl::Seconds(20));
+        v1::SyncRequest with_links;
+        with_links.set_links(true);
+        auto first = SyncOnce(cluster, with_links, absl::Seconds(20));
         if (!first.ok()) cluster.DumpLogs();
         REQUIRE(first.ok());
         std::vector<std::string> errors = deployment.CheckTargets(stage * 100 + 1);
@@ -83,6 +85,7 @@ TEST_CASE(
         auto second = SyncOnce(cluster, absl::Seconds(20));
         REQUIRE(second.ok());
         CHECK(second->plan_seconds() == 0);  // the cached plan of this epoch
+        CHECK(second->links_size() == 0);    // not asked for
         // Agents of one host agree through their signal boards: no Prepare call.
         CHECK(second->one_call());
         errors = deployment.CheckTargets(stage * 100 + 2);
@@ -689,6 +692,13 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
     auto [json_code, json] = Ctl(cluster, {"sync", "--json"});
     CHECK(json_code == 0);
     CHECK_THAT(json, Contains("\"sync_id\"") && Contains("\"ranks\""));
+    CHECK_THAT(json, Contains("\"links\":[]"));  // a million at 1,024 ranks: only when asked
+    auto [links_code, links] = Ctl(cluster, {"sync", "--links", "--json"});
+    CHECK(links_code == 0);
+    CHECK_THAT(links, Contains("\"links\"") && Contains("\"from_rank\""));
+    auto [linked_code, linked] = Ctl(cluster, {"sync", "--links"});
+    CHECK(linked_code == 0);
+    CHECK_THAT(linked, Contains("links (from -> to: bytes, path)") && Contains(", direct\n"));
     auto [partial_code, partial] = Ctl(cluster, {"sync", "--target-ranks", "1,3"});
     CHECK(partial_code == 0);
     CHECK_THAT(partial, Contains("targets written on rank 1, rank 3\n"));

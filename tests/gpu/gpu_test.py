@@ -87,10 +87,10 @@ def ready(process):
     assert line.startswith("ready"), f"client did not register: {line!r}"
 
 
-def sync(cluster, timeout=60, verify=False):
+def sync(cluster, timeout=60, verify=False, links=False):
     """One sync through the native library packaged in dist/python (shardsync.native)."""
     client = shardsync.CoordinatorClient(cluster.coordinator, insecure=True, native=True)
-    return client.sync(timeout=timeout, verify=verify)
+    return client.sync(timeout=timeout, verify=verify, links=links)
 
 
 def case(name):
@@ -223,7 +223,7 @@ def two_checked_syncs(cluster, world, zero, rollouts, seed):
         assert ask(r, "check %d" % seed) == "ok"
     for t in trainers:
         assert ask(t, "refill %d" % (seed + 100)) == "refilled"
-    second = sync(cluster)
+    second = sync(cluster, links=True)
     assert second.one_call, "the second sync made a Prepare call"
     for r in clients:
         assert ask(r, "check %d" % (seed + 100)) == "ok"
@@ -447,6 +447,7 @@ def shared_layout_case(world, zero, name, rollouts):
             sent = sum(r.sent_bytes for r in second.ranks)
             for r in list(first.ranks) + list(second.ranks):
                 assert r.direct_sent_bytes == r.sent_bytes and r.peak_staging_bytes == 0 and r.rounds == 0, r
+            assert (len(second.links) > 0) == (sent > 0), second.links
             assert all(link.path == shardsync.shardsync_pb2.DIRECT for link in second.links), second.links
             verified = sync(cluster, verify=True)
             assert verified.verified_placements > 0, "verify compared nothing"

@@ -425,11 +425,15 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(len(response.ranks), WORLD)
         self.assertEqual(native.stats(), response)
         self.assertTrue(response.host_copies)  # CPU agents: the next sync's wait sleeps at once
+        self.assertEqual(len(response.links), 0)  # only when asked
         self.check(arenas, values)
         values = {name: rng.randbytes(len(v)) for name, v in values.items()}
         for rank, flat in enumerate(flats):
             self.fill_partitions(flat, rank, values)
-        self.assertEqual(native.sync(timeout=20).plan_seconds, 0.0)  # the cached plan
+        linked = native.sync(timeout=20, links=True)
+        self.assertEqual(linked.plan_seconds, 0.0)  # the cached plan
+        self.assertEqual(sum(link.bytes for link in linked.links), sum(r.sent_bytes for r in linked.ranks))
+        self.assertGreater(len(linked.links), 0)
         self.check(arenas, values)
         # Explain and Status decode to the same messages as through grpcio.
         grpcio = shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True)

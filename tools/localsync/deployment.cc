@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -216,6 +217,11 @@ int64_t Deployment::MismatchedBytes(uint64_t seed) const {
 absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout, bool verify) {
   client::CoordinatorClient coordinator = cluster.coordinator_client();
   return coordinator.Sync(timeout, verify);
+}
+
+absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, v1::SyncRequest request, absl::Duration timeout) {
+  client::CoordinatorClient coordinator = cluster.coordinator_client();
+  return coordinator.Sync(std::move(request), timeout);
 }
 
 }  // namespace shardsync::localsync

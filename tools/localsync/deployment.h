@@ -71,5 +71,7 @@ class Deployment {
 };
 
 absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout, bool verify = false);
+// The same for a whole request (SyncRequest.links, ...).
+absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, v1::SyncRequest request, absl::Duration timeout);
 
 }  // namespace shardsync::localsync

@@ -238,13 +238,14 @@ class CoordinatorClient:
         return _call(getattr(self._stub, method), request, timeout)
 
     def sync(self, timeout: float = 60.0, verify: bool = False,
-             target_ranks: Iterable[int] = ()) -> shardsync_pb2.SyncResponse:
+             target_ranks: Iterable[int] = (), links: bool = False) -> shardsync_pb2.SyncResponse:
         """Runs one sync on every agent and returns its SyncResponse (stats per rank).
         With verify, every target placement's checksum is compared with its sources'.
         With target_ranks, only the targets on those ranks are written (a rank whose
-        inference engine restarted); every other target keeps its bytes."""
+        inference engine restarted); every other target keeps its bytes. With links,
+        the response has every link's bytes too (up to ranks x ranks of them)."""
         request = shardsync_pb2.SyncRequest(timeout_ms=int(timeout * 1000), verify=verify,
-                                            target_ranks=list(target_ranks))
+                                            target_ranks=list(target_ranks), links=links)
         # Beside agents that copy on their host's cores, the native wait sleeps at once.
         poll = 0.0 if self._last is not None and self._last.host_copies else native_library.POLL_SECONDS
         self._last = self._unary("Sync", request, shardsync_pb2.SyncResponse, timeout + 10, poll)
