@@ -74,12 +74,22 @@ executor::PeerSetup PeersOf(const v1::PrepareRequest& request, int32_t rank) {
   return peers;
 }
 
-// The request's fields that every sync of one plan may change.
-void NameSync(const v1::PrepareRequest& request, int32_t rank, PreparedSync& prepared) {
+// The request's fields that every sync of one plan may change. Cached peers (one call)
+// are those `prepared` holds, of the request's communicator generation.
+absl::Status NameSync(const v1::PrepareRequest& request, int32_t rank, PreparedSync& prepared) {
+  if (!request.peers_cached()) {
+    prepared.peers = PeersOf(request, rank);
+  } else if (prepared.peers.generation != request.communicator_generation() ||
+             prepared.peers.communicator_id != request.communicator_id() ||
+             prepared.peers.world_size != request.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the peers of communicator generation ", request.communicator_generation(),
+        " are not held here (this agent holds generation ", prepared.peers.generation, "): prepare again"));
+  }
   prepared.sync_id = request.sync_id();
   prepared.deadline = absl::Milliseconds(request.deadline_ms());
-  prepared.peers = PeersOf(request, rank);
   prepared.agree_in_execute = request.agree_in_execute();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -114,7 +124,7 @@ absl::StatusOr<PreparedSync> Preparer::PrepareAndMap(const v1::PrepareRequest& r
   prepared.local = std::make_shared<const daemon::LocalSchedule>(std::move(local));
   prepared.staging_bytes = request.staging_bytes();
   prepared.checked_version = version;
-  NameSync(request, config_.rank, prepared);
+  SHARDSYNC_RETURN_IF_ERROR(NameSync(request, config_.rank, prepared));
   SHARDSYNC_RETURN_IF_ERROR(MapDirect(request, prepared));
   return prepared;
 }
@@ -124,7 +134,7 @@ absl::Status Preparer::RenewAndMap(const v1::PrepareRequest& request, bool map_d
   SHARDSYNC_RETURN_IF_ERROR(CheckStreams(prepared.local->schedule, request.world_size()));
   // A peer's ask for another plan's scratch may have replaced this plan's.
   SHARDSYNC_RETURN_IF_ERROR(registry_.ProvideScratch(prepared.local->scratch_bytes));
-  NameSync(request, config_.rank, prepared);
+  SHARDSYNC_RETURN_IF_ERROR(NameSync(request, config_.rank, prepared));
   const std::set<int32_t> direct(request.direct_peers().begin(), request.direct_peers().end());
   const bool mapped =
       prepared.direct_mapped && !map_direct &&
@@ -291,8 +301,8 @@ absl::Status Preparer::MapDirect(const v1::PrepareRequest& request, PreparedSync
   std::vector<std::string> names = local.buffer_names;
   for (const daemon::PeerBufferName& peer : local.peer_buffers) names.push_back(peer.name);
   for (const auto& [peer, buffers] : written) {
-    const auto address = request.peer_addresses().find(peer);
-    if (address == request.peer_addresses().end()) {
+    const auto address = prepared.peers.addresses.find(peer);
+    if (address == prepared.peers.addresses.end()) {
       return absl::InvalidArgumentError(absl::StrCat("no address for direct peer ", peer));
     }
     std::vector<std::string> wanted;

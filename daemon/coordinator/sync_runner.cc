@@ -310,7 +310,7 @@ absl::Status SyncRunner::RenewCommunicator() {
 
 v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, std::optional<v1::PrepareRequest> schedule,
                                                  const std::string& sync_id, absl::Duration execute_deadline,
-                                                 const std::map<int32_t, std::string>& addresses) {
+                                                 const std::map<int32_t, std::string>* addresses) {
   v1::PrepareRequest request = schedule ? *std::move(schedule) : v1::PrepareRequest();
   request.set_schedule_cached(!schedule.has_value());
   request.set_sync_id(sync_id);
@@ -322,8 +322,12 @@ v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, std::optional<v1:
   request.set_world_size(options_.epoch.world_size);
   for (int32_t peer : paths_.DirectPeers(rank)) request.add_direct_peers(peer);
   request.set_agree_in_execute(paths_.any_direct);
+  if (addresses == nullptr) {  // one call: the agent holds this generation's peers
+    request.set_peers_cached(true);
+    return request;
+  }
   // Every rank, not only those it sends to: Execute's agreement reaches all of them.
-  for (const auto& [peer, address] : addresses) {
+  for (const auto& [peer, address] : *addresses) {
     if (peer != rank) (*request.mutable_peer_addresses())[peer] = address;
   }
   request.mutable_peer_signal_boards()->insert(paths_.signal_boards[rank].begin(), paths_.signal_boards[rank].end());
@@ -359,7 +363,7 @@ absl::Status SyncRunner::PrepareAll(const std::string& sync_id, absl::Duration e
             schedule = *std::move(made);
           }
           const absl::StatusOr<v1::PrepareResponse> response = links.at(rank)->Prepare(
-              PrepareRequestFor(rank, std::move(schedule), sync_id, execute_deadline, contacts.addresses),
+              PrepareRequestFor(rank, std::move(schedule), sync_id, execute_deadline, &contacts.addresses),
               absl::Now() + options_.rpc_deadline);
           if (send_schedule) gate.Leave(group_of[rank]);
           if (!response.ok()) {
@@ -484,8 +488,7 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
     execute.set_digest(plan_->compiled.digest());
     execute.set_verify(verify);
     if (const auto delta = deltas.find(rank); delta != deltas.end()) *execute.mutable_delta() = delta->second;
-    if (one_call)
-      *execute.mutable_prepare() = PrepareRequestFor(rank, std::nullopt, sync_id, timeout, contacts.addresses);
+    if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, std::nullopt, sync_id, timeout, nullptr);
     called[rank] = absl::Now();
     // The agent's own waits end at the timeout; this leaves it room to say so.
     calls[rank] = links.at(rank)->StartExecute(std::move(execute), called[rank] + timeout + options_.rpc_deadline);

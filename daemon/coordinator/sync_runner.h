@@ -67,10 +67,12 @@ class SyncRunner {
       const google::protobuf::RepeatedField<int32_t>& requested) const;
   absl::Status PrepareAll(const std::string& sync_id, absl::Duration execute_deadline,
                           const AgentDirectory::Contacts& contacts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
-  // Rank `rank`'s Prepare around `schedule` (ScheduleRequest; none: the agent holds it).
+  // Rank `rank`'s Prepare around `schedule` (ScheduleRequest; none: the agent holds it),
+  // with every rank's `addresses` and its signal boards (null: one call, the agent holds
+  // this communicator generation's peers: PrepareRequest.peers_cached).
   v1::PrepareRequest PrepareRequestFor(int32_t rank, std::optional<v1::PrepareRequest> schedule,
                                        const std::string& sync_id, absl::Duration execute_deadline,
-                                       const std::map<int32_t, std::string>& addresses)
+                                       const std::map<int32_t, std::string>* addresses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Groups of ranks that must prepare together (direct peers), by rank.
   std::vector<int32_t> DirectGroups() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);

@@ -125,11 +125,12 @@ TEST_CASE("one Execute call prepares itself; a rank not ready stops every rank b
   for (const auto& result : ExecuteAll(ranks, execute)) REQUIRE(result.ok());
   for (int32_t r = 0; r < kWorld; ++r) CHECK(std::memcmp(ranks[r]->Target(), tensor.data(), kElements * 4) == 0);
 
-  SECTION("sync 2 in one call: every target exact, and bytes crossed between the ranks") {
+  SECTION("sync 2 in one call, the peers those of sync 1: every target exact, and bytes crossed between the ranks") {
     tensor = Refill(ranks, 2);
     for (int32_t r = 0; r < kWorld; ++r) {
       execute[r].set_sync_id("sync-2");
       *execute[r].mutable_prepare() = PrepareFor({}, "sync-2", digest, false);
+      execute[r].mutable_prepare()->set_peers_cached(true);  // as the coordinator's one call
     }
     const auto results = ExecuteAll(ranks, execute);
     for (int32_t r = 0; r < kWorld; ++r) {
@@ -226,6 +227,11 @@ TEST_CASE("Prepare refuses a world without its rank, peers outside it, and regio
     (*request.mutable_peer_signal_boards())[1] = "/shardsync-board-1-1";
     CHECK_THAT(refusal(1, request),
                Contains("a signal board is given for rank 1 in a world of 2 where this is rank 1"));
+  }
+  SECTION("peers said to be cached in a Prepare that brings its schedule") {
+    request.set_peers_cached(true);
+    CHECK_THAT(refusal(1, request),
+               Contains("the peers of communicator generation 1 are not held here (this agent holds generation 0)"));
   }
   SECTION("a deadline of no time") {
     request.set_deadline_ms(0);
