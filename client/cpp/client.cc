@@ -9,6 +9,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "common/client_messages.h"
 #include "common/descriptor_passing.h"
 #include "common/grpc_polling.h"
 #include "common/grpc_status.h"
@@ -17,12 +18,10 @@
 namespace shardsync::client {
 namespace {
 
-// Layouts of large models make large registrations and Explain and Status answers;
-// 64 MiB bounds them, as the daemons do.
 std::shared_ptr<grpc::Channel> Channel(const std::string& target, const Credentials& credentials) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(kClientMessageBytes);
+  args.SetMaxSendMessageSize(kClientMessageBytes);
   return MakeChannel(target, credentials, args);
 }
 

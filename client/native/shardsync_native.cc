@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/client_messages.h"
 #include "common/grpc_polling.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -42,6 +43,7 @@ extern "C" shardsync_channel* shardsync_channel_open(const char* address, const 
   // The credentials of common/tls.h (MakeChannel), built here from PEM bytes: that
   // library links gRPC statically in the portable build, which a shared object cannot.
   grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(shardsync::kClientMessageBytes);
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (tls) {
     grpc::SslCredentialsOptions options;

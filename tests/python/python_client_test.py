@@ -460,6 +460,29 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("target rank 7 is outside a world of 2", refused.exception.message)
         self.assertEqual(native.stats(), last)
 
+    def test_both_clients_take_an_answer_larger_than_grpcs_default_4_mib(self):
+        from concurrent import futures
+        import grpc
+        from shardsync import shardsync_pb2, shardsync_pb2_grpc
+
+        large = "x" * (5 << 20)  # a large world's Status or Explain answer
+
+        class Coordinator(shardsync_pb2_grpc.CoordinatorServicer):
+            def Status(self, request, context):
+                return shardsync_pb2.CoordinatorStatus(last_sync_error=large)
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        shardsync_pb2_grpc.add_CoordinatorServicer_to_server(Coordinator(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            for native in (None, NATIVE):
+                with self.subTest(native=native):
+                    client = shardsync.CoordinatorClient(f"127.0.0.1:{port}", insecure=True, native=native)
+                    self.assertEqual(len(client.status(timeout=20).last_sync_error), len(large))
+        finally:
+            server.stop(None)
+
     def test_the_native_client_fails_clearly_without_its_library_or_its_server(self):
         with self.assertRaises(FileNotFoundError) as missing:
             shardsync.CoordinatorClient(self.cluster.coordinator, insecure=True, native="/nonexistent/lib.so")

@@ -17,6 +17,10 @@ __all__ = ["AgentClient", "BufferLike", "CoordinatorClient", "DescriptorBuffer",
 # An agent serving the unix socket PATH takes passed memory on PATH + this (the agent's
 # DescriptorSocketPath).
 _DESCRIPTOR_SOCKET_SUFFIX = ".fds"
+# The largest answer taken from a daemon, as the C++ client and the native library bound
+# it (common/client_messages.h): Explain and Status answers of a large world. gRPC's own
+# default takes 4 MiB. What is sent is the agent's to bound (--max-message-bytes).
+_MESSAGE_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
 
 
 class BufferLike(Protocol):
@@ -113,7 +117,7 @@ class AgentClient:
 
     def __init__(self, socket_path: str) -> None:
         self._socket_path = socket_path
-        self._channel = grpc.insecure_channel("unix:" + socket_path)
+        self._channel = grpc.insecure_channel("unix:" + socket_path, options=_MESSAGE_OPTIONS)
         self._stub = shardsync_pb2_grpc.AgentStub(self._channel)
 
     def _put_descriptor(self, connection: Optional[socket.socket], fd: int,
@@ -221,12 +225,12 @@ class CoordinatorClient:
             self._native = native_library.NativeChannel(path, address, pems, server_name)
         else:
             if pems is None:
-                self._channel = grpc.insecure_channel(address)
+                self._channel = grpc.insecure_channel(address, options=_MESSAGE_OPTIONS)
             else:
                 ca, cert, key = pems
                 credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
                 options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-                self._channel = grpc.secure_channel(address, credentials, options=options)
+                self._channel = grpc.secure_channel(address, credentials, options=options + _MESSAGE_OPTIONS)
             self._stub = shardsync_pb2_grpc.CoordinatorStub(self._channel)
         self._last: Optional[shardsync_pb2.SyncResponse] = None
 
