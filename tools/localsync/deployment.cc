@@ -215,8 +215,9 @@ int64_t Deployment::MismatchedBytes(uint64_t seed) const {
 }
 
 absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, absl::Duration timeout, bool verify) {
-  client::CoordinatorClient coordinator = cluster.coordinator_client();
-  return coordinator.Sync(timeout, verify);
+  v1::SyncRequest request;
+  request.set_verify(verify);
+  return SyncOnce(cluster, std::move(request), timeout);
 }
 
 absl::StatusOr<v1::SyncResponse> SyncOnce(const Cluster& cluster, v1::SyncRequest request, absl::Duration timeout) {
