@@ -9,9 +9,7 @@ namespace shardsync::executor {
 class HostShmBackend final : public MemoryBackend {
  public:
   absl::string_view name() const override { return "host-shm"; }
-  bool Accepts(const MemoryHandle& handle) const override {
-    return !handle.shm_name.empty() || (handle.fd >= 0 && handle.device < 0);
-  }
+  bool Accepts(const MemoryHandle& handle) const override { return handle.host_memory(); }
   absl::StatusOr<std::unique_ptr<MappedBuffer>> Open(const MemoryHandle& handle, int64_t bytes) override;
   // A new object, /shardsync-scratch-..., mode 0600, every page backed, locked (flock)
   // while this process holds it and unlinked when the buffer is destroyed.

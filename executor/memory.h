@@ -20,6 +20,8 @@ struct MemoryHandle {
   int fd = -1;                  // a descriptor of host memory (memfd, shared memory), borrowed for the call
   int64_t offset_bytes = 0;     // the buffer's start inside the mapped object
   int32_t device = -1;          // CUDA ordinal, -1 for host
+  // Host memory: a shared memory object by name, or a descriptor of host memory.
+  bool host_memory() const { return !shm_name.empty() || (fd >= 0 && device < 0); }
 };
 
 // Where a mapping's bytes live, comparable across one agent's mappings: two spans of

@@ -49,7 +49,7 @@ absl::StatusOr<executor::MemoryHandle> ToHandle(const v1::MemoryHandle& in, cons
 // where that memory goes instead.
 absl::Status NotTaken(const std::string& who, const executor::MemoryHandle& handle,
                       const std::vector<executor::MemoryBackend*>& backends) {
-  const bool host = !handle.shm_name.empty() || handle.fd >= 0;
+  const bool host = handle.host_memory();
   if (handle.cuda_ipc_handle.empty() && !host) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": its handle names no memory (no shared memory name, descriptor or CUDA IPC handle)"));
