@@ -143,15 +143,15 @@ __global__ void CopyKernel(const CopyDescriptor* descriptors, const int64_t* fir
 
 constexpr int kHashThreads = 256;
 
-__global__ void HashKernel(const uint8_t* data, const HashPiece* pieces, uint64_t* sums) {
+__global__ void HashKernel(const HashPiece* pieces, uint64_t* sums) {
   const HashPiece p = pieces[blockIdx.x];
-  const uint64_t* words = reinterpret_cast<const uint64_t*>(data + p.offset);  // 8-byte aligned
+  const uint64_t* words = reinterpret_cast<const uint64_t*>(p.data);  // 8-byte aligned
   const int64_t whole = p.bytes / 8;
   uint64_t sum = 0;
   for (int64_t w = threadIdx.x; w < whole; w += blockDim.x) sum += WordHash(p.first_word + w, words[w]);
   if (threadIdx.x == 0 && p.bytes % 8 != 0) {
     uint64_t tail = 0;
-    const uint8_t* bytes = data + p.offset + whole * 8;
+    const uint8_t* bytes = p.data + whole * 8;
     for (int b = 0; b < p.bytes % 8; ++b) tail |= static_cast<uint64_t>(bytes[b]) << (8 * b);
     sum += WordHash(p.first_word + whole, tail);
   }
@@ -291,10 +291,9 @@ cudaError_t LaunchQuantizes(const QuantizeDescriptor* descriptors, int32_t count
   return cudaGetLastError();
 }
 
-cudaError_t LaunchHashes(const uint8_t* data, const HashPiece* pieces, int32_t count, uint64_t* sums,
-                         cudaStream_t stream) {
+cudaError_t LaunchHashes(const HashPiece* pieces, int32_t count, uint64_t* sums, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  HashKernel<<<static_cast<unsigned>(count), kHashThreads, 0, stream>>>(data, pieces, sums);
+  HashKernel<<<static_cast<unsigned>(count), kHashThreads, 0, stream>>>(pieces, sums);
   return cudaGetLastError();
 }
 

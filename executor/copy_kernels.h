@@ -60,9 +60,8 @@ struct QuantizeDescriptor {
 cudaError_t LaunchQuantizes(const QuantizeDescriptor* descriptors, int32_t count, int64_t total_blocks,
                             cudaStream_t stream);
 
-// sums[i] = the sum of WordHash over piece i of `data` (one block a piece). `pieces` and
-// `sums` are in device memory.
-cudaError_t LaunchHashes(const uint8_t* data, const HashPiece* pieces, int32_t count, uint64_t* sums,
-                         cudaStream_t stream);
+// sums[i] = the sum of WordHash over piece i (one block a piece). `pieces` and `sums`
+// are in device memory, and so is what the pieces point at.
+cudaError_t LaunchHashes(const HashPiece* pieces, int32_t count, uint64_t* sums, cudaStream_t stream);
 
 }  // namespace shardsync::executor

@@ -363,7 +363,7 @@ absl::StatusOr<double> CudaDevice::TakeLocalSeconds() {
 
 absl::Status CudaDevice::Synchronize() { return SynchronizeAll(); }
 
-absl::Status CudaDevice::QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) {
+absl::Status CudaDevice::QueueHashes(absl::Span<const HashPiece> pieces) {
   if (pieces.empty()) return absl::OkStatus();
   SHARDSYNC_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
   const cudaStream_t stream = streams_.pack;
@@ -386,7 +386,7 @@ absl::Status CudaDevice::QueueHashes(const uint8_t* data, absl::Span<const HashP
   SHARDSYNC_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(hash_pieces_, pieces.data(), pieces.size() * sizeof(HashPiece), cudaMemcpyHostToDevice, stream));
   SHARDSYNC_CUDA_RETURN_IF_ERROR(
-      LaunchHashes(data, hash_pieces_, static_cast<int32_t>(pieces.size()), hash_sums_ + hash_queued_, stream));
+      LaunchHashes(hash_pieces_, static_cast<int32_t>(pieces.size()), hash_sums_ + hash_queued_, stream));
   hash_queued_ += pieces.size();
   return absl::OkStatus();
 }

@@ -56,7 +56,7 @@ class CudaDevice final : public Device {
                         const BufferTable& buffers) override;
   absl::Status Fence() override;
   absl::Status Synchronize() override;
-  absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
+  absl::Status QueueHashes(absl::Span<const HashPiece> pieces) override;
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;
   absl::StatusOr<double> TakeLocalSeconds() override;
   // Opens a cudaIpcEventHandle_t; every stream waits for it in WaitFor.

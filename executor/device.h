@@ -86,11 +86,11 @@ class Device {
   virtual absl::Status Fence() = 0;
   // Waits for everything queued so far.
   virtual absl::Status Synchronize() = 0;
-  // Queues the hashing of `pieces` of `data` (staging of slot 0) where the data lives,
-  // after the packs queued so far and before the next ones: the sum of WordHash over
-  // each piece (executor/word_hash.h). CollectHashes waits and returns the sums of every
-  // piece queued since its last call, in order: the host never waits between batches.
-  virtual absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) = 0;
+  // Queues the hashing of `pieces` (of staging or of registered buffers) where the data
+  // lives, after the packs queued so far and before the next ones: the sum of WordHash
+  // over each piece (executor/word_hash.h). CollectHashes waits and returns the sums of
+  // every piece queued since its last call, in order: the host never waits between batches.
+  virtual absl::Status QueueHashes(absl::Span<const HashPiece> pieces) = 0;
   virtual absl::StatusOr<std::vector<uint64_t>> CollectHashes() = 0;
   // How long the copies and fills of the CopyLocal calls since the last call ran,
   // added up (after Synchronize): beside the rounds on a device, so the part of a sync
@@ -125,7 +125,7 @@ class HostDevice final : public Device {
                         const BufferTable& buffers) override;
   absl::Status Fence() override { return absl::OkStatus(); }  // every copy is done on return
   absl::Status Synchronize() override { return absl::OkStatus(); }
-  absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override;
+  absl::Status QueueHashes(absl::Span<const HashPiece> pieces) override;
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override;
   absl::StatusOr<double> TakeLocalSeconds() override { return std::exchange(local_seconds_, 0); }
 

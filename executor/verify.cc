@@ -79,16 +79,31 @@ Reads ReadsOf(const planner::Plan& plan, const planner::Schedule& schedule) {
   return reads;
 }
 
-// The sum of the word hashes of every segment of `reads` (numbered from its start),
-// packed on the device into batches of a staging buffer of at least `staging_bytes`.
+// Where segment `s`'s elements lie back to back in row-major order on its source side,
+// in the dtype it hashes in, 8-byte aligned: its first byte there; else null.
+const uint8_t* InPlace(const planner::Segment& s, const BufferTable& buffers) {
+  if (s.src_dtype != s.dst_dtype) return nullptr;
+  int64_t stride = 1;
+  for (int k = s.axes - 1; k >= 0; --k) {
+    if (s.shape[k] != 1 && s.src_strides[k] != stride) return nullptr;
+    stride *= s.shape[k];
+  }
+  const uint8_t* first = buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype);
+  return reinterpret_cast<uintptr_t>(first) % 8 == 0 ? first : nullptr;
+}
+
+// The sum of the word hashes of every segment of `reads` (numbered from its start).
+// A segment that lies in place is hashed where it lies; the others are packed on the
+// device into batches of a staging buffer of at least `staging_bytes`, made only if
+// one needs it.
 absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner::Plan& reads,
                                                    const BufferTable& buffers, int64_t staging_bytes) {
-  // A part starts at a multiple of kPieceBytes of its segment (so its words are numbered
-  // from there) and at a 16-byte aligned offset of the staging buffer (so the device reads
-  // whole words).
+  // A piece starts at a multiple of kPieceBytes of its segment (so its words are numbered
+  // from there); a packed part at a 16-byte aligned offset of the staging buffer (so the
+  // device reads whole words).
   constexpr int64_t kPieceBytes = 64 << 10;
   staging_bytes = std::max<int64_t>(staging_bytes, 1 << 20);
-  SHARDSYNC_ASSIGN_OR_RETURN(auto staging, device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, staging_bytes));
+  uint8_t* staging = nullptr;
   struct Part {
     planner::ChunkPart elements;  // of reads.segments[elements.segment]
     int64_t offset;               // in the staging
@@ -97,8 +112,14 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
   };
   std::vector<Part> batch;
   int64_t used = 0;
-  std::vector<HashPiece> pieces;
-  std::vector<int32_t> piece_segment;  // of every piece queued, in order
+  std::vector<HashPiece> pieces;       // to queue next
+  std::vector<int32_t> piece_segment;  // of every piece queued or to queue, in order
+  const auto add_pieces = [&](const uint8_t* data, int64_t bytes, int64_t segment_byte, int32_t segment) {
+    for (int64_t at = 0; at < bytes; at += kPieceBytes) {
+      pieces.push_back({data + at, std::min(kPieceBytes, bytes - at), (segment_byte + at) / 8});
+      piece_segment.push_back(segment);
+    }
+  };
   const auto flush = [&]() -> absl::Status {
     // One Pack for each run of parts that lie back to back.
     for (size_t first = 0; first < batch.size();) {
@@ -109,15 +130,11 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
       SHARDSYNC_RETURN_IF_ERROR(device.Pack(reads, run, buffers, staging + batch[first].offset, /*slot=*/0));
       first = last;
     }
-    pieces.clear();
-    for (const Part& part : batch) {
-      for (int64_t at = 0; at < part.bytes; at += kPieceBytes) {
-        pieces.push_back({part.offset + at, std::min(kPieceBytes, part.bytes - at), (part.segment_byte + at) / 8});
-        piece_segment.push_back(part.elements.segment);
-      }
-    }
+    for (const Part& part : batch)
+      add_pieces(staging + part.offset, part.bytes, part.segment_byte, part.elements.segment);
     // Queued behind this batch's packs and before the next batch's: no wait here.
-    SHARDSYNC_RETURN_IF_ERROR(device.QueueHashes(staging, pieces));
+    SHARDSYNC_RETURN_IF_ERROR(device.QueueHashes(pieces));
+    pieces.clear();
     batch.clear();
     used = 0;
     return absl::OkStatus();
@@ -126,6 +143,13 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
     const planner::Segment& s = reads.segments[r];
     const int64_t element = planner::ElementBytes(s.dst_dtype);
     const int64_t elements = planner::SegmentElements(s);
+    if (const uint8_t* data = InPlace(s, buffers)) {
+      add_pieces(data, elements * element, 0, static_cast<int32_t>(r));
+      continue;
+    }
+    if (staging == nullptr) {
+      SHARDSYNC_ASSIGN_OR_RETURN(staging, device.Staging(/*peer=*/-1, /*send=*/true, /*slot=*/0, staging_bytes));
+    }
     for (int64_t begin = 0; begin < elements;) {
       int64_t offset = (used + 15) / 16 * 16;
       if (offset + kPieceBytes > staging_bytes) {  // room for at least one piece, or flush
@@ -148,7 +172,7 @@ absl::StatusOr<std::vector<uint64_t>> HashSegments(Device& device, const planner
   std::vector<uint64_t> segment_sums(reads.segments.size(), 0);
   for (size_t k = 0; k < sums.size(); ++k) segment_sums[piece_segment[k]] += sums[k];
   // The staging buffer is extra device memory only while verifying: give it back.
-  SHARDSYNC_RETURN_IF_ERROR(device.ReleaseStaging(/*peer=*/-1, /*send=*/true));
+  if (staging != nullptr) SHARDSYNC_RETURN_IF_ERROR(device.ReleaseStaging(/*peer=*/-1, /*send=*/true));
   return segment_sums;
 }
 

@@ -28,10 +28,10 @@ SHARDSYNC_HOST_DEVICE inline uint64_t WordHash(uint64_t index, uint64_t word) {
   return Mix64(word ^ Mix64(index + 0x632be59bd9b4e019ULL));
 }
 
-// A stretch of a region to hash: `bytes` at `offset` of the data (8-byte aligned),
-// starting at word `first_word` of its region.
+// A stretch of a region to hash: `bytes` at `data` (8-byte aligned, where the device
+// reads: staging or a registered buffer), starting at word `first_word` of its region.
 struct HashPiece {
-  int64_t offset;
+  const uint8_t* data;
   int64_t bytes;
   int64_t first_word;
 };

@@ -111,9 +111,7 @@ class HeldDevice final : public Device {
   }
   absl::Status Fence() override { return inner_.Fence(); }
   absl::Status Synchronize() override { return inner_.Synchronize(); }
-  absl::Status QueueHashes(const uint8_t* data, absl::Span<const HashPiece> pieces) override {
-    return inner_.QueueHashes(data, pieces);
-  }
+  absl::Status QueueHashes(absl::Span<const HashPiece> pieces) override { return inner_.QueueHashes(pieces); }
   absl::StatusOr<std::vector<uint64_t>> CollectHashes() override { return inner_.CollectHashes(); }
   absl::StatusOr<double> TakeLocalSeconds() override { return inner_.TakeLocalSeconds(); }
 
