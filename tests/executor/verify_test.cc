@@ -13,6 +13,7 @@
 #include "planner/model_layout.h"
 #include "planner/schedule.h"
 #include "tests/executor/buffer_table.h"
+#include "tests/executor/forwarding_device.h"
 #include "tests/planner/random_layouts.h"
 #include "tests/planner/sync_check.h"
 
@@ -166,58 +167,24 @@ TEST_CASE("relayed: a forwarded copy is checked against the relay's target, and 
   CHECK(relayed > 10);
 }
 
-// A host device that counts the bytes it packs and the bytes it hashes.
-class CountingDevice final : public Device {
+// A device that counts the bytes it packs and the bytes it hashes.
+class CountingDevice final : public testing::ForwardingDevice {
  public:
-  absl::string_view name() const override { return inner_.name(); }
-  absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int slot, int64_t bytes) override {
-    return inner_.Staging(peer, send, slot, bytes);
-  }
-  absl::Status ReleaseStaging(int32_t peer, bool send) override { return inner_.ReleaseStaging(peer, send); }
+  using ForwardingDevice::ForwardingDevice;
   absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
                     uint8_t* out, int slot) override {
     for (const planner::ChunkPart& part : parts) {
       packed += (part.end - part.begin) * planner::ElementBytes(plan.segments[part.segment].dst_dtype);
     }
-    return inner_.Pack(plan, parts, buffers, out, slot);
+    return ForwardingDevice::Pack(plan, parts, buffers, out, slot);
   }
-  absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
-                      const BufferTable& buffers, int slot) override {
-    return inner_.Unpack(plan, parts, in, buffers, slot);
-  }
-  absl::Status Gather(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
-                      uint8_t* out, int slot) override {
-    return inner_.Gather(plan, parts, buffers, out, slot);
-  }
-  absl::Status BeforeTransfer(int) override { return absl::OkStatus(); }
-  absl::Status AfterTransfer(int) override { return absl::OkStatus(); }
-  absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
-                         const BufferTable& buffers) override {
-    return inner_.CopyLocal(plan, segments, fills, buffers);
-  }
-  absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
-                          const BufferTable& buffers) override {
-    return inner_.CopyDirect(plan, segments, buffers);
-  }
-  absl::Status FinishDirect() override { return absl::OkStatus(); }
-  absl::Status Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
-                        const BufferTable& buffers) override {
-    return inner_.Quantize(plan, quantizes, buffers);
-  }
-  absl::Status Fence() override { return absl::OkStatus(); }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status QueueHashes(absl::Span<const HashPiece> pieces) override {
     for (const HashPiece& piece : pieces) hashed += piece.bytes;
-    return inner_.QueueHashes(pieces);
+    return ForwardingDevice::QueueHashes(pieces);
   }
-  absl::StatusOr<std::vector<uint64_t>> CollectHashes() override { return inner_.CollectHashes(); }
-  absl::StatusOr<double> TakeLocalSeconds() override { return inner_.TakeLocalSeconds(); }
 
   int64_t packed = 0;
   int64_t hashed = 0;
-
- private:
-  HostDevice inner_;
 };
 
 TEST_CASE("regions hashed where they lie sum as they do packed; misaligned ones are packed") {
@@ -244,7 +211,8 @@ TEST_CASE("regions hashed where they lie sum as they do packed; misaligned ones 
       shifted_at[holder] = at;
     }
     for (int32_t r = 0; r < plan->num_ranks; ++r) {
-      CountingDevice aligned_device, shifted_device;
+      HostDevice aligned_host, shifted_host;
+      CountingDevice aligned_device(aligned_host), shifted_device(shifted_host);
       const absl::StatusOr<Checksums> aligned =
           ComputeChecksums(aligned_device, *plan, schedules[r], TableFor(r, buffers), 1 << 20);
       BufferTable table = TableFor(r, buffers);

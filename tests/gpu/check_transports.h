@@ -17,6 +17,7 @@
 #include "executor/cuda_check.h"
 #include "executor/cuda_device.h"
 #include "executor/transport.h"
+#include "tests/executor/forwarding_device.h"
 
 namespace shardsync::executor::testing {
 
@@ -73,50 +74,22 @@ inline absl::Status Hold(cudaStream_t stream, int64_t microseconds) {
 
 // A CudaDevice whose network stream is held before every transfer (a slow link) and
 // whose unpack stream is held before every unpack (slow unpacks).
-class HeldDevice final : public Device {
+class HeldDevice final : public shardsync::testing::ForwardingDevice {
  public:
   HeldDevice(CudaDevice& inner, int64_t link_us, int64_t unpack_us)
-      : inner_(inner), link_us_(link_us), unpack_us_(unpack_us) {}
-  absl::string_view name() const override { return inner_.name(); }
-  absl::StatusOr<uint8_t*> Staging(int32_t peer, bool send, int slot, int64_t bytes) override {
-    return inner_.Staging(peer, send, slot, bytes);
-  }
-  absl::Status ReleaseStaging(int32_t peer, bool send) override { return inner_.ReleaseStaging(peer, send); }
-  absl::Status Pack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const BufferTable& buffers,
-                    uint8_t* out, int slot) override {
-    return inner_.Pack(plan, parts, buffers, out, slot);
-  }
+      : ForwardingDevice(inner), cuda_(inner), link_us_(link_us), unpack_us_(unpack_us) {}
   absl::Status Unpack(const planner::Plan& plan, absl::Span<const planner::ChunkPart> parts, const uint8_t* in,
                       const BufferTable& buffers, int slot) override {
-    SHARDSYNC_RETURN_IF_ERROR(Hold(inner_.unpack_stream(), unpack_us_));
-    return inner_.Unpack(plan, parts, in, buffers, slot);
+    SHARDSYNC_RETURN_IF_ERROR(Hold(cuda_.unpack_stream(), unpack_us_));
+    return ForwardingDevice::Unpack(plan, parts, in, buffers, slot);
   }
   absl::Status BeforeTransfer(int slot) override {
-    SHARDSYNC_RETURN_IF_ERROR(inner_.BeforeTransfer(slot));
-    return Hold(inner_.network_stream(), link_us_);
+    SHARDSYNC_RETURN_IF_ERROR(ForwardingDevice::BeforeTransfer(slot));
+    return Hold(cuda_.network_stream(), link_us_);
   }
-  absl::Status AfterTransfer(int slot) override { return inner_.AfterTransfer(slot); }
-  absl::Status CopyLocal(const planner::Plan& plan, absl::Span<const int32_t> segments, absl::Span<const int32_t> fills,
-                         const BufferTable& buffers) override {
-    return inner_.CopyLocal(plan, segments, fills, buffers);
-  }
-  absl::Status CopyDirect(const planner::Plan& plan, absl::Span<const int32_t> segments,
-                          const BufferTable& buffers) override {
-    return inner_.CopyDirect(plan, segments, buffers);
-  }
-  absl::Status FinishDirect() override { return inner_.FinishDirect(); }
-  absl::Status Quantize(const planner::Plan& plan, absl::Span<const int32_t> quantizes,
-                        const BufferTable& buffers) override {
-    return inner_.Quantize(plan, quantizes, buffers);
-  }
-  absl::Status Fence() override { return inner_.Fence(); }
-  absl::Status Synchronize() override { return inner_.Synchronize(); }
-  absl::Status QueueHashes(absl::Span<const HashPiece> pieces) override { return inner_.QueueHashes(pieces); }
-  absl::StatusOr<std::vector<uint64_t>> CollectHashes() override { return inner_.CollectHashes(); }
-  absl::StatusOr<double> TakeLocalSeconds() override { return inner_.TakeLocalSeconds(); }
 
  private:
-  CudaDevice& inner_;
+  CudaDevice& cuda_;
   const int64_t link_us_;
   const int64_t unpack_us_;
 };
