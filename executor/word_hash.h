@@ -23,9 +23,12 @@ SHARDSYNC_HOST_DEVICE inline uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Word `index` of a region holding `word`: position and value both count.
+// Word `index` of a region holding `word`: position and value both count. Each position
+// has its own key (splitmix64's sequence, distinct for every index) and for a fixed
+// index the hash is a bijection of the word, so one changed word always changes the
+// sum. In a loop over indices the key is an addition: two multiplies a word.
 SHARDSYNC_HOST_DEVICE inline uint64_t WordHash(uint64_t index, uint64_t word) {
-  return Mix64(word ^ Mix64(index + 0x632be59bd9b4e019ULL));
+  return Mix64(word ^ ((index + 1) * 0x9e3779b97f4a7c15ULL));
 }
 
 // A stretch of a region to hash: `bytes` at `data` (8-byte aligned, where the device
