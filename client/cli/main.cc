@@ -8,6 +8,7 @@
 
 #include "client/cli/plan_command.h"
 #include "client/cli/rpc_commands.h"
+#include "common/contract_id.h"
 #include "common/flags.h"
 #include "common/limits.h"
 #include "common/tls.h"
@@ -147,16 +148,18 @@ int main(int argc, char** argv) {
     AddRpcFlags(*app.add_subcommand(name, description), rpc_config, tls);
 
   bool version_json = false;
-  CLI::App* version = app.add_subcommand("version", "This build's version.");
+  CLI::App* version = app.add_subcommand("version", "This build's version and contract id (the daemons' must match).");
   flags::AddSwitch(*version, "--json", version_json, "as JSON");
 
   if (const int code = flags::Parse(app, argc, argv); code >= 0) return code;
   const std::string command = app.get_subcommands().front()->get_name();
   if (command == "version") {
     if (version_json) {
-      std::cout << "{\"version\": \"" << shardsync::kVersion << "\", \"api\": \"shardsync.v1\"}\n";
+      std::cout << "{\"version\": \"" << shardsync::kVersion << "\", \"api\": \"shardsync.v1\", \"contract\": \""
+                << shardsync::kContractId << "\"}\n";
     } else {
-      std::cout << "shardsyncctl " << shardsync::kVersion << " (API shardsync.v1)\n";
+      std::cout << "shardsyncctl " << shardsync::kVersion << " (API shardsync.v1, contract " << shardsync::kContractId
+                << ")\n";
     }
     return 0;
   }

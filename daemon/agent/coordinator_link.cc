@@ -1,5 +1,6 @@
 #include "daemon/agent/coordinator_link.h"
 
+#include "common/contract_id.h"
 #include "common/unguessable.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
@@ -21,6 +22,7 @@ CoordinatorLink::~CoordinatorLink() {
 
 void CoordinatorLink::Start(const std::string& address) {
   config_.join.set_address(address);
+  config_.join.set_contract(kContractId);
   if (config_.coordinator.empty()) config_.coordinator = address;  // this agent serves it
   stub_ = v1::Coordinator::NewStub(MakeChannel(config_.coordinator, config_.credentials));
   thread_ = std::thread([this] { Loop(); });

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/contract_id.h"
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "common/metrics_http.h"
@@ -250,8 +251,9 @@ int main(int argc, char** argv) {
   });
   if (!metrics.ok()) return fail(metrics.status());
   spdlog::info(
-      "serving clients on {} and the coordinator and peers on {}{}", c.socket, address,
-      coordinator ? absl::StrCat("; the coordinator of a world of ", c.coordinator_config.world_size, " too") : "");
+      "serving clients on {} and the coordinator and peers on {}{} (contract {})", c.socket, address,
+      coordinator ? absl::StrCat("; the coordinator of a world of ", c.coordinator_config.world_size, " too") : "",
+      kContractId);
 
   spdlog::info("stopping on signal {}", WaitForStopSignal());
   agent.clients().Shutdown();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/contract_id.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "daemon/coordinator/layouts.h"
@@ -40,6 +41,7 @@ absl::Status CheckJoin(const v1::JoinRequest& request, int32_t world) {
   SHARDSYNC_RETURN_IF_ERROR(CheckName("device", request.device(), false));
   SHARDSYNC_RETURN_IF_ERROR(CheckName("device uuid", request.device_uuid(), false));
   SHARDSYNC_RETURN_IF_ERROR(CheckName("signal board", request.signal_board(), false));
+  SHARDSYNC_RETURN_IF_ERROR(CheckName("contract", request.contract(), false));
   if (request.peer_device_uuids_size() > kMaxPeerDevices) {
     return absl::InvalidArgumentError(absl::StrCat("the request names ", request.peer_device_uuids_size(),
                                                    " peer devices; at most ", kMaxPeerDevices));
@@ -103,6 +105,16 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
                                                             const std::string& identity) {
   SHARDSYNC_RETURN_IF_ERROR(CheckJoin(request, world_size_));
   absl::MutexLock lock(&mu_);
+  if (request.contract() != kContractId) {
+    const std::string why = absl::StrCat(
+        "rank ", request.rank(), "'s agent (at ", request.address(), ") is of another build: its contract is ",
+        request.contract().empty() ? "none (a build older than contract ids)" : request.contract(),
+        ", this coordinator's ", kContractId,
+        "; every daemon of a deployment runs one build (docs/operations.md, Upgrading)");
+    refused_[request.rank()] = why;
+    return absl::FailedPreconditionError(why);
+  }
+  refused_.erase(request.rank());
   const auto held = agents_.find(request.rank());
   if (held != agents_.end()) SHARDSYNC_RETURN_IF_ERROR(CheckIdentity(request.rank(), held->second.identity, identity));
   Entry& entry = agents_[request.rank()];
@@ -235,6 +247,16 @@ std::vector<int32_t> AgentDirectory::MissingRanks() const {
     if (!agents_.count(r)) missing.push_back(r);
   }
   return missing;
+}
+
+std::map<int32_t, std::string> AgentDirectory::RefusedJoins() const {
+  absl::MutexLock lock(&mu_);
+  std::map<int32_t, std::string> refused;
+  for (const auto& [rank, why] : refused_) {
+    const auto held = agents_.find(rank);
+    if (held == agents_.end() || absl::Now() - held->second.last_seen >= kAgentLiveness) refused[rank] = why;
+  }
+  return refused;
 }
 
 std::vector<int32_t> AgentDirectory::TargetRanks() const {

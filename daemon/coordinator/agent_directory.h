@@ -33,9 +33,11 @@ class AgentDirectory {
     v1::JoinResponse response;
     bool restarted = false;  // a new incarnation took the rank: its old layouts are gone
   };
-  // Refuses fields out of bounds (INVALID_ARGUMENT), another certificate identity than
-  // the one the rank's first Join presented (PERMISSION_DENIED), and a new incarnation
-  // while the rank's holder is alive (ALREADY_EXISTS); nothing changes then.
+  // Refuses fields out of bounds (INVALID_ARGUMENT), an agent of another build (its
+  // contract id is not this coordinator's: FAILED_PRECONDITION, kept for RefusedJoins),
+  // another certificate identity than the one the rank's first Join presented
+  // (PERMISSION_DENIED), and a new incarnation while the rank's holder is alive
+  // (ALREADY_EXISTS); nothing else changes then.
   absl::StatusOr<Joined> Join(const v1::JoinRequest& request, const std::string& identity);
   // The new layout epoch. Refuses fields out of bounds (INVALID_ARGUMENT), a rank that
   // has not joined (FAILED_PRECONDITION), another incarnation or certificate identity
@@ -63,6 +65,9 @@ class AgentDirectory {
   // Every rank's JoinRequest (empty for a rank that has not joined), by rank.
   std::vector<v1::JoinRequest> Joins() const;
   std::vector<int32_t> MissingRanks() const;  // not joined
+  // Ranks whose last Join was refused for its build and that no agent holds (none
+  // joined, or its holder has been silent for kAgentLiveness): why, by rank.
+  std::map<int32_t, std::string> RefusedJoins() const;
   // The ranks that published a target tensor, ascending.
   std::vector<int32_t> TargetRanks() const;
   // Of those ranks, each with the version its agent says its targets hold (empty: they
@@ -91,6 +96,7 @@ class AgentDirectory {
   const std::string instance_id_;
   mutable absl::Mutex mu_;
   std::map<int32_t, Entry> agents_ ABSL_GUARDED_BY(mu_);
+  std::map<int32_t, std::string> refused_ ABSL_GUARDED_BY(mu_);  // by rank: another build's Join
   std::string local_incarnation_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<AgentLink> local_link_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, v1::PublishRequest> published_ ABSL_GUARDED_BY(mu_);

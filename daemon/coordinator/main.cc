@@ -1,6 +1,7 @@
 // shardsync-coordinator: flags parsed here only, into CoordinatorConfig.
 #include <cstdio>
 
+#include "common/contract_id.h"
 #include "common/daemon_process.h"
 #include "common/flags.h"
 #include "common/metrics_http.h"
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(metrics.status().message()));
     return 1;
   }
-  spdlog::info("serving on port {} for a world of {} agents", port, config.world_size);
+  spdlog::info("serving on port {} for a world of {} agents (contract {})", port, config.world_size,
+               shardsync::kContractId);
   spdlog::info("stopping on signal {}", shardsync::WaitForStopSignal());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

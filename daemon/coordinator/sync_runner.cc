@@ -27,6 +27,9 @@ namespace {
 // world.
 constexpr int32_t kExecutesSentByCaller = 8;
 
+// Ranks an agent of another build tried whose refusals a refused sync spells out.
+constexpr size_t kRefusalsNamed = 3;
+
 // The rank of the agent serving the coordinator in this process, whose calls then run
 // on the thread that took the sync; else 0.
 int32_t CallerRank(const std::map<int32_t, std::shared_ptr<AgentLink>>& links) {
@@ -129,6 +132,17 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
     ReleaseStalePlansLocked();  // layouts published while it ran
     return status;
   };
+  if (const std::map<int32_t, std::string> refused = directory_.RefusedJoins(); !refused.empty()) {
+    std::vector<std::string> reasons;  // a few, and how many more
+    for (const auto& [rank, why] : refused) {
+      if (reasons.size() == kRefusalsNamed) break;
+      reasons.push_back(why);
+    }
+    if (refused.size() > kRefusalsNamed)
+      reasons.push_back(absl::StrCat(refused.size() - kRefusalsNamed, " more ranks"));
+    return finish(absl::FailedPreconditionError(
+        absl::StrCat("sync ", sync_id, " refused, no byte moved: ", absl::StrJoin(reasons, "; "))));
+  }
   if (const std::vector<int32_t> missing = directory_.MissingRanks(); !missing.empty()) {
     return finish(absl::FailedPreconditionError(absl::StrCat(
         "rank ", absl::StrJoin(missing, ", rank "), " has not joined (world of ", options_.epoch.world_size, ")")));

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/contract_id.h"
 #include "common/tls.h"
 #include "daemon/coordinator/coordinator.h"
 
@@ -51,6 +52,7 @@ TEST_CASE("a dropped 100k-tensor registration gives its memory back") {
   v1::JoinRequest join;
   join.set_address("127.0.0.1:1");
   join.set_incarnation("memory-test");
+  join.set_contract(kContractId);
   REQUIRE(coordinator.Join(join).ok());
   v1::PublishRequest empty;
   empty.set_incarnation("memory-test");
@@ -86,6 +88,7 @@ TEST_CASE("a publication past the coordinator's --max-tensors is refused naming 
   v1::JoinRequest join;
   join.set_address("127.0.0.1:1");
   join.set_incarnation("limit-test");
+  join.set_contract(kContractId);
   REQUIRE(coordinator.Join(join).ok());
   v1::PublishRequest fits;
   fits.set_incarnation("limit-test");

@@ -1,9 +1,10 @@
 // The coordinator's requests are checked at its edge: a rank outside the world, a
-// missing or oversized name, a Publish before a Join, or a claimant of another
-// certificate than the rank's is refused and changes nothing.
+// missing or oversized name, an agent of another build, a Publish before a Join, or a
+// claimant of another certificate than the rank's is refused and changes nothing.
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "common/contract_id.h"
 #include "common/tls.h"
 #include "daemon/coordinator/coordinator.h"
 
@@ -27,6 +28,7 @@ v1::JoinRequest JoinOf(int32_t rank) {
   join.set_address("127.0.0.1:1");
   join.set_incarnation("test-" + std::to_string(rank));
   join.set_host("h");
+  join.set_contract(kContractId);
   return join;
 }
 
@@ -56,6 +58,47 @@ TEST_CASE("a Join without an address or incarnation, or with an oversized name, 
   huge.set_node(std::string(4096, 'n'));
   CHECK_THAT(std::string(coordinator.Join(huge).status().message()), Contains("node"));
   CHECK(coordinator.Status().agents_size() == 0);
+}
+
+TEST_CASE("an agent of another build is refused by name, and so is a sync while it holds no rank") {
+  Coordinator coordinator(WorldOf(3));
+  REQUIRE(coordinator.Join(JoinOf(0)).ok());
+  v1::JoinRequest other = JoinOf(1);
+  other.set_contract("0123456789abcdef");
+  const absl::Status refused = coordinator.Join(other).status();
+  REQUIRE(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(refused.message()), Contains("rank 1's agent (at 127.0.0.1:1) is of another build") &&
+                                                 Contains("0123456789abcdef") && Contains(kContractId));
+  v1::JoinRequest older = JoinOf(2);
+  older.clear_contract();
+  CHECK_THAT(std::string(coordinator.Join(older).status().message()),
+             Contains("rank 2's agent") && Contains("none (a build older than contract ids)"));
+  CHECK(coordinator.Status().agents_size() == 1);
+
+  // A sync names every rank an agent of another build tried, not merely "not joined".
+  const absl::Status sync = coordinator.Sync(v1::SyncRequest()).status();
+  REQUIRE(sync.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(sync.message()),
+             Contains("refused, no byte moved") && Contains("rank 1's agent") && Contains("rank 2's agent"));
+  // This build's agents take the ranks: the refusals are forgotten.
+  REQUIRE(coordinator.Join(JoinOf(1)).ok());
+  REQUIRE(coordinator.Join(JoinOf(2)).ok());
+  const absl::Status later = coordinator.Sync(v1::SyncRequest()).status();
+  CHECK_THAT(std::string(later.message()), !Contains("another build"));
+  // Another build's agent claiming a rank whose holder is alive changes nothing either.
+  CHECK(coordinator.Join(other).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(coordinator.Sync(v1::SyncRequest()).status().message()), !Contains("another build"));
+  CHECK(coordinator.Status().agents_size() == 3);
+
+  // Past three such ranks a refused sync counts the rest.
+  Coordinator fresh(WorldOf(5));
+  for (int32_t rank = 0; rank < 5; ++rank) {
+    v1::JoinRequest join = JoinOf(rank);
+    join.set_contract("0123456789abcdef");
+    CHECK_FALSE(fresh.Join(join).ok());
+  }
+  CHECK_THAT(std::string(fresh.Sync(v1::SyncRequest()).status().message()),
+             Contains("rank 2's agent") && !Contains("rank 3's agent") && Contains("2 more ranks"));
 }
 
 TEST_CASE("a Publish outside the world, before a Join, or with a nameless client is refused") {

@@ -115,6 +115,11 @@ def main():
           "the sockets live on a hostPath the trainer and rollout pods can mount")
     check(volumes["config"]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"],
           "the launcher and node map come from the ConfigMap")
+    check(docs["Deployment"]["spec"].get("strategy", {}).get("type") == "Recreate",
+          "the coordinator's Deployment never runs two coordinators (strategy Recreate)")
+    rollout = docs["DaemonSet"]["spec"].get("updateStrategy", {})
+    check(rollout.get("type") == "RollingUpdate" and rollout.get("rollingUpdate", {}).get("maxUnavailable") == "100%",
+          "a new agent image replaces every node's agents at once (maxUnavailable 100%)")
     coordinator_pod = docs["Deployment"]["spec"]["template"]["spec"]
     for kind, pod in (("DaemonSet", daemonset), ("Deployment", coordinator_pod)):
         container = pod["containers"][0]

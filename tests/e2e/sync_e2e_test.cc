@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cpp/client.h"
+#include "common/contract_id.h"
 #include "executor/transport.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -777,7 +778,8 @@ TEST_CASE("shardsyncctl lists agents, explains with imbalance and links, says it
   CHECK_THAT(version.ReadAll(absl::Seconds(10)), StartsWith("shardsyncctl 0.1.0"));
   CHECK(version.Wait(absl::Seconds(10)) == 0);
   Process version_json({"client/cli/shardsyncctl", "version", "--json"}, cluster.dir() + "/version.log");
-  CHECK_THAT(version_json.ReadAll(absl::Seconds(10)), Contains("\"version\": \"0.1.0\""));
+  CHECK_THAT(version_json.ReadAll(absl::Seconds(10)),
+             Contains("\"version\": \"0.1.0\"") && Contains(absl::StrCat("\"contract\": \"", kContractId, "\"")));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "common/contract_id.h"
 #include "common/tls.h"
 #include "daemon/coordinator/coordinator.h"
 
@@ -50,9 +51,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v1::JoinRequest join;
       if (!join.ParseFromArray(bytes, static_cast<int>(length))) continue;
       if (!join.address().empty()) join.set_address("127.0.0.1:1");
+      // A contract of one byte stands for another build's agent; any other, this build's.
+      if (join.contract().size() != 1) join.set_contract(kContractId);
       const auto joined = coordinator.Join(join);
       if (joined.ok() && (join.rank() < 0 || join.rank() >= config.world_size))
         Finding("took a rank outside the world");
+      if (joined.ok() && join.contract() != kContractId) Finding("took an agent of another build");
     } else if (op == 1) {
       v1::PublishRequest publish;
       if (!publish.ParseFromArray(bytes, static_cast<int>(length))) continue;
