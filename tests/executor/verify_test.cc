@@ -5,6 +5,7 @@
 #include "executor/verify.h"
 
 #include <catch2/catch.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -82,18 +83,29 @@ Synced SyncRandomValues(const planner::PlanInput& input, const planner::Plan& pl
   return synced;
 }
 
+// A random model and its plan, or nothing when the plan moves no segment.
+struct Planned {
+  planner::PlanInput input;
+  planner::Plan plan;
+};
+std::optional<Planned> PlanRandomModel(std::mt19937_64& rng) {
+  auto input = planner::ExpandModel(testing::RandomModel(rng));
+  REQUIRE(input.ok());
+  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  if (plan->segments.empty()) return std::nullopt;
+  return Planned{*std::move(input), *std::move(plan)};
+}
+
 TEST_CASE("checksums agree after a sync; one changed byte names its tensor and target rank") {
-  const auto policy = planner::LocalFirstLeastLoaded();
   int fills_checked = 0;
   for (uint64_t seed = 1; seed <= 80; ++seed) {
     std::mt19937_64 rng(seed);
-    auto input = planner::ExpandModel(testing::RandomModel(rng));
-    REQUIRE(input.ok());
-    auto plan = planner::MakePlan(*input, *policy);
-    REQUIRE(plan.ok());
-    if (plan->segments.empty()) continue;
+    std::optional<Planned> planned = PlanRandomModel(rng);
+    if (!planned) continue;
+    const planner::Plan* plan = &planned->plan;
     INFO("seed " << seed);
-    auto [schedules, buffers] = SyncRandomValues(*input, *plan, rng);
+    auto [schedules, buffers] = SyncRandomValues(planned->input, *plan, rng);
 
     const int64_t scratch = std::vector<int64_t>{1 << 20, 3 << 20, 64 << 20}[seed % 3];
     const Checksums good = SumOverRanks(*plan, schedules, buffers, scratch);
@@ -188,17 +200,14 @@ class CountingDevice final : public testing::ForwardingDevice {
 };
 
 TEST_CASE("regions hashed where they lie sum as they do packed; misaligned ones are packed") {
-  const auto policy = planner::LocalFirstLeastLoaded();
   int64_t packed_only_when_shifted = 0;  // bytes hashed in place, aligned, and packed, shifted
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     std::mt19937_64 rng(seed * 7);
-    auto input = planner::ExpandModel(testing::RandomModel(rng));
-    REQUIRE(input.ok());
-    auto plan = planner::MakePlan(*input, *policy);
-    REQUIRE(plan.ok());
-    if (plan->segments.empty()) continue;
+    std::optional<Planned> planned = PlanRandomModel(rng);
+    if (!planned) continue;
+    const planner::Plan* plan = &planned->plan;
     INFO("seed " << seed);
-    auto [schedules, buffers] = SyncRandomValues(*input, *plan, rng);
+    auto [schedules, buffers] = SyncRandomValues(planned->input, *plan, rng);
     // The same bytes one byte past an 8-byte boundary: only regions of 1-byte elements
     // may lie aligned.
     std::map<planner::Holder, std::vector<uint8_t>> shifted;
