@@ -114,11 +114,15 @@ void FillHost(const planner::FillOp& f, uint8_t* dst_buffer) {
 
 bool IsContiguousRange(const Segment& s, int64_t begin, int64_t end, bool source) {
   const auto& strides = source ? s.src_strides : s.dst_strides;
-  const int last = s.axes - 1;
-  if (end - begin <= 1) return true;
-  if (strides[last] != 1) return false;
-  if (s.axes == 1) return true;
-  return begin / s.shape[last] == (end - 1) / s.shape[last];  // within one innermost row
+  // Where the range crosses from one index of axis k to the next (it spans two blocks of
+  // the axes inside k), axis k must step over exactly one block: then every inner axis
+  // is packed too, and each element follows the one before it.
+  int64_t block = 1;  // elements of the axes inside k
+  for (int k = s.axes - 1; k >= 0; --k) {
+    if (s.shape[k] != 1 && begin / block != (end - 1) / block && strides[k] != block) return false;
+    block *= s.shape[k];
+  }
+  return true;
 }
 
 }  // namespace shardsync::executor

@@ -19,8 +19,9 @@ void GatherHost(const planner::Segment& s, int64_t begin, int64_t end, const uin
 void CopyHost(const planner::Segment& s, const uint8_t* src_buffer, uint8_t* dst_buffer);
 void FillHost(const planner::FillOp& fill, uint8_t* dst_buffer);
 
-// Whether elements [begin, end) sit back to back on one side (so they can move
-// without staging). `source` picks the side.
+// Whether elements [begin, end) (row-major) sit back to back on one side, within a row
+// or across rows, so that they can move or be hashed without staging. `source` picks
+// the side.
 bool IsContiguousRange(const planner::Segment& s, int64_t begin, int64_t end, bool source);
 
 // float32 bits -> bfloat16 bits, round to nearest even; NaN stays NaN.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "executor/host_copy.h"
 
 namespace shardsync::executor {
 namespace {
@@ -79,14 +80,11 @@ Reads ReadsOf(const planner::Plan& plan, const planner::Schedule& schedule) {
   return reads;
 }
 
-// Where segment `s`'s elements lie back to back in row-major order on its source side,
-// in the dtype it hashes in, 8-byte aligned: its first byte there; else null.
+// Where segment `s`'s elements lie back to back on its source side, in the dtype it
+// hashes in, 8-byte aligned: its first byte there; else null.
 const uint8_t* InPlace(const planner::Segment& s, const BufferTable& buffers) {
-  if (s.src_dtype != s.dst_dtype) return nullptr;
-  int64_t stride = 1;
-  for (int k = s.axes - 1; k >= 0; --k) {
-    if (s.shape[k] != 1 && s.src_strides[k] != stride) return nullptr;
-    stride *= s.shape[k];
+  if (s.src_dtype != s.dst_dtype || !IsContiguousRange(s, 0, planner::SegmentElements(s), /*source=*/true)) {
+    return nullptr;
   }
   const uint8_t* first = buffers[s.src.buffer] + s.src_base * planner::ElementBytes(s.src_dtype);
   return reinterpret_cast<uintptr_t>(first) % 8 == 0 ? first : nullptr;

@@ -1,7 +1,9 @@
 #include "executor/host_copy.h"
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <vector>
 
 namespace shardsync::executor {
 namespace {
@@ -39,6 +41,50 @@ TEST_CASE("pack then unpack of a strided 2-D piece lands every element, from any
   }
   CHECK(IsContiguousRange(s, 5, 10, /*source=*/true));  // one source row
   CHECK_FALSE(IsContiguousRange(s, 4, 6, /*source=*/true));
+  CHECK(IsContiguousRange(s, 0, 15, /*source=*/false));  // every target row, back to back
+}
+
+TEST_CASE("a range is contiguous exactly when each of its elements follows the one before") {
+  // Every range of small 3-axis segments with packed, padded, unit and transposed
+  // strides, against the elements' offsets computed one by one.
+  const std::vector<std::array<int64_t, 3>> shapes = {{2, 3, 4}, {1, 3, 4}, {2, 1, 4}, {2, 3, 1}, {3, 1, 1}};
+  int contiguous = 0, crossing_rows = 0;
+  for (const auto& shape : shapes) {
+    const int64_t packed[3] = {shape[1] * shape[2], shape[2], 1};
+    const std::vector<std::array<int64_t, 3>> strides_tried = {{packed[0], packed[1], 1},
+                                                               {packed[0] + 2, packed[1], 1},
+                                                               {packed[0], packed[1] + 1, 1},
+                                                               {1, shape[0], shape[0] * shape[1]},
+                                                               {packed[0], packed[1], 2},
+                                                               {7, packed[1], 1},
+                                                               {packed[0], 9, 1}};
+    for (const auto& strides : strides_tried) {
+      planner::Segment s;
+      s.axes = 3;
+      for (int k = 0; k < 3; ++k) {
+        s.shape[k] = shape[k];
+        s.src_strides[k] = strides[k];
+      }
+      const int64_t n = shape[0] * shape[1] * shape[2];
+      const auto offset = [&](int64_t e) {
+        return (e / (shape[1] * shape[2])) * strides[0] + (e / shape[2] % shape[1]) * strides[1] +
+               (e % shape[2]) * strides[2];
+      };
+      for (int64_t begin = 0; begin < n; ++begin) {
+        for (int64_t end = begin + 1; end <= n; ++end) {
+          bool follows = true;
+          for (int64_t e = begin + 1; e < end; ++e) follows = follows && offset(e) == offset(e - 1) + 1;
+          INFO("shape " << shape[0] << "x" << shape[1] << "x" << shape[2] << ", strides " << strides[0] << ","
+                        << strides[1] << "," << strides[2] << ", [" << begin << ", " << end << ")");
+          REQUIRE(IsContiguousRange(s, begin, end, /*source=*/true) == follows);
+          contiguous += follows;
+          crossing_rows += follows && begin / shape[2] != (end - 1) / shape[2];
+        }
+      }
+    }
+  }
+  CHECK(crossing_rows > 50);  // not only ranges within one row
+  CHECK(contiguous > crossing_rows);
 }
 
 }  // namespace
