@@ -27,7 +27,7 @@ namespace {
 // world.
 constexpr int32_t kExecutesSentByCaller = 8;
 
-// Ranks an agent of another build tried whose refusals a refused sync spells out.
+// How many ranks refused for another build a refused sync names; it counts the rest.
 constexpr size_t kRefusalsNamed = 3;
 
 // The rank of the agent serving the coordinator in this process, whose calls then run
