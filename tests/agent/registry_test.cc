@@ -228,7 +228,7 @@ TEST_CASE("registrations past the agent's --max-tensors are refused naming it") 
   CHECK(registry.Add(with_tensors("third", 1), peer).ok());
 }
 
-TEST_CASE("a dropped 100k-tensor registration gives the agent's memory back") {
+TEST_CASE("a dropped 100k-tensor registration gives the agent's memory back", "[rss]") {
   FakeBackend backend;
   Registry registry(0, {&backend});
   const auto resident = [] {

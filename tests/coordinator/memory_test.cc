@@ -43,7 +43,7 @@ v1::PublishedLayout Layout(v1::Role role, int32_t tensors) {
   return layout;
 }
 
-TEST_CASE("a dropped 100k-tensor registration gives its memory back") {
+TEST_CASE("a dropped 100k-tensor registration gives its memory back", "[rss]") {
   CoordinatorConfig config;
   TlsConfig plaintext;
   plaintext.insecure = true;

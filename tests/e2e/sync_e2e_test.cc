@@ -585,7 +585,7 @@ std::pair<int64_t, int64_t> Footprint(pid_t pid) {
   return settled;
 }
 
-TEST_CASE("1,000 syncs with changing sources all verify; the daemons' memory and descriptors stay flat") {
+TEST_CASE("1,000 syncs with changing sources all verify; the daemons' memory and descriptors stay flat", "[rss]") {
   Cluster cluster(ClusterOptions{});
   Deployment deployment(cluster, "soak", ModelJson(3, kLayouts[0].replicas), 2000);
   RequireReady(deployment);

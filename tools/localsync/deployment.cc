@@ -193,7 +193,8 @@ std::vector<std::string> Deployment::CheckSources(uint64_t seed) const {
       if (!expected.count(b.holder)) continue;
       const bool read = WithBuffer(trainers_, b, ids_.Name(b.holder.buffer), [&](const uint8_t* data, int64_t bytes) {
         if (std::memcmp(data, expected.at(b.holder).data(), bytes) != 0) {
-          errors.push_back(absl::StrCat("rank ", rank, " source buffer ", ids_.Name(b.holder.buffer), " changed"));
+          errors.push_back(
+              absl::StrCat("rank ", b.holder.rank, " source buffer ", ids_.Name(b.holder.buffer), " changed"));
         }
       });
       if (!read) errors.push_back(absl::StrCat("rank ", rank, ": source buffer not readable"));
