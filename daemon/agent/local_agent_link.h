@@ -20,12 +20,15 @@ class LocalAgentLink : public coordinator::AgentLink {
   std::unique_ptr<coordinator::StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time) override {
     return std::make_unique<DeferredExecute>(agent_, std::move(request));
   }
-  absl::Status Abort(const v1::AbortRequest& request, absl::Time) override {
+  std::unique_ptr<coordinator::StartedCall<v1::AbortResponse>> StartAbort(const v1::AbortRequest& request,
+                                                                          absl::Time) override {
     agent_.Abort(request);
-    return absl::OkStatus();
+    return std::make_unique<Answered<v1::AbortResponse>>(v1::AbortResponse());
+  }
+  std::unique_ptr<coordinator::StartedCall<v1::RankProgress>> StartProgress(absl::Time) override {
+    return std::make_unique<Answered<v1::RankProgress>>(agent_.Progress());
   }
   absl::StatusOr<std::string> NewCommunicatorId(absl::Time) override { return agent_.NewCommunicatorId(); }
-  absl::StatusOr<v1::RankProgress> Progress(absl::Time) override { return agent_.Progress(); }
   bool InProcess() const override { return true; }
   bool Connected() const override { return true; }
 
@@ -38,6 +41,16 @@ class LocalAgentLink : public coordinator::AgentLink {
    private:
     Agent& agent_;
     const v1::ExecuteRequest request_;
+  };
+  // A call made when it was started.
+  template <typename Response>
+  class Answered : public coordinator::StartedCall<Response> {
+   public:
+    explicit Answered(Response response) : response_(std::move(response)) {}
+    absl::StatusOr<Response> Await() override { return std::move(response_); }
+
+   private:
+    Response response_;
   };
 
   Agent& agent_;

@@ -14,14 +14,17 @@
 
 namespace shardsync::coordinator {
 
-// An Execute call: over gRPC, sent; in process, to run in Await. Await it once, from
-// any one thread; dropped unawaited, a sent call is cancelled and one in process never
+// A call to an agent: over gRPC, sent when it is started. In process, Execute runs in
+// Await (it lasts the sync), every other call when started. Await it once, from any one
+// thread; dropped unawaited, a sent call is cancelled and an Execute in process never
 // runs.
-class StartedExecute {
+template <typename Response>
+class StartedCall {
  public:
-  virtual ~StartedExecute() = default;
-  virtual absl::StatusOr<v1::ExecuteResponse> Await() = 0;
+  virtual ~StartedCall() = default;
+  virtual absl::StatusOr<Response> Await() = 0;
 };
+using StartedExecute = StartedCall<v1::ExecuteResponse>;
 
 class AgentLink {
  public:
@@ -29,12 +32,13 @@ class AgentLink {
   // `deadline` bounds the call; a direct call has no transport to bound (the agent
   // keeps its own deadlines).
   virtual absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request, absl::Time deadline) = 0;
-  // Over gRPC the request is on its way when this returns; in process the call runs in
-  // Await.
+  // Started calls (StartedCall): one thread reaches every agent at once, and a silent
+  // agent holds up only its own answer.
   virtual std::unique_ptr<StartedExecute> StartExecute(v1::ExecuteRequest request, absl::Time deadline) = 0;
-  virtual absl::Status Abort(const v1::AbortRequest& request, absl::Time deadline) = 0;
+  virtual std::unique_ptr<StartedCall<v1::AbortResponse>> StartAbort(const v1::AbortRequest& request,
+                                                                     absl::Time deadline) = 0;
+  virtual std::unique_ptr<StartedCall<v1::RankProgress>> StartProgress(absl::Time deadline) = 0;
   virtual absl::StatusOr<std::string> NewCommunicatorId(absl::Time deadline) = 0;
-  virtual absl::StatusOr<v1::RankProgress> Progress(absl::Time deadline) = 0;
   // The agent serves the coordinator in its own process: its calls run on the caller's
   // thread.
   virtual bool InProcess() const = 0;

@@ -59,12 +59,4 @@ class GroupGate {
   std::map<int32_t, int32_t> inside_ ABSL_GUARDED_BY(mu_);  // by admitted group: its ranks inside
 };
 
-// Runs fn(rank) for every rank at once and waits for all.
-template <typename Fn>
-void ForEachRank(int32_t world, Fn&& fn) {
-  std::vector<std::thread> threads;
-  for (int32_t r = 0; r < world; ++r) threads.emplace_back([&fn, r] { fn(r); });
-  for (std::thread& t : threads) t.join();
-}
-
 }  // namespace shardsync::coordinator

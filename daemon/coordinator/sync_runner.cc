@@ -271,15 +271,15 @@ void SyncRunner::FillStatus(v1::CoordinatorStatus* status) const {
   if (status->running_sync_id().empty()) return;
   // While a sync runs, ask every agent how far it is (briefly: a status must not hang).
   const std::map<int32_t, std::shared_ptr<AgentLink>> links = directory_.Links();
-  std::vector<int32_t> ranks;
-  for (const auto& [rank, link] : links) ranks.push_back(rank);
-  std::vector<v1::RankProgress> progress(ranks.size());
-  ForEachRank(static_cast<int32_t>(ranks.size()), [&](int32_t i) {
-    auto answer = links.at(ranks[i])->Progress(absl::Now() + absl::Milliseconds(500));
-    if (answer.ok()) progress[i] = *std::move(answer);
-    progress[i].set_rank(ranks[i]);
-  });
-  for (v1::RankProgress& p : progress) *status->add_progress() = std::move(p);
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  std::vector<std::pair<int32_t, std::unique_ptr<StartedCall<v1::RankProgress>>>> calls;
+  for (const auto& [rank, link] : links) calls.emplace_back(rank, link->StartProgress(deadline));
+  for (auto& [rank, call] : calls) {
+    absl::StatusOr<v1::RankProgress> answer = call->Await();
+    v1::RankProgress* progress = status->add_progress();
+    if (answer.ok()) *progress = *std::move(answer);
+    progress->set_rank(rank);
+  }
 }
 
 void SyncRunner::AppendMetrics(std::string* out) const { record_.AppendMetrics(out); }
@@ -485,12 +485,13 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
   std::once_flag aborting;
   const auto abort_all = [&](int32_t failed, const std::string& why) {
     std::call_once(aborting, [&] {
-      ForEachRank(world, [&](int32_t rank) {
-        v1::AbortRequest abort;
-        abort.set_sync_id(sync_id);
-        abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
-        links.at(rank)->Abort(abort, absl::Now() + options_.rpc_deadline).IgnoreError();  // the sync fails anyway
-      });
+      v1::AbortRequest abort;
+      abort.set_sync_id(sync_id);
+      abort.set_reason(absl::StrCat("rank ", failed, ": ", why));
+      const absl::Time deadline = absl::Now() + options_.rpc_deadline;
+      std::vector<std::unique_ptr<StartedCall<v1::AbortResponse>>> aborts;
+      for (int32_t rank = 0; rank < world; ++rank) aborts.push_back(links.at(rank)->StartAbort(abort, deadline));
+      for (auto& call : aborts) call->Await().IgnoreError();  // the sync fails anyway
     });
   };
   std::vector<std::unique_ptr<StartedExecute>> calls(world);

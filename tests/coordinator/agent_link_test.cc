@@ -1,7 +1,7 @@
-// The coordinator's gRPC link to an agent, against a real gRPC server: a started Execute
-// is at the agent before anybody awaits it, its answer comes back through Await on
-// another thread, its deadline holds, and a call dropped unawaited is cancelled at the
-// agent at once.
+// The coordinator's gRPC link to an agent, against a real gRPC server: a started call
+// (Execute, Abort) is at the agent before anybody awaits it, its answer comes back
+// through Await on another thread, its deadline holds, and a call dropped unawaited is
+// cancelled at the agent at once.
 #include "daemon/coordinator/agent_link.h"
 
 #include <catch2/catch.hpp>
@@ -33,8 +33,18 @@ class HeldExecute final : public v1::AgentControl::Service {
     response->mutable_stats()->set_local_bytes(std::stoll(request->sync_id()));
     return grpc::Status::OK;
   }
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest* request, v1::AbortResponse*) override {
+    aborted_sync = request->sync_id();
+    abort_arrived.Notify();
+    return grpc::Status::OK;
+  }
+  grpc::Status Progress(grpc::ServerContext*, const v1::ProgressRequest*, v1::RankProgress* response) override {
+    response->set_rounds_done(7);
+    return grpc::Status::OK;
+  }
 
-  absl::Notification arrived, released, cancelled;
+  absl::Notification arrived, released, cancelled, abort_arrived;
+  std::string aborted_sync;  // written before abort_arrived
 };
 
 struct Agent {
@@ -97,6 +107,20 @@ TEST_CASE("a started Execute dropped unawaited is cancelled at the agent at once
   call.reset();
   CHECK(agent.service.cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
   CHECK(absl::Now() - dropped < absl::Seconds(10));  // not the hour's deadline
+}
+
+TEST_CASE("a started Abort is at the agent before Await; a started Progress brings its answer") {
+  Agent agent;
+  v1::AbortRequest abort;
+  abort.set_sync_id("sync-9");
+  std::unique_ptr<StartedCall<v1::AbortResponse>> aborting =
+      agent.link->StartAbort(abort, absl::Now() + absl::Seconds(30));
+  REQUIRE(agent.service.abort_arrived.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  CHECK(agent.service.aborted_sync == "sync-9");
+  CHECK(aborting->Await().ok());
+  const absl::StatusOr<v1::RankProgress> progress = agent.link->StartProgress(absl::Now() + absl::Seconds(30))->Await();
+  REQUIRE(progress.ok());
+  CHECK(progress->rounds_done() == 7);
 }
 
 }  // namespace

@@ -227,6 +227,54 @@ TEST_CASE("a staging budget smaller than a parameter syncs exactly and stays wit
   }
 }
 
+TEST_CASE("while a sync runs, the coordinator's status shows each rank's progress; a stopped agent's is blank") {
+  constexpr int kStallRound = 8;
+  ClusterOptions options;
+  options.direct = "never";
+  options.staging_bytes = planner::kMinStagingBytes;  // slots of 1 KiB: many rounds
+  options.rpc_deadline_ms = 1000;
+  // Rank 1's second sync stalls at kStallRound until the sync is aborted.
+  options.agent_flags[1] = {"--fault-stall-at-round", std::to_string(kStallRound), "--fault-stall-sync", "2"};
+  Cluster cluster(options);
+  Deployment deployment(cluster, "progress", ManyRoundsModelJson(), 31);
+  RequireReady(deployment);
+  REQUIRE(SyncOnce(cluster, absl::Seconds(60)).ok());
+  deployment.Refill(32);
+
+  absl::StatusOr<v1::SyncResponse> result = absl::UnknownError("not run");
+  std::thread syncer([&] { result = SyncOnce(cluster, absl::Seconds(60)); });
+  const bool stalled =
+      WaitForLogLine(cluster.agent(1).log_path(), absl::StrCat(" stalls at round ", kStallRound), absl::Seconds(30));
+  // Agent 2 stopped: its answer is missing, and the status does not wait it out.
+  cluster.agent(2).Signal(SIGSTOP);
+  auto status = cluster.coordinator_client().Status(absl::Seconds(5));
+  cluster.agent(2).Signal(SIGCONT);
+  cluster.agent(1).Signal(SIGKILL);  // ends the stalled sync: the others are aborted
+  syncer.join();
+  REQUIRE(stalled);
+  REQUIRE(status.ok());
+  REQUIRE_FALSE(status->running_sync_id().empty());
+  std::map<int32_t, v1::RankProgress> progress;
+  for (const v1::RankProgress& p : status->progress()) progress[p.rank()] = p;
+  REQUIRE(progress.size() == 4);
+  const v1::RankProgress& stalled_rank = progress.at(1);
+  CHECK(stalled_rank.sync_id() == status->running_sync_id());
+  CHECK(stalled_rank.rounds_done() > 0);
+  CHECK(stalled_rank.rounds_done() <= kStallRound);
+  CHECK(stalled_rank.rounds_done() < stalled_rank.rounds_total());
+  CHECK(stalled_rank.bytes_done() < stalled_rank.bytes_total());
+  CHECK(progress.at(2).sync_id().empty());  // no answer
+  CHECK(progress.at(2).rounds_total() == 0);
+  REQUIRE_FALSE(result.ok());
+  CHECK_THAT(std::string(result.status().message()), Contains("rank 1"));
+
+  RestartAgent(cluster, deployment, 1);
+  auto again = SyncOnce(cluster, absl::Seconds(60));
+  INFO(again.status().message());
+  REQUIRE(again.ok());
+  CHECK(deployment.CheckTargets(32).empty());
+}
+
 TEST_CASE("a stalled agent fails the sync within the deadline, naming it; it syncs again once it resumes") {
   ClusterOptions options;
   options.rpc_deadline_ms = 1000;
