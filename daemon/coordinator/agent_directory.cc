@@ -105,6 +105,8 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
                                                             const std::string& identity) {
   SHARDSYNC_RETURN_IF_ERROR(CheckJoin(request, world_size_));
   absl::MutexLock lock(&mu_);
+  const auto held = agents_.find(request.rank());
+  if (held != agents_.end()) SHARDSYNC_RETURN_IF_ERROR(CheckIdentity(request.rank(), held->second.identity, identity));
   if (request.contract() != kContractId) {
     const std::string why = absl::StrCat(
         "rank ", request.rank(), "'s agent (at ", request.address(), ") is of another build: its contract is ",
@@ -115,8 +117,6 @@ absl::StatusOr<AgentDirectory::Joined> AgentDirectory::Join(const v1::JoinReques
     return absl::FailedPreconditionError(why);
   }
   refused_.erase(request.rank());
-  const auto held = agents_.find(request.rank());
-  if (held != agents_.end()) SHARDSYNC_RETURN_IF_ERROR(CheckIdentity(request.rank(), held->second.identity, identity));
   Entry& entry = agents_[request.rank()];
   if (held == agents_.end()) entry.identity = identity;
   const absl::Duration silent = absl::Now() - entry.last_seen;

@@ -164,6 +164,11 @@ TEST_CASE("under mutual TLS a rank is tied to its first Join's certificate: anot
   CHECK_THAT(std::string(other.message()),
              Contains("rank 1 is tied to 'node-a.test'") && Contains("this call presents 'node-b.test'"));
   CHECK_THAT(std::string(coordinator.Join(restarted).status().message()), Contains("presents no certificate"));
+  // The certificate is checked before the build: another host's agent of another build
+  // is refused as not the rank's, not as a build the rank's own agent might be.
+  v1::JoinRequest other_build = restarted;
+  other_build.set_contract("0123456789abcdef");
+  CHECK(coordinator.Join(other_build, "node-b.test").status().code() == absl::StatusCode::kPermissionDenied);
   v1::PublishRequest publish;
   publish.set_rank(1);
   publish.set_incarnation("test-1");
