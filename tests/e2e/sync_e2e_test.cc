@@ -246,12 +246,13 @@ TEST_CASE("while a sync runs, the coordinator's status shows each rank's progres
   const bool stalled =
       WaitForLogLine(cluster.agent(1).log_path(), absl::StrCat(" stalls at round ", kStallRound), absl::Seconds(30));
   // Agent 2 stopped: its answer is missing, and the status does not wait it out.
-  cluster.agent(2).Signal(SIGSTOP);
+  const bool stopped = cluster.agent(2).Stop(absl::Seconds(10));
   auto status = cluster.coordinator_client().Status(absl::Seconds(5));
   cluster.agent(2).Signal(SIGCONT);
   cluster.agent(1).Signal(SIGKILL);  // ends the stalled sync: the others are aborted
   syncer.join();
   REQUIRE(stalled);
+  REQUIRE(stopped);
   REQUIRE(status.ok());
   REQUIRE_FALSE(status->running_sync_id().empty());
   std::map<int32_t, v1::RankProgress> progress;
@@ -282,7 +283,7 @@ TEST_CASE("a stalled agent fails the sync within the deadline, naming it; it syn
   Cluster cluster(options);
   Deployment deployment(cluster, "stall", ModelJson(3, kLayouts[1].replicas), 13);
   RequireReady(deployment);
-  cluster.agent(1).Signal(SIGSTOP);
+  REQUIRE(cluster.agent(1).Stop(absl::Seconds(10)));
   const absl::Time start = absl::Now();
   auto sync = SyncOnce(cluster, absl::Seconds(120));  // the coordinator's 2 s end it, not this
   const absl::Duration took = absl::Now() - start;
@@ -772,7 +773,7 @@ TEST_CASE("a stalled agent fails shardsyncctl's sync at the coordinator's deadli
   Cluster cluster(options);
   Deployment deployment(cluster, "deadline", ModelJson(3, kLayouts[1].replicas), 19);
   RequireReady(deployment);
-  cluster.agent(2).Signal(SIGSTOP);
+  REQUIRE(cluster.agent(2).Stop(absl::Seconds(10)));
   const absl::Time start = absl::Now();
   auto [code, said] = Ctl(cluster, {"sync", "--timeout-ms", "120000"});  // more than the coordinator allows
   const absl::Duration took = absl::Now() - start;
@@ -815,7 +816,7 @@ TEST_CASE("shardsyncctl lists agents, explains with imbalance and links, says it
   CHECK_THAT(watched, Contains("watching the sync") && Contains("total"));
   CHECK(deployment.CheckTargets(23).empty());
   // A stalled agent holds the sync for its deadline: --watch reports every rank meanwhile.
-  cluster.agent(3).Signal(SIGSTOP);
+  REQUIRE(cluster.agent(3).Stop(absl::Seconds(10)));
   auto [stalled_code, stalled] = Ctl(cluster, {"sync", "--watch", "--timeout-ms", "1500"});
   cluster.agent(3).Signal(SIGCONT);
   INFO(stalled);

@@ -91,6 +91,22 @@ void Process::Signal(int signal) {
   if (!exited_) kill(pid_, signal);
 }
 
+bool Process::Stop(absl::Duration timeout) {
+  if (exited_) return false;
+  kill(pid_, SIGSTOP);
+  for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(2))) {
+    int status = 0;
+    const pid_t done = waitpid(pid_, &status, WNOHANG | WUNTRACED);
+    if (done != pid_) continue;
+    if (WIFSTOPPED(status)) return true;
+    exited_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return false;
+  }
+  return false;
+}
+
 int Process::Wait(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (!exited_) {

@@ -23,6 +23,9 @@ class Process {
   std::string ReadAll(absl::Duration timeout);
   void WriteLine(const std::string& line);
   void Signal(int signal);
+  // SIGSTOP, then waits until the process has stopped (a signal lands when the process
+  // is next scheduled, not when kill returns); false if it did not by `timeout`.
+  bool Stop(absl::Duration timeout);
   // Waits for the exit; returns the exit code (128 + signal if killed), -1 on timeout.
   int Wait(absl::Duration timeout);
   pid_t pid() const { return pid_; }
