@@ -98,7 +98,7 @@ void AddRpcFlags(CLI::App& command, shardsync::cli::RpcCommandConfig& config, sh
                      "every link's bytes too (up to ranks x ranks of them; without it a sync reports per rank only)");
   }
   if (name == "explain") {
-    flags::AddSwitch(command, "--layout", config.layout, "bytes per link too");
+    flags::AddSwitch(command, "--links", config.links, "every link's bytes and path too");
     const std::string of_coordinator = " (default: the coordinator's cost model)";
     command
         .add_option("--link-gbps", config.link_gbps,
@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
        "status --json)."},
       {"explain",
        "The plan of the current layouts: bytes per rank, the imbalance and the cost floor; with "
-       "--layout, the bytes of every link. Nothing is moved."}};
+       "--links, the bytes of every link. Nothing is moved."}};
   for (const auto& [name, description] : rpc_commands)
     AddRpcFlags(*app.add_subcommand(name, description), rpc_config, tls);
 

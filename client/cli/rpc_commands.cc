@@ -151,7 +151,7 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
     PrintJson(*explain, out);
     return 0;
   }
-  PrintPlanReport(*explain, absl::StrCat("plan of epoch ", explain->layout_epoch()), c.layout, out);
+  PrintPlanReport(*explain, absl::StrCat("plan of epoch ", explain->layout_epoch()), c.links, out);
   return 0;
 }
 

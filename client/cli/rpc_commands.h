@@ -22,8 +22,7 @@ struct RpcCommandConfig {
   bool json = false;
   bool watch = false;                 // sync: live progress per rank while it runs
   bool verify = false;                // sync: compare target checksums with their sources
-  bool links = false;                 // sync: every link's bytes in the response (SyncRequest.links)
-  bool layout = false;                // explain: bytes per link too
+  bool links = false;                 // sync, explain: every link's bytes too (SyncRequest.links)
   std::vector<int32_t> target_ranks;  // sync, explain: only these ranks' targets (empty: all)
 };
 

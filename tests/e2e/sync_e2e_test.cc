@@ -806,7 +806,7 @@ TEST_CASE("shardsyncctl lists agents, explains with imbalance and links, says it
   CHECK(agents_code == 0);
   for (int rank = 0; rank < 4; ++rank) CHECK_THAT(agents, Contains(absl::StrCat("\n", rank, "      127.0.0.1:")));
   CHECK_THAT(agents, Contains("joined") && Contains("last seen"));
-  auto [explain_code, explain] = Ctl(cluster, {"explain", "--layout"});
+  auto [explain_code, explain] = Ctl(cluster, {"explain", "--links"});
   CHECK(explain_code == 0);
   CHECK_THAT(explain, Contains("imbalance ") && Contains("links (from -> to: bytes, path)") && Contains("0 -> 1:") &&
                           Contains("direct, no staging"));
