@@ -121,7 +121,7 @@ def shardsync_case(world, name, bin_dir, out, syncs, staging, link_gbps, memory_
             other = python_syncs(by_client[c], syncs)[0]
             clients_compared[c] = {"seconds": statistics.median(other), "all_seconds": other}
         verified = coordinator.sync(timeout=120, verify=True)  # the cost of --verify, once
-        explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps)
+        explain = coordinator.explain(link_gbps=link_gbps, memory_gbps=memory_gbps, links=True)
         # Peak extra memory of the clients during the syncs, before the checks allocate.
         memory = [int(ask(c, "memory").split()[1]) for c in clients]
         checks = [ask(c, "check 3") for c in rollouts]

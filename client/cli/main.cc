@@ -68,6 +68,7 @@ void AddPlanFlags(CLI::App& plan, shardsync::cli::PlanCommandConfig& config) {
       ->check(CLI::IsMember({"least_loaded", "first_holder"}))
       ->capture_default_str();
   flags::AddSwitch(plan, "--json", config.json, "the report as JSON (proto field names, as explain --json)");
+  flags::AddSwitch(plan, "--links", config.links, "every link's bytes too");
 }
 
 // The flags of the commands that call the coordinator; `command` is one of them.

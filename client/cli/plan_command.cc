@@ -104,7 +104,7 @@ int RunPlanCommand(const PlanCommandConfig& c, std::ostream& out, std::ostream& 
     return 3;
   }
   const v1::ExplainResponse report =
-      daemon::MakePlanReport(planned->plan, planned->stats, planned->digest, planned->floors, bandwidths);
+      daemon::MakePlanReport(planned->plan, planned->stats, planned->digest, planned->floors, bandwidths, c.links);
   if (c.json) {
     PrintJson(report, out);
     return 0;
@@ -112,7 +112,7 @@ int RunPlanCommand(const PlanCommandConfig& c, std::ostream& out, std::ostream& 
   PrintPlanReport(
       report,
       absl::StrFormat("plan of %s (policy %s, staging %s per peer)", label, policy->name(), Bytes(c.staging_bytes)),
-      /*links=*/false, out);
+      c.links, out);
   out << absl::StrFormat("\nplanned in %.2f ms\n", std::chrono::duration<double, std::milli>(t1 - t0).count());
   return 0;
 }

@@ -31,6 +31,7 @@ struct PlanCommandConfig {
   planner::RelayMode relay = planner::RelayMode::kAuto;
   std::string policy = "least_loaded";
   bool json = false;
+  bool links = false;  // every link's bytes too
 };
 
 // Returns the process exit code: 0 planned, 3 refused (bad input).

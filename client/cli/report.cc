@@ -58,11 +58,8 @@ void PrintPlanReport(const v1::ExplainResponse& report, absl::string_view title,
   int64_t sent = 0, local = 0;
   for (const v1::RankStats& r : report.ranks()) sent += r.sent_bytes(), local += r.local_bytes();
   out << absl::StrFormat("moves %s (%s over links, %s local)\n", Bytes(sent + local), Bytes(sent), Bytes(local));
-  int64_t direct = 0, staged = 0;
-  for (const v1::LinkBytes& l : report.links()) {
-    if (l.path() == v1::DIRECT) direct += l.bytes();
-    if (l.path() == v1::STAGED) staged += l.bytes();
-  }
+  int64_t direct = 0, staged = 0;  // zero both where the paths are not known
+  for (const v1::RankStats& r : report.ranks()) direct += r.direct_sent_bytes(), staged += r.staged_sent_bytes();
   if (direct + staged > 0) {
     out << absl::StrFormat("paths: %s direct (written in place, no staging), %s staged through the transport\n",
                            Bytes(direct), Bytes(staged));

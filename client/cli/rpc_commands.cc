@@ -144,6 +144,7 @@ int RunExplainCommand(const RpcCommandConfig& c, std::ostream& out, std::ostream
   request.set_link_gbps(c.link_gbps);
   request.set_memory_gbps(c.memory_gbps);
   request.set_network_gbps(c.network_gbps);
+  request.set_links(c.links);
   request.mutable_target_ranks()->Add(c.target_ranks.begin(), c.target_ranks.end());
   auto explain = coordinator.Explain(request, CallDeadline(c));
   if (!explain.ok()) return Fail("explain", explain.status(), err);

@@ -18,7 +18,8 @@ std::vector<v1::LinkBytes> LinksOf(const planner::PlanStats& stats) {
 }
 
 v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::PlanStats& stats, absl::string_view digest,
-                                   std::pair<double, double> floors, const planner::Bandwidths& bandwidths) {
+                                   std::pair<double, double> floors, const planner::Bandwidths& bandwidths,
+                                   bool links) {
   v1::ExplainResponse report;
   report.set_digest(std::string(digest));
   report.set_tensors(static_cast<int32_t>(plan.tensor_names.size()));
@@ -40,7 +41,9 @@ v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::Pla
   for (const planner::Buffer& b : plan.scratch) {
     if (b.holder.rank < report.ranks_size()) report.mutable_ranks(b.holder.rank)->set_scratch_bytes(b.bytes);
   }
-  for (v1::LinkBytes& link : LinksOf(stats)) *report.add_links() = std::move(link);
+  if (links) {
+    for (v1::LinkBytes& link : LinksOf(stats)) *report.add_links() = std::move(link);
+  }
   return report;
 }
 

@@ -20,7 +20,8 @@ namespace shardsync::daemon {
 // Every link of `stats` with its planned bytes (no path: the coordinator's to say).
 std::vector<v1::LinkBytes> LinksOf(const planner::PlanStats& stats);
 
+// With `links`, every link of LinksOf too.
 v1::ExplainResponse MakePlanReport(const planner::Plan& plan, const planner::PlanStats& stats, absl::string_view digest,
-                                   std::pair<double, double> floors, const planner::Bandwidths& bandwidths);
+                                   std::pair<double, double> floors, const planner::Bandwidths& bandwidths, bool links);
 
 }  // namespace shardsync::daemon

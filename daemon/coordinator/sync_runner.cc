@@ -244,23 +244,19 @@ absl::StatusOr<v1::ExplainResponse> SyncRunner::Explain(const v1::ExplainRequest
                                        speed(request.network_gbps(), configured.network_bytes_per_s)};
   const planner::StreamedPlan& planned = cached.compiled.planned;
   v1::ExplainResponse response =
-      daemon::MakePlanReport(planned.plan, planned.stats, planned.digest, planned.floors, bandwidths);
+      daemon::MakePlanReport(planned.plan, planned.stats, planned.digest, planned.floors, bandwidths, request.links());
   response.set_layout_epoch(cached.epoch);
   // Paths need every agent, and agents the coordinator can link (a sync would say
-  // why not); without them the links say none.
+  // why not); without them the ranks and links say none.
   if (directory_.MissingRanks().empty() && EnsureLinkPaths().ok()) {
-    std::map<int32_t, v1::RankStats*> by_rank;
-    for (v1::RankStats& rank : *response.mutable_ranks()) by_rank[rank.rank()] = &rank;
-    for (v1::LinkBytes& link : *response.mutable_links()) {
-      link.set_path(paths_.Path(link.from_rank(), link.to_rank()));
-      if (link.path() != v1::DIRECT) continue;
-      if (const auto from = by_rank.find(link.from_rank()); from != by_rank.end()) {
-        from->second->set_direct_sent_bytes(from->second->direct_sent_bytes() + link.bytes());
-      }
-      if (const auto to = by_rank.find(link.to_rank()); to != by_rank.end()) {
-        to->second->set_direct_received_bytes(to->second->direct_received_bytes() + link.bytes());
-      }
+    const auto rank = [&](int32_t r) { return response.mutable_ranks(r); };  // ranks in order, one each
+    for (const auto& [link, bytes] : planned.stats.link_bytes) {
+      if (paths_.Path(link.first, link.second) != v1::DIRECT) continue;
+      rank(link.first)->set_direct_sent_bytes(rank(link.first)->direct_sent_bytes() + bytes);
+      rank(link.second)->set_direct_received_bytes(rank(link.second)->direct_received_bytes() + bytes);
     }
+    for (v1::RankStats& r : *response.mutable_ranks()) r.set_staged_sent_bytes(r.sent_bytes() - r.direct_sent_bytes());
+    for (v1::LinkBytes& link : *response.mutable_links()) link.set_path(paths_.Path(link.from_rank(), link.to_rank()));
   }
   ReleaseStalePlansLocked();  // layouts published while it planned
   return response;

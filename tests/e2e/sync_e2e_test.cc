@@ -701,14 +701,15 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
   {
     Deployment deployment(cluster, "ctl", ModelJson(3, kLayouts[0].replicas), 17);
     RequireReady(deployment);
-    auto [explain_code, explain] = Ctl(cluster, {"explain", "--json"});
+    auto [explain_code, explain] = Ctl(cluster, {"explain", "--json", "--links"});
     CHECK(explain_code == 0);
-    CHECK_THAT(explain, Contains("\"floor_seconds\"") && Contains("\"links\""));
+    CHECK_THAT(explain, Contains("\"floor_seconds\"") && Contains("\"links\":[{"));
+    CHECK_THAT(Ctl(cluster, {"explain", "--json"}).second, Contains("\"links\":[]"));  // only when asked
     // plan, offline, prints the report explain prints: the same fields, the same plan.
     const std::string spec = cluster.dir() + "/ctl-offline.json";
     std::ofstream(spec) << ModelJson(3, kLayouts[0].replicas);
-    auto [plan_code, plan] = CtlOffline(
-        cluster, {"plan", "--spec", spec, "--staging-bytes", std::to_string(ClusterOptions{}.staging_bytes), "--json"});
+    auto [plan_code, plan] = CtlOffline(cluster, {"plan", "--spec", spec, "--staging-bytes",
+                                                  std::to_string(ClusterOptions{}.staging_bytes), "--json", "--links"});
     REQUIRE(plan_code == 0);
     CHECK(JsonFieldNames(plan) == JsonFieldNames(explain));
     v1::ExplainResponse offline, online;
@@ -727,6 +728,7 @@ TEST_CASE("shardsyncctl syncs, explains and reports status, with documented exit
     }
     for (v1::RankStats& rank : *online.mutable_ranks()) {
       CHECK(rank.direct_sent_bytes() == rank.sent_bytes());
+      CHECK(rank.staged_sent_bytes() == 0);
       rank.clear_direct_sent_bytes();
       rank.clear_direct_received_bytes();
     }

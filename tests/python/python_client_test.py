@@ -403,6 +403,13 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(explain.network_bytes, response.network_bytes)
         self.assertEqual(explain.network_bytes, sum(r.sent_bytes for r in explain.ranks))
         self.assertGreater(explain.network_bytes, 0)
+        self.assertEqual(len(explain.links), 0)  # only when asked
+        linked = coordinator.explain(network_gbps=25, links=True)
+        self.assertGreater(len(linked.links), 0)
+        self.assertEqual(sum(link.bytes for link in linked.links), explain.network_bytes)
+        # Agents on two nodes: every link staged, as each rank's bytes say.
+        self.assertTrue(all(link.path == shardsync.shardsync_pb2.STAGED for link in linked.links))
+        self.assertEqual([r.staged_sent_bytes for r in explain.ranks], [r.sent_bytes for r in explain.ranks])
 
     def test_agent_0_serving_the_coordinator_syncs_over_its_unix_socket_exactly(self):
         self.cluster.stop()

@@ -261,11 +261,12 @@ class CoordinatorClient:
         return self._last
 
     def explain(self, link_gbps: float = 0.0, memory_gbps: float = 0.0, network_gbps: float = 0.0,
-                timeout: float = 30.0) -> shardsync_pb2.ExplainResponse:
+                timeout: float = 30.0, links: bool = False) -> shardsync_pb2.ExplainResponse:
         """The plan's bytes per rank and its floor at these speeds (GB/s; 0: the
-        coordinator's cost model); ExplainResponse."""
+        coordinator's cost model); ExplainResponse. With `links`, every link's bytes
+        too (up to ranks x ranks of them)."""
         request = shardsync_pb2.ExplainRequest(link_gbps=link_gbps, memory_gbps=memory_gbps,
-                                               network_gbps=network_gbps)
+                                               network_gbps=network_gbps, links=links)
         return self._unary("Explain", request, shardsync_pb2.ExplainResponse, timeout)
 
     def status(self, timeout: float = 5.0) -> shardsync_pb2.CoordinatorStatus:

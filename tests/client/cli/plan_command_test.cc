@@ -80,9 +80,14 @@ TEST_CASE("plan --json prints the report as ExplainResponse JSON: its field name
     sent += report.ranks(r).sent_bytes();
     received += report.ranks(r).received_bytes();
   }
-  for (const v1::LinkBytes& l : report.links()) linked += l.bytes();
   CHECK(sent > 0);
   CHECK(received == sent);
+  CHECK(report.links_size() == 0);  // only with --links
+  PlanCommandConfig with_links = SmallModel(/*json=*/true);
+  with_links.links = true;
+  v1::ExplainResponse linked_report;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(Plan(with_links), &linked_report).ok());
+  for (const v1::LinkBytes& l : linked_report.links()) linked += l.bytes();
   CHECK(linked == sent);
 }
 
