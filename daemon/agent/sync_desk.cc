@@ -271,6 +271,7 @@ absl::StatusOr<v1::ExecuteResponse> SyncDesk::Execute(const v1::ExecuteRequest& 
   times.finished = absl::Now();
   response.mutable_stats()->MergeFrom(
       daemon::RankStatsOf(rank_, *stats, local.scratch_bytes, times));  // beside verify_seconds
+  if (!request.links()) response.mutable_stats()->clear_peer_wire();    // a link per peer: only when asked
   return response;
 }
 

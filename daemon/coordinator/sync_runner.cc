@@ -166,7 +166,7 @@ absl::StatusOr<v1::SyncResponse> SyncRunner::Sync(const v1::SyncRequest& request
   ready_digest_.clear();  // until this sync succeeds
   const absl::Time execute_start = absl::Now();
   absl::StatusOr<std::vector<v1::ExecuteResponse>> responses =
-      ExecuteAll(sync_id, timeout, request.verify(), one_call, contacts);
+      ExecuteAll(sync_id, timeout, request, one_call, contacts);
   if (!responses.ok()) return finish(responses.status());
   const absl::Time executed = absl::Now();
   v1::SyncResponse response;
@@ -227,7 +227,6 @@ void SyncRunner::FillFromPlan(std::vector<v1::ExecuteResponse>& responses, bool 
   }
   for (v1::ExecuteResponse& r : responses) {
     response.set_quantized_bytes(response.quantized_bytes() + r.stats().quantized_bytes());
-    if (!links) r.mutable_stats()->clear_peer_wire();
     *response.add_ranks() = std::move(*r.mutable_stats());
   }
 }
@@ -469,8 +468,8 @@ std::map<int32_t, v1::DeltaSpec> SyncRunner::DeltaSpecs() const {
 }
 
 absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const std::string& sync_id,
-                                                                        absl::Duration timeout, bool verify,
-                                                                        bool one_call,
+                                                                        absl::Duration timeout,
+                                                                        const v1::SyncRequest& request, bool one_call,
                                                                         const AgentDirectory::Contacts& contacts) {
   const std::map<int32_t, std::shared_ptr<AgentLink>>& links = contacts.links;
   const int32_t world = options_.epoch.world_size;
@@ -497,7 +496,8 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> SyncRunner::ExecuteAll(const st
     v1::ExecuteRequest execute;
     execute.set_sync_id(sync_id);
     execute.set_digest(plan_->compiled.digest());
-    execute.set_verify(verify);
+    execute.set_verify(request.verify());
+    execute.set_links(request.links());
     if (const auto delta = deltas.find(rank); delta != deltas.end()) *execute.mutable_delta() = delta->second;
     if (one_call) *execute.mutable_prepare() = PrepareRequestFor(rank, std::nullopt, sync_id, timeout, nullptr);
     called[rank] = absl::Now();

@@ -86,8 +86,7 @@ class SyncRunner {
   absl::Status CheckVerified(const std::vector<v1::ExecuteResponse>& responses, v1::SyncResponse& response) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // The plan's fields of a successful sync's response, and every rank's stats (moved
-  // out of `responses`); with `links` every link (SyncRequest.links), else no rank's
-  // peer_wire either.
+  // out of `responses`); with `links` every link (SyncRequest.links).
   void FillFromPlan(std::vector<v1::ExecuteResponse>& responses, bool links, v1::SyncResponse& response) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   // Every link of the plan's schedules with its bytes and path.
@@ -104,7 +103,7 @@ class SyncRunner {
   // plan with block-quantized targets, or for an agent on a device.
   std::map<int32_t, v1::DeltaSpec> DeltaSpecs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
   absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteAll(const std::string& sync_id, absl::Duration timeout,
-                                                              bool verify, bool one_call,
+                                                              const v1::SyncRequest& request, bool one_call,
                                                               const AgentDirectory::Contacts& contacts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
 

@@ -74,12 +74,16 @@ TEST_CASE("delta sync: a trainer changing 1% of its elements puts a few percent 
     REQUIRE(sync.ok());
     CHECK(deployment.CheckTargets(seed).empty());
     std::map<std::string, int64_t> whole;
-    int64_t deltas = 0;
+    int64_t deltas = 0, ranks_wire = 0, links_wire = 0;
     for (const v1::RankStats& r : sync->ranks()) {
       deltas += r.delta_chunks();
+      ranks_wire += r.wire_bytes();
       for (const auto& [why, chunks] : r.full_chunks()) whole[why] += chunks;
     }
+    for (const v1::LinkBytes& link : sync->links()) links_wire += link.wire_bytes();
     INFO("seed " << seed);
+    CHECK(ranks_wire > 0);
+    CHECK(links_wire == ranks_wire);  // every agent said what it put on each link
     if (seed == 85) {
       CHECK(deltas > 0);
       CHECK(whole.count("new_target") == 1);
