@@ -62,8 +62,9 @@ absl::Status SegmentSpill::Flush(int32_t rank) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int error = n < 0 ? errno : ENOSPC;
+      const bool full = error == ENOSPC || error == EDQUOT || error == EFBIG;  // the disk, a quota, ulimit -f
       return absl::Status(
-          error == ENOSPC ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
+          full ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
           absl::StrCat("writing the plan's file in '", directory_, "' at ", end_ + done, ": ", std::strerror(error)));
     }
     done += n;

@@ -1,9 +1,11 @@
 // The coordinator's streamed epoch against the whole plan: every rank's PrepareRequest,
 // made later from that rank's segments alone, is byte for byte the one the whole plan's
 // schedule encodes; the plan's file has no name, keeps every field of any segment, and its
-// errors name the directory; a file changed under it is refused, saying how.
+// errors name the directory (a file that cannot grow too); a file changed under it is refused, saying how.
 #include "daemon/coordinator/epoch_plan.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -119,6 +121,35 @@ TEST_CASE("the plan's file has no name, and a directory it cannot use is named")
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(missing.status().message()), Catch::Matchers::Contains(dir + "/no-such-dir"));
+}
+
+TEST_CASE("a plan's file that cannot grow fails the plan, naming its directory") {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  absl::StatusOr<std::unique_ptr<SegmentSpill>> spill = SegmentSpill::Create(dir, 2);
+  REQUIRE(spill.ok());
+  planner::Segment s;
+  s.dst.rank = 1;
+  s.axes = 1;
+  s.shape[0] = s.src_strides[0] = s.dst_strides[0] = 1;
+  // As on a full disk: this process may write no file past 64 KiB (ulimit -f), and a
+  // write past it fails with EFBIG instead of the signal that would end the process.
+  rlimit before{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &before) == 0);
+  const rlimit small{SegmentSpill::kBlockBytes, before.rlim_max};
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  const sighandler_t was = signal(SIGXFSZ, SIG_IGN);
+  absl::Status status;
+  for (int64_t i = 0; status.ok() && i < 4 * static_cast<int64_t>(SegmentSpill::kBlockBytes); ++i) {
+    s.src_base = i;
+    status = (*spill)->Add(absl::MakeConstSpan(&s, 1));
+  }
+  if (status.ok()) status = (*spill)->Finish();
+  setrlimit(RLIMIT_FSIZE, &before);
+  signal(SIGXFSZ, was);
+  CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Matchers::StartsWith(absl::StrCat("writing the plan's file in '", dir, "' at ")) &&
+                 Catch::Matchers::EndsWith(std::strerror(EFBIG)));
 }
 
 // The descriptor of the one plan's file open in this process, found as its link in
