@@ -1,6 +1,7 @@
 #include "executor/mailbox.h"
 
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,11 +13,46 @@ namespace shardsync::executor {
 void Mailbox::Post(absl::string_view sync_id, int32_t round, absl::Span<const RecvOp> receives) {
   absl::MutexLock lock(&mu_);
   sync_id_ = std::string(sync_id);
-  for (const RecvOp& op : receives) slots_[op.peer] = Slot{op, round, false};
+  for (const RecvOp& op : receives) slots_[op.peer] = Slot{op, round};
 }
 
-absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t round, const uint8_t* data,
-                              int64_t bytes, bool delta, absl::Time deadline) {
+absl::Status Mailbox::Take(Slot& slot, int32_t from, const Piece& piece) {
+  const int32_t round = slot.round;
+  if (piece.delta) {
+    if (!slot.op.baseline) {
+      return absl::InternalError(
+          absl::StrCat("rank ", from, " sent a delta for round ", round, "; this receive holds no baseline"));
+    }
+    if (piece.offset != 0 || !slot.taken.empty()) {
+      return absl::InternalError(
+          absl::StrCat("rank ", from, " sent a delta for round ", round, " beside other pieces of the chunk"));
+    }
+    slot.taken.emplace(0, slot.op.bytes);
+    return absl::OkStatus();
+  }
+  if (piece.chunk_bytes != slot.op.bytes) {
+    return absl::InternalError(absl::StrCat("rank ", from, " sent ", piece.chunk_bytes, " bytes for round ", round,
+                                            "; the receive expects ", slot.op.bytes));
+  }
+  const int64_t offset = piece.offset, bytes = piece.bytes;
+  if (offset < 0 || bytes < 0 || bytes > slot.op.bytes || offset > slot.op.bytes - bytes) {
+    return absl::InternalError(absl::StrCat("rank ", from, " sent ", bytes, " bytes at ", offset, " of round ", round,
+                                            "; the receive holds ", slot.op.bytes));
+  }
+  const int64_t end = offset + bytes;  // within the receive: checked above
+  const auto after = slot.taken.upper_bound(offset);
+  const bool over_before = after != slot.taken.begin() && std::prev(after)->second > offset;
+  const bool over_after = after != slot.taken.end() && after->first < end;
+  if (bytes > 0 && (over_before || over_after)) {
+    return absl::InternalError(
+        absl::StrCat("rank ", from, " sent bytes ", offset, " to ", end, " of round ", round, " twice"));
+  }
+  if (bytes > 0) slot.taken.emplace(offset, end);
+  return absl::OkStatus();
+}
+
+absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t round, const Piece& piece,
+                              absl::Time deadline) {
   RecvOp op;
   {
     absl::MutexLock lock(&mu_);
@@ -24,14 +60,16 @@ absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t r
     const auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (aborted()) return true;
       auto it = slots_.find(from);
-      return sync_id_ == sync_id && it != slots_.end() && it->second.round == round && !it->second.claimed;
+      return sync_id_ == sync_id && it != slots_.end() && it->second.round == round;
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&posted), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat("no receive posted for round ", round, " from rank ", from));
     }
     if (aborted()) return absl::AbortedError(aborted_);
     Slot& slot = slots_[from];
-    slot.claimed = true;
+    if (absl::Status taken = Take(slot, from, piece); !taken.ok()) {
+      return taken;  // the receive stays undone: its Wait names this rank
+    }
     op = slot.op;
     ++copying_;
   }
@@ -39,25 +77,21 @@ absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t r
   // go side by side, and Wait, Reset and an abort wait for it to end.
   const absl::Time start = absl::Now();
   absl::Status written = absl::OkStatus();
-  if (delta) {
-    if (!op.baseline) {
-      written = absl::InternalError(
-          absl::StrCat("rank ", from, " sent a delta for round ", round, "; this receive holds no baseline"));
-    } else if (const absl::Status applied = ApplyDelta(data, bytes, op.data, op.bytes); !applied.ok()) {
+  if (piece.delta) {
+    if (const absl::Status applied = ApplyDelta(piece.data, piece.bytes, op.data, op.bytes); !applied.ok()) {
       written = absl::InternalError(absl::StrCat("rank ", from, "'s delta for round ", round, ": ", applied.message()));
     }
-  } else if (bytes != op.bytes) {
-    written = absl::InternalError(
-        absl::StrCat("rank ", from, " sent ", bytes, " bytes for round ", round, "; the receive expects ", op.bytes));
-  } else if (bytes > 0) {
-    std::memcpy(op.data, data, bytes);
+  } else if (piece.bytes > 0) {
+    std::memcpy(op.data + piece.offset, piece.data, piece.bytes);
   }
   const int64_t nanos = absl::ToInt64Nanoseconds(absl::Now() - start);
   absl::MutexLock lock(&mu_);
   --copying_;
   if (!written.ok()) return written;  // the receive stays undone: its Wait names this rank
-  if (delta && op.apply_nanos != nullptr) *op.apply_nanos += nanos;  // shared by the round's receives
-  slots_.at(from).done = true;
+  if (piece.delta && op.apply_nanos != nullptr) *op.apply_nanos += nanos;  // shared by the round's receives
+  Slot& slot = slots_.at(from);
+  slot.written += piece.delta ? op.bytes : piece.bytes;
+  slot.delivered = true;
   return absl::OkStatus();
 }
 
@@ -67,7 +101,7 @@ absl::Status Mailbox::Wait(absl::Time deadline) {
   const auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (aborted()) return copying_ == 0;  // nothing writes the receives once this returns
     for (const auto& [peer, slot] : slots_) {
-      if (!slot.done) return false;
+      if (!slot.done()) return false;
     }
     return true;
   };
@@ -78,7 +112,7 @@ absl::Status Mailbox::Wait(absl::Time deadline) {
   if (!finished) {
     std::vector<int32_t> missing;
     for (const auto& [peer, slot] : slots_) {
-      if (!slot.done) missing.push_back(peer);
+      if (!slot.done()) missing.push_back(peer);
     }
     return absl::UnavailableError(
         absl::StrCat("no data from rank ", absl::StrJoin(missing, ", rank "), " before the deadline"));
@@ -102,6 +136,10 @@ void Mailbox::Reset() {
   slots_.clear();
 }
 
+Mailbox::Piece PieceOf(const SendOp& send) {
+  return Mailbox::Piece{send.data, send.bytes, 0, send.delta ? 0 : send.bytes, send.delta};
+}
+
 absl::Status LoopbackTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
                                          absl::Span<const RecvOp> receives, absl::Time deadline) {
   Mailbox* own = mailboxes_.at(rank_);
@@ -109,7 +147,7 @@ absl::Status LoopbackTransport::RunRound(absl::string_view sync_id, int32_t roun
   for (const SendOp& send : sends) {
     auto it = mailboxes_.find(send.peer);
     if (it == mailboxes_.end()) return absl::UnavailableError(absl::StrCat("rank ", send.peer, " is unknown"));
-    if (auto s = it->second->Deliver(sync_id, rank_, round, send.data, send.bytes, send.delta, deadline); !s.ok()) {
+    if (auto s = it->second->Deliver(sync_id, rank_, round, PieceOf(send), deadline); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("sending to rank ", send.peer, ": ", s.message()));
     }
   }

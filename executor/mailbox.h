@@ -2,6 +2,8 @@
 // peer's delivery for that round blocks until the matching receive is posted, then
 // copies straight into the posted memory. So nothing is buffered beyond what the
 // receiver posted: staging stays within the budget however far ahead a sender runs.
+// A chunk may come in pieces (byte ranges of it, in any order, several at once); its
+// receive is done once its pieces cover it, each byte once.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +23,22 @@ class Mailbox {
  public:
   // Posts this round's receives (one per peer at most).
   void Post(absl::string_view sync_id, int32_t round, absl::Span<const RecvOp> receives);
-  // Called for a peer's chunk: waits until the receive is posted, then copies it in
-  // or, for a `delta` (an encoding of the chunk), applies it onto the receive's
-  // baseline, without the lock (several peers' chunks go in at once); a delta for a
-  // receive without one is refused (INTERNAL naming the rank).
-  absl::Status Deliver(absl::string_view sync_id, int32_t from, int32_t round, const uint8_t* data, int64_t bytes,
-                       bool delta, absl::Time deadline);
+  // A piece of a peer's chunk: `bytes` at `data`, the chunk's bytes from `offset` on,
+  // of a chunk of `chunk_bytes`; or, with `delta`, an encoding of the whole chunk (at
+  // offset 0; its size is the encoding's to say).
+  struct Piece {
+    const uint8_t* data = nullptr;
+    int64_t bytes = 0;
+    int64_t offset = 0;
+    int64_t chunk_bytes = 0;
+    bool delta = false;
+  };
+  // Waits until the receive of `from`'s chunk is posted, then copies the piece in or
+  // applies the delta onto the receive's baseline, without the lock (several peers'
+  // pieces go in at once). Refused (INTERNAL naming the rank): a chunk of another size
+  // than the receive's, a piece past its end or over bytes another piece took, a delta
+  // for a receive without a baseline or beside other pieces.
+  absl::Status Deliver(absl::string_view sync_id, int32_t from, int32_t round, const Piece& piece, absl::Time deadline);
   // Waits until every posted receive of the round is delivered; names the peers missing.
   // Returns only once no delivery writes the receives (also when aborted or late).
   absl::Status Wait(absl::Time deadline);
@@ -40,9 +52,14 @@ class Mailbox {
   struct Slot {
     RecvOp op;
     int32_t round = -1;
-    bool claimed = false;  // a delivery took it (writing, or done)
-    bool done = false;
+    std::map<int64_t, int64_t> taken;  // the byte ranges deliveries took (writing, or done): begin -> end
+    int64_t written = 0;               // bytes the finished deliveries wrote
+    bool delivered = false;            // one delivery finished (a chunk of 0 bytes is done then)
+    bool done() const { return delivered && written == op.bytes; }
   };
+  // Takes the piece's bytes of `from`'s receive for a delivery (the whole receive for
+  // a delta), or says why it cannot.
+  static absl::Status Take(Slot& slot, int32_t from, const Piece& piece);
   absl::Mutex mu_;
   std::string sync_id_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, Slot> slots_ ABSL_GUARDED_BY(mu_);  // by peer
@@ -50,6 +67,9 @@ class Mailbox {
   std::string aborted_sync_ ABSL_GUARDED_BY(mu_);
   std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, when aborted_sync_ is set
 };
+
+// A whole chunk (or its delta) as one piece.
+Mailbox::Piece PieceOf(const SendOp& send);
 
 // An in-process transport between ranks in one process (threads), for tests of
 // everything above the wire.

@@ -1,6 +1,9 @@
 #include "daemon/agent/grpc_transport.h"
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,62 +20,110 @@ absl::Status GrpcTransport::Setup(const executor::PeerSetup& setup, absl::Time) 
 absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const executor::SendOp> sends,
                                      absl::Span<const executor::RecvOp> receives, absl::Time deadline) {
   mailbox_.Post(sync_id, round, receives);
-  struct Call {
-    int32_t peer;
-    std::shared_ptr<v1::AgentControl::Stub> stub;  // kept while the call runs
+  struct Stream {  // one send, piece by piece
+    const executor::SendOp* send = nullptr;
+    std::shared_ptr<v1::AgentControl::Stub> stub;  // kept while its calls run
+    int64_t next = 0;                              // where its next piece starts
+    bool started = false;                          // a chunk of 0 bytes is one empty piece
+    int in_flight = 0;
+    grpc::Status failed;  // its first failure
+    bool pending() const { return !started || next < send->bytes; }
+  };
+  struct Piece {
+    Stream* stream;
     grpc::ClientContext context;
     v1::TransferRequest request;
     v1::TransferResponse response;
-    grpc::Status status;
   };
-  std::vector<std::unique_ptr<Call>> calls;
-  absl::Mutex done_mu;
-  size_t done = 0;
+  std::vector<Stream> streams(sends.size());
   {
     absl::MutexLock lock(&mu_);
     if (aborted_sync_ == sync_id) return absl::AbortedError(aborted_reason_);
     running_sync_ = std::string(sync_id);
-    for (const executor::SendOp& send : sends) {
-      auto address = addresses_.find(send.peer);
-      if (address == addresses_.end()) return absl::UnavailableError(absl::StrCat("no address for rank ", send.peer));
-      auto call = std::make_unique<Call>();
-      call->peer = send.peer;
-      call->context.set_deadline(absl::ToChronoTime(deadline));
+    for (size_t i = 0; i < sends.size(); ++i) {
+      auto address = addresses_.find(sends[i].peer);
+      if (address == addresses_.end())
+        return absl::UnavailableError(absl::StrCat("no address for rank ", sends[i].peer));
+      streams[i].send = &sends[i];
+      streams[i].stub = channels_.Stub(address->second);
+    }
+  }
+  std::deque<Piece> pieces;  // alive until the round ends: an abort may cancel any of them
+  absl::Mutex done_mu;
+  bool stop = false;  // ABSL_GUARDED_BY(done_mu): a piece failed or the sync was aborted; send no more
+  while (true) {
+    std::vector<Piece*> ready;
+    {
+      absl::MutexLock lock(&done_mu);
+      const auto sendable = [&](const Stream& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) {
+        return !stop && s.pending() && s.in_flight < kPiecesInFlight;
+      };
+      const auto can_act = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) {
+        bool busy = false;
+        for (const Stream& s : streams) {
+          if (sendable(s)) return true;
+          busy = busy || s.in_flight > 0;
+        }
+        return !busy;
+      };
+      done_mu.Await(absl::Condition(&can_act));
+      for (Stream& s : streams) {
+        while (sendable(s)) {
+          const executor::SendOp& send = *s.send;
+          const int64_t bytes = send.delta ? send.bytes : std::min(kPieceBytes, send.bytes - s.next);
+          Piece& piece = pieces.emplace_back();
+          piece.stream = &s;
+          piece.request.set_sync_id(std::string(sync_id));
+          piece.request.set_from_rank(rank_);
+          piece.request.set_round(round);
+          piece.request.set_data(send.data + s.next, bytes);
+          piece.request.set_delta(send.delta);
+          piece.request.set_offset(s.next);
+          if (!send.delta) piece.request.set_chunk_bytes(send.bytes);
+          s.next += bytes;
+          s.started = true;
+          ++s.in_flight;
+          ready.push_back(&piece);
+        }
+      }
+    }
+    if (ready.empty()) break;  // nothing left to send and nothing in flight
+    absl::MutexLock lock(&mu_);
+    if (aborted_sync_ == sync_id) {  // sends nothing more; what is in flight was cancelled
+      absl::MutexLock done_lock(&done_mu);
+      stop = true;
+      for (Piece* piece : ready) {
+        --piece->stream->in_flight;
+        if (piece->stream->failed.ok()) piece->stream->failed = grpc::Status(grpc::CANCELLED, aborted_reason_);
+      }
+      continue;
+    }
+    for (Piece* piece : ready) {
+      piece->context.set_deadline(absl::ToChronoTime(deadline));
       // A peer that restarted on its port may find this channel still backing off from
       // the refused connections while it was down: wait for it (the deadline and an
       // abort still end the wait) rather than fail at once.
-      call->context.set_wait_for_ready(true);
-      call->request.set_sync_id(std::string(sync_id));
-      call->request.set_from_rank(rank_);
-      call->request.set_round(round);
-      call->request.set_data(send.data, send.bytes);
-      call->request.set_delta(send.delta);
-      in_flight_.push_back(&call->context);
-      call->stub = channels_.Stub(address->second);
-      Call* raw = call.get();
-      raw->stub->async()->Transfer(&raw->context, &raw->request, &raw->response,
-                                   [raw, &done_mu, &done](grpc::Status status) {
-                                     absl::MutexLock done_lock(&done_mu);
-                                     raw->status = std::move(status);
-                                     ++done;
-                                   });
-      calls.push_back(std::move(call));
+      piece->context.set_wait_for_ready(true);
+      in_flight_.push_back(&piece->context);
+      piece->stream->stub->async()->Transfer(&piece->context, &piece->request, &piece->response,
+                                             [piece, &done_mu, &stop](grpc::Status status) {
+                                               absl::MutexLock done_lock(&done_mu);
+                                               Stream& stream = *piece->stream;
+                                               --stream.in_flight;
+                                               piece->request.clear_data();  // answered: its copy goes
+                                               if (status.ok()) return;
+                                               stop = true;
+                                               if (stream.failed.ok()) stream.failed = std::move(status);
+                                             });
     }
-  }
-  {
-    absl::MutexLock lock(&done_mu);
-    const size_t expected = calls.size();
-    const auto all_answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return done == expected; };
-    done_mu.Await(absl::Condition(&all_answered));
   }
   {
     absl::MutexLock lock(&mu_);
     in_flight_.clear();  // one round at a time: they were all this round's
   }
   std::vector<std::string> failed;
-  for (const auto& call : calls) {
-    if (!call->status.ok())
-      failed.push_back(absl::StrCat("rank ", call->peer, " (", call->status.error_message(), ")"));
+  for (const Stream& s : streams) {
+    if (!s.failed.ok()) failed.push_back(absl::StrCat("rank ", s.send->peer, " (", s.failed.error_message(), ")"));
   }
   if (!failed.empty()) {
     channels_.Drop();

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cpp/client.h"
 #include "common/contract_id.h"
+#include "daemon/agent/grpc_transport.h"
 #include "executor/transport.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -224,6 +225,33 @@ TEST_CASE("a staging budget smaller than a parameter syncs exactly and stays wit
     CHECK(r.peak_peer_staging_bytes() > 0);
     CHECK(r.peak_staging_bytes() <= planner::kMinStagingBytes * 3);  // 3 peers at once
     CHECK(r.rounds() > 1);
+  }
+}
+
+TEST_CASE("chunks of several Transfer pieces each arrive whole and exact over the agents' channels") {
+  ClusterOptions options;
+  options.agents = 2;
+  options.direct = "never";                   // the staged path: the host transport between the agents
+  options.staging_bytes = int64_t{16} << 20;  // chunks up to 4 MiB: four pieces
+  Cluster cluster(options);
+  // 16 MiB of bfloat16, ZeRO-3 over both ranks into one TP=2 replica: each rank sends
+  // the other a quarter of it.
+  Deployment deployment(cluster, "pieces", R"({"model": {"tensors": [
+      {"name": "big", "shape": [2048, 2048], "style": "COLUMN"},
+      {"name": "wide", "shape": [2048, 2048], "style": "ROW"}],
+    "zero_stage": 3, "dp_ranks": [0, 1], "replicas": [{"ranks": [0, 1]}]}})",
+                        41);
+  RequireReady(deployment);
+  for (uint64_t seed : {41, 42}) {
+    if (seed != 41) deployment.Refill(seed);
+    auto sync = SyncOnce(cluster, absl::Seconds(60));
+    REQUIRE(sync.ok());
+    CHECK(deployment.CheckTargets(seed).empty());
+    for (const v1::RankStats& r : sync->ranks()) {
+      REQUIRE(r.rounds() > 0);
+      CHECK(r.staged_sent_bytes() == r.sent_bytes());
+      CHECK(r.sent_bytes() / r.rounds() >= 2 * agent::kPieceBytes);  // a chunk a round, each two pieces or more
+    }
   }
 }
 

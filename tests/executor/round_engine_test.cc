@@ -3,7 +3,9 @@
 // peer is named.
 #include "executor/round_engine.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <functional>
 #include <random>
 #include <set>
@@ -246,6 +248,12 @@ TEST_CASE("delta sync: links inside a node under auto go whole, named, and keep 
   CHECK(testing::CheckSync(*input, values, before, buffers).empty());
 }
 
+// `encoded`, a delta of a whole chunk, as one piece.
+Mailbox::Piece DeltaPiece(const std::string& encoded) {
+  return Mailbox::Piece{reinterpret_cast<const uint8_t*>(encoded.data()), static_cast<int64_t>(encoded.size()), 0, 0,
+                        true};
+}
+
 TEST_CASE("a delta for a receive without its baseline is refused, naming the sender") {
   Mailbox mailbox;
   uint8_t target[8] = {};
@@ -253,15 +261,10 @@ TEST_CASE("a delta for a receive without its baseline is refused, naming the sen
   std::string encoded;
   const uint8_t now[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   EncodeDelta(now, target, 8, encoded);
-  const absl::Status refused =
-      mailbox.Deliver("s", 3, 0, reinterpret_cast<const uint8_t*>(encoded.data()), static_cast<int64_t>(encoded.size()),
-                      true, absl::Now() + absl::Seconds(5));
+  const absl::Status refused = mailbox.Deliver("s", 3, 0, DeltaPiece(encoded), absl::Now() + absl::Seconds(5));
   CHECK_THAT(std::string(refused.message()), Contains("rank 3 sent a delta for round 0"));
   mailbox.Post("s", 1, {RecvOp{3, target, 8, /*baseline=*/true}});
-  REQUIRE(mailbox
-              .Deliver("s", 3, 1, reinterpret_cast<const uint8_t*>(encoded.data()),
-                       static_cast<int64_t>(encoded.size()), true, absl::Now() + absl::Seconds(5))
-              .ok());
+  REQUIRE(mailbox.Deliver("s", 3, 1, DeltaPiece(encoded), absl::Now() + absl::Seconds(5)).ok());
   CHECK(std::equal(now, now + 8, target));
 }
 
@@ -472,7 +475,8 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   Mailbox mailbox;
   uint8_t into[4] = {0, 0, 0, 0};
   const uint8_t data[4] = {1, 2, 3, 4};
-  std::thread sender([&] { CHECK(mailbox.Deliver("s", 7, 0, data, 4, false, absl::Now() + absl::Seconds(5)).ok()); });
+  const Mailbox::Piece whole{data, 4, 0, 4};
+  std::thread sender([&] { CHECK(mailbox.Deliver("s", 7, 0, whole, absl::Now() + absl::Seconds(5)).ok()); });
   absl::SleepFor(absl::Milliseconds(20));  // the sender is now blocked: nothing is posted yet
   const RecvOp from7{7, into, 4};
   uint8_t other[4];
@@ -485,14 +489,14 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   CHECK_THAT(std::string(waited.message()), Contains("rank 9"));
 
   mailbox.Abort("s", "peer 9 died");
-  CHECK(absl::IsAborted(mailbox.Deliver("s", 9, 0, data, 4, false, absl::Now() + absl::Seconds(1))));
+  CHECK(absl::IsAborted(mailbox.Deliver("s", 9, 0, whole, absl::Now() + absl::Seconds(1))));
   // The abort belongs to sync "s": a delivery for the next sync waits for its receive.
-  CHECK(absl::IsDeadlineExceeded(mailbox.Deliver("t", 9, 0, data, 4, false, absl::Now() + absl::Milliseconds(50))));
+  CHECK(absl::IsDeadlineExceeded(mailbox.Deliver("t", 9, 0, whole, absl::Now() + absl::Milliseconds(50))));
 }
 
-TEST_CASE("chunks from many peers go into their receives at once, every byte exact, over many rounds") {
+TEST_CASE("chunks from many peers go into their receives at once, in pieces in any order, every byte exact") {
   Mailbox mailbox;
-  constexpr int kPeers = 8, kRounds = 20;
+  constexpr int kPeers = 8, kRounds = 20, kSenders = 3;  // threads per peer, each sending every third piece
   constexpr int64_t kBytes = int64_t{1} << 18;
   std::mt19937_64 rng(11);
   std::vector<std::vector<uint8_t>> sent(kPeers, std::vector<uint8_t>(kBytes));
@@ -501,20 +505,62 @@ TEST_CASE("chunks from many peers go into their receives at once, every byte exa
     for (auto& bytes : sent) {
       for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
     }
+    // Each peer's chunk cut at random points into pieces, sent last first.
+    std::vector<std::vector<Mailbox::Piece>> pieces(kPeers);
+    for (int peer = 0; peer < kPeers; ++peer) {
+      for (int64_t at = 0; at < kBytes;) {
+        const int64_t bytes = std::min<int64_t>(kBytes - at, 1 + static_cast<int64_t>(rng() % 40000));
+        pieces[peer].push_back(Mailbox::Piece{sent[peer].data() + at, bytes, at, kBytes});
+        at += bytes;
+      }
+      std::reverse(pieces[peer].begin(), pieces[peer].end());
+    }
     std::vector<RecvOp> receives;
     for (int peer = 0; peer < kPeers; ++peer) receives.push_back(RecvOp{peer, into[peer].data(), kBytes});
     std::vector<std::thread> senders;
     for (int peer = 0; peer < kPeers; ++peer) {
-      senders.emplace_back([&, peer] {
-        CHECK(
-            mailbox.Deliver("s", peer, round, sent[peer].data(), kBytes, false, absl::Now() + absl::Seconds(60)).ok());
-      });
+      for (int first = 0; first < kSenders; ++first) {
+        senders.emplace_back([&, peer, first] {
+          for (size_t i = first; i < pieces[peer].size(); i += kSenders) {
+            CHECK(mailbox.Deliver("s", peer, round, pieces[peer][i], absl::Now() + absl::Seconds(60)).ok());
+          }
+        });
+      }
     }
     mailbox.Post("s", round, receives);
     REQUIRE(mailbox.Wait(absl::Now() + absl::Seconds(60)).ok());
     for (std::thread& t : senders) t.join();
     for (int peer = 0; peer < kPeers; ++peer) CHECK(into[peer] == sent[peer]);
   }
+}
+
+TEST_CASE("a chunk's pieces must cover it once: a piece twice, past its end or of another chunk is refused") {
+  Mailbox mailbox;
+  uint8_t into[10] = {};
+  const uint8_t data[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  mailbox.Post("s", 0, {RecvOp{4, into, 10}});
+  const auto refused = [&](Mailbox::Piece piece) {
+    const absl::Status status = mailbox.Deliver("s", 4, 0, piece, deadline);
+    CHECK(status.code() == absl::StatusCode::kInternal);
+    return std::string(status.message());
+  };
+  REQUIRE(mailbox.Deliver("s", 4, 0, Mailbox::Piece{data + 6, 4, 6, 10}, deadline).ok());
+  CHECK_THAT(refused(Mailbox::Piece{data + 5, 3, 5, 10}), Contains("rank 4 sent bytes 5 to 8 of round 0 twice"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 10, 0, 10}), Contains("twice"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 3, 8, 10}), Contains("rank 4 sent 3 bytes at 8 of round 0"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 1, -1, 10}), Contains("at -1"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 1, INT64_MAX, 10}), Contains("the receive holds 10"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 2, 0, 12}),
+             Contains("rank 4 sent 12 bytes for round 0; the receive expects 10"));
+  std::string encoded;
+  EncodeDelta(data, into, 10, encoded);
+  CHECK_THAT(refused(DeltaPiece(encoded)), Contains("rank 4 sent a delta for round 0"));
+  // What was refused took nothing: the rest of the chunk completes it, and only then.
+  CHECK(absl::IsUnavailable(mailbox.Wait(absl::Now() + absl::Milliseconds(20))));
+  REQUIRE(mailbox.Deliver("s", 4, 0, Mailbox::Piece{data, 6, 0, 10}, deadline).ok());
+  REQUIRE(mailbox.Wait(deadline).ok());
+  CHECK(std::equal(data, data + 10, into));
 }
 
 using planner::DType;
