@@ -1,5 +1,6 @@
 #include "executor/mailbox.h"
 
+#include <algorithm>
 #include <cstring>
 #include <iterator>
 #include <vector>
@@ -18,36 +19,29 @@ void Mailbox::Post(absl::string_view sync_id, int32_t round, absl::Span<const Re
 
 absl::Status Mailbox::Take(Slot& slot, int32_t from, const Piece& piece) {
   const int32_t round = slot.round;
-  if (piece.delta) {
-    if (!slot.op.baseline) {
-      return absl::InternalError(
-          absl::StrCat("rank ", from, " sent a delta for round ", round, "; this receive holds no baseline"));
-    }
-    if (piece.offset != 0 || !slot.taken.empty()) {
-      return absl::InternalError(
-          absl::StrCat("rank ", from, " sent a delta for round ", round, " beside other pieces of the chunk"));
-    }
-    slot.taken.emplace(0, slot.op.bytes);
-    return absl::OkStatus();
+  if (piece.delta && !slot.op.baseline) {
+    return absl::InternalError(
+        absl::StrCat("rank ", from, " sent a delta for round ", round, "; this receive holds no baseline"));
   }
   if (piece.chunk_bytes != slot.op.bytes) {
     return absl::InternalError(absl::StrCat("rank ", from, " sent ", piece.chunk_bytes, " bytes for round ", round,
                                             "; the receive expects ", slot.op.bytes));
   }
-  const int64_t offset = piece.offset, bytes = piece.bytes;
-  if (offset < 0 || bytes < 0 || bytes > slot.op.bytes || offset > slot.op.bytes - bytes) {
-    return absl::InternalError(absl::StrCat("rank ", from, " sent ", bytes, " bytes at ", offset, " of round ", round,
-                                            "; the receive holds ", slot.op.bytes));
+  const int64_t offset = piece.offset, span = piece.span;
+  if (offset < 0 || span < 0 || span > slot.op.bytes || offset > slot.op.bytes - span ||
+      (!piece.delta && piece.bytes != span)) {
+    return absl::InternalError(absl::StrCat("rank ", from, " sent ", span, " bytes at ", offset, " of round ", round,
+                                            " in ", piece.bytes, "; the receive holds ", slot.op.bytes));
   }
-  const int64_t end = offset + bytes;  // within the receive: checked above
+  const int64_t end = offset + span;  // within the receive: checked above
   const auto after = slot.taken.upper_bound(offset);
   const bool over_before = after != slot.taken.begin() && std::prev(after)->second > offset;
   const bool over_after = after != slot.taken.end() && after->first < end;
-  if (bytes > 0 && (over_before || over_after)) {
+  if (span > 0 && (over_before || over_after)) {
     return absl::InternalError(
         absl::StrCat("rank ", from, " sent bytes ", offset, " to ", end, " of round ", round, " twice"));
   }
-  if (bytes > 0) slot.taken.emplace(offset, end);
+  if (span > 0) slot.taken.emplace(offset, end);
   return absl::OkStatus();
 }
 
@@ -78,7 +72,8 @@ absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t r
   const absl::Time start = absl::Now();
   absl::Status written = absl::OkStatus();
   if (piece.delta) {
-    if (const absl::Status applied = ApplyDelta(piece.data, piece.bytes, op.data, op.bytes); !applied.ok()) {
+    if (const absl::Status applied = ApplyDelta(piece.data, piece.bytes, op.data + piece.offset, piece.span);
+        !applied.ok()) {
       written = absl::InternalError(absl::StrCat("rank ", from, "'s delta for round ", round, ": ", applied.message()));
     }
   } else if (piece.bytes > 0) {
@@ -90,7 +85,7 @@ absl::Status Mailbox::Deliver(absl::string_view sync_id, int32_t from, int32_t r
   if (!written.ok()) return written;  // the receive stays undone: its Wait names this rank
   if (piece.delta && op.apply_nanos != nullptr) *op.apply_nanos += nanos;  // shared by the round's receives
   Slot& slot = slots_.at(from);
-  slot.written += piece.delta ? op.bytes : piece.bytes;
+  slot.written += piece.span;
   slot.delivered = true;
   return absl::OkStatus();
 }
@@ -136,8 +131,19 @@ void Mailbox::Reset() {
   slots_.clear();
 }
 
-Mailbox::Piece PieceOf(const SendOp& send) {
-  return Mailbox::Piece{send.data, send.bytes, 0, send.delta ? 0 : send.bytes, send.delta};
+std::vector<Mailbox::Piece> PiecesOf(const SendOp& send) {
+  std::vector<Mailbox::Piece> pieces;
+  const bool delta = !send.delta_ends.empty();
+  const int64_t chunk_bytes = delta ? send.chunk_bytes : send.bytes;
+  int64_t offset = 0, begin = 0;  // in the chunk, in `data`
+  do {
+    const int64_t span = std::min(kPieceBytes, chunk_bytes - offset);
+    const int64_t end = delta ? send.delta_ends[pieces.size()] : begin + span;
+    pieces.push_back(Mailbox::Piece{send.data + begin, end - begin, offset, span, chunk_bytes, delta});
+    offset += span;
+    begin = end;
+  } while (offset < chunk_bytes);
+  return pieces;
 }
 
 absl::Status LoopbackTransport::RunRound(absl::string_view sync_id, int32_t round, absl::Span<const SendOp> sends,
@@ -147,8 +153,10 @@ absl::Status LoopbackTransport::RunRound(absl::string_view sync_id, int32_t roun
   for (const SendOp& send : sends) {
     auto it = mailboxes_.find(send.peer);
     if (it == mailboxes_.end()) return absl::UnavailableError(absl::StrCat("rank ", send.peer, " is unknown"));
-    if (auto s = it->second->Deliver(sync_id, rank_, round, PieceOf(send), deadline); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("sending to rank ", send.peer, ": ", s.message()));
+    for (const Mailbox::Piece& piece : PiecesOf(send)) {
+      if (auto s = it->second->Deliver(sync_id, rank_, round, piece, deadline); !s.ok()) {
+        return absl::UnavailableError(absl::StrCat("sending to rank ", send.peer, ": ", s.message()));
+      }
     }
   }
   return own->Wait(deadline);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -23,21 +24,23 @@ class Mailbox {
  public:
   // Posts this round's receives (one per peer at most).
   void Post(absl::string_view sync_id, int32_t round, absl::Span<const RecvOp> receives);
-  // A piece of a peer's chunk: `bytes` at `data`, the chunk's bytes from `offset` on,
-  // of a chunk of `chunk_bytes`; or, with `delta`, an encoding of the whole chunk (at
-  // offset 0; its size is the encoding's to say).
+  // A piece of a peer's chunk: its bytes from `offset` on, `span` of them, of a chunk of
+  // `chunk_bytes`, as `bytes` at `data`: those bytes themselves, or with `delta` their
+  // delta encoding (delta_codec.h), onto the receiver's copy of them.
   struct Piece {
     const uint8_t* data = nullptr;
     int64_t bytes = 0;
     int64_t offset = 0;
+    int64_t span = 0;
     int64_t chunk_bytes = 0;
     bool delta = false;
   };
   // Waits until the receive of `from`'s chunk is posted, then copies the piece in or
-  // applies the delta onto the receive's baseline, without the lock (several peers'
-  // pieces go in at once). Refused (INTERNAL naming the rank): a chunk of another size
-  // than the receive's, a piece past its end or over bytes another piece took, a delta
-  // for a receive without a baseline or beside other pieces.
+  // applies its delta onto the receive's baseline, without the lock (several peers'
+  // pieces go in at once); the receive is done once its pieces cover it. Refused
+  // (INTERNAL naming the rank): a chunk of another size than the receive's, a piece
+  // past its end or over bytes another piece took, a delta for a receive without a
+  // baseline or that does not encode exactly its span.
   absl::Status Deliver(absl::string_view sync_id, int32_t from, int32_t round, const Piece& piece, absl::Time deadline);
   // Waits until every posted receive of the round is delivered; names the peers missing.
   // Returns only once no delivery writes the receives (also when aborted or late).
@@ -57,8 +60,7 @@ class Mailbox {
     bool delivered = false;            // one delivery finished (a chunk of 0 bytes is done then)
     bool done() const { return delivered && written == op.bytes; }
   };
-  // Takes the piece's bytes of `from`'s receive for a delivery (the whole receive for
-  // a delta), or says why it cannot.
+  // Takes the piece's span of `from`'s receive for a delivery, or says why it cannot.
   static absl::Status Take(Slot& slot, int32_t from, const Piece& piece);
   absl::Mutex mu_;
   std::string sync_id_ ABSL_GUARDED_BY(mu_);
@@ -68,8 +70,9 @@ class Mailbox {
   std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, when aborted_sync_ is set
 };
 
-// A whole chunk (or its delta) as one piece.
-Mailbox::Piece PieceOf(const SendOp& send);
+// A send's pieces, in order: its chunk cut every kPieceBytes, or its delta's pieces (a
+// chunk of 0 bytes is one empty piece).
+std::vector<Mailbox::Piece> PiecesOf(const SendOp& send);
 
 // An in-process transport between ranks in one process (threads), for tests of
 // everything above the wire.

@@ -4,6 +4,8 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/status_macros.h"
 #include "executor/delta_codec.h"
@@ -209,12 +211,20 @@ void RoundEngine::SendAsDelta(const RunInputs& run, int32_t round, SendOp& send,
     whole = snapshot.missing;
   } else {
     std::string& out = encoded.emplace_back();
-    const DeltaCounts counts = EncodeDelta(chunk, reinterpret_cast<const uint8_t*>(snapshot.data->data()), bytes, out);
-    if (counts.encoded_bytes < bytes) {
-      send = SendOp{send.peer, reinterpret_cast<const uint8_t*>(out.data()), counts.encoded_bytes, true};
+    const uint8_t* baseline = reinterpret_cast<const uint8_t*>(snapshot.data->data());
+    std::vector<int64_t> ends;  // each piece encoded on its own (transport.h)
+    int64_t changed_words = 0;
+    for (int64_t at = 0; at < bytes; at += kPieceBytes) {
+      const int64_t span = std::min(kPieceBytes, bytes - at);
+      changed_words += EncodeDelta(chunk + at, baseline + at, span, out).changed_words;
+      ends.push_back(static_cast<int64_t>(out.size()));
+    }
+    if (static_cast<int64_t>(out.size()) < bytes) {
+      send = SendOp{send.peer, reinterpret_cast<const uint8_t*>(out.data()), static_cast<int64_t>(out.size()),
+                    std::move(ends), bytes};
       ++stats.delta_chunks;
-      stats.changed_words += counts.changed_words;
-      stats.peer_wire[send.peer].changed_words += counts.changed_words;
+      stats.changed_words += changed_words;
+      stats.peer_wire[send.peer].changed_words += changed_words;
     } else {
       whole = "no_gain";
     }

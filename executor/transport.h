@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,11 +17,21 @@
 
 namespace shardsync::executor {
 
+// A host transport sends a chunk in pieces of up to this many of its bytes, a message
+// each, so that copying, the link and the peer's copying overlap; a delta encodes each
+// piece on its own.
+inline constexpr int64_t kPieceBytes = int64_t{1} << 20;
+
 struct SendOp {
   int32_t peer = 0;
   const uint8_t* data = nullptr;
   int64_t bytes = 0;
-  bool delta = false;  // `data` is a delta encoding (delta_codec.h) of the chunk
+  // Delta sync: `data` is a delta encoding (delta_codec.h) of a chunk of `chunk_bytes`,
+  // piece by piece: piece i, the chunk's bytes from i * kPieceBytes on (kPieceBytes of
+  // them, the last fewer), is encoded on its own and ends at `delta_ends[i]` in `data`.
+  // Empty: `data` is the chunk itself.
+  std::vector<int64_t> delta_ends;
+  int64_t chunk_bytes = 0;  // with delta_ends
 };
 
 struct RecvOp {

@@ -1,6 +1,5 @@
 #include "daemon/agent/grpc_transport.h"
 
-#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <vector>
@@ -21,13 +20,12 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
                                      absl::Span<const executor::RecvOp> receives, absl::Time deadline) {
   mailbox_.Post(sync_id, round, receives);
   struct Stream {  // one send, piece by piece
-    const executor::SendOp* send = nullptr;
+    int32_t peer = 0;
     std::shared_ptr<v1::AgentControl::Stub> stub;  // kept while its calls run
-    int64_t next = 0;                              // where its next piece starts
-    bool started = false;                          // a chunk of 0 bytes is one empty piece
+    std::vector<executor::Mailbox::Piece> pieces;
+    size_t next = 0;  // the next piece to send
     int in_flight = 0;
     grpc::Status failed;  // its first failure
-    bool pending() const { return !started || next < send->bytes; }
   };
   struct Piece {
     Stream* stream;
@@ -44,8 +42,9 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
       auto address = addresses_.find(sends[i].peer);
       if (address == addresses_.end())
         return absl::UnavailableError(absl::StrCat("no address for rank ", sends[i].peer));
-      streams[i].send = &sends[i];
+      streams[i].peer = sends[i].peer;
       streams[i].stub = channels_.Stub(address->second);
+      streams[i].pieces = executor::PiecesOf(sends[i]);
     }
   }
   std::deque<Piece> pieces;  // alive until the round ends: an abort may cancel any of them
@@ -56,7 +55,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
     {
       absl::MutexLock lock(&done_mu);
       const auto sendable = [&](const Stream& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) {
-        return !stop && s.pending() && s.in_flight < kPiecesInFlight;
+        return !stop && s.next < s.pieces.size() && s.in_flight < kPiecesInFlight;
       };
       const auto can_act = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) {
         bool busy = false;
@@ -69,19 +68,17 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
       done_mu.Await(absl::Condition(&can_act));
       for (Stream& s : streams) {
         while (sendable(s)) {
-          const executor::SendOp& send = *s.send;
-          const int64_t bytes = send.delta ? send.bytes : std::min(kPieceBytes, send.bytes - s.next);
+          const executor::Mailbox::Piece& part = s.pieces[s.next++];
           Piece& piece = pieces.emplace_back();
           piece.stream = &s;
           piece.request.set_sync_id(std::string(sync_id));
           piece.request.set_from_rank(rank_);
           piece.request.set_round(round);
-          piece.request.set_data(send.data + s.next, bytes);
-          piece.request.set_delta(send.delta);
-          piece.request.set_offset(s.next);
-          if (!send.delta) piece.request.set_chunk_bytes(send.bytes);
-          s.next += bytes;
-          s.started = true;
+          piece.request.set_data(part.data, part.bytes);
+          piece.request.set_delta(part.delta);
+          piece.request.set_offset(part.offset);
+          piece.request.set_span_bytes(part.span);
+          piece.request.set_chunk_bytes(part.chunk_bytes);
           ++s.in_flight;
           ready.push_back(&piece);
         }
@@ -123,7 +120,7 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
   }
   std::vector<std::string> failed;
   for (const Stream& s : streams) {
-    if (!s.failed.ok()) failed.push_back(absl::StrCat("rank ", s.send->peer, " (", s.failed.error_message(), ")"));
+    if (!s.failed.ok()) failed.push_back(absl::StrCat("rank ", s.peer, " (", s.failed.error_message(), ")"));
   }
   if (!failed.empty()) {
     channels_.Drop();

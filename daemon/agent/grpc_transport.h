@@ -1,11 +1,11 @@
 // The host transport between agents over their own gRPC channels: a round posts its
 // receives in the mailbox (AgentControl.Transfer from peers lands there), then sends
 // every chunk to its peer, all peers in parallel, over the agent's PeerChannels. A
-// chunk goes in Transfer calls of up to kPieceBytes, kPiecesInFlight at a time per
-// peer: the next piece is copied and sent while the one before crosses the link and
-// the peer copies it in, whatever the chunk's size (a whole chunk in one message had
-// none of that overlap). A delta goes in one call. A failed or aborted sync drops
-// every channel, so the next sync connects afresh (peer_channels.h says why).
+// chunk goes piece by piece (executor::PiecesOf: kPieceBytes of it, or of its delta's
+// encoding, a Transfer call each), kPiecesInFlight at a time per peer: the next piece
+// is copied and sent while the one before crosses the link and the peer copies it in,
+// and each answer is traffic the connection's keepalive sees. A failed or aborted sync
+// drops every channel, so the next sync connects afresh (peer_channels.h says why).
 #pragma once
 
 #include <map>
@@ -21,7 +21,6 @@
 
 namespace shardsync::agent {
 
-inline constexpr int64_t kPieceBytes = int64_t{1} << 20;
 inline constexpr int kPiecesInFlight = 2;
 
 class GrpcTransport final : public executor::Transport {

@@ -296,8 +296,12 @@ absl::Status SyncDesk::Transfer(const v1::TransferRequest& request, absl::Time d
            : parts_.ledger.DeadlineOf(request.sync_id()));
   deadline = std::min(deadline, absl::Now() + sync_deadline);
   const std::string& data = request.data();
-  const executor::Mailbox::Piece piece{reinterpret_cast<const uint8_t*>(data.data()), static_cast<int64_t>(data.size()),
-                                       request.offset(), request.chunk_bytes(), request.delta()};
+  const executor::Mailbox::Piece piece{reinterpret_cast<const uint8_t*>(data.data()),
+                                       static_cast<int64_t>(data.size()),
+                                       request.offset(),
+                                       request.span_bytes(),
+                                       request.chunk_bytes(),
+                                       request.delta()};
   return parts_.mailbox.Deliver(request.sync_id(), request.from_rank(), request.round(), piece, deadline);
 }
 

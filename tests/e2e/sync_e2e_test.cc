@@ -22,7 +22,6 @@
 #include "absl/strings/str_join.h"
 #include "client/cpp/client.h"
 #include "common/contract_id.h"
-#include "daemon/agent/grpc_transport.h"
 #include "executor/transport.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -250,7 +249,7 @@ TEST_CASE("chunks of several Transfer pieces each arrive whole and exact over th
     for (const v1::RankStats& r : sync->ranks()) {
       REQUIRE(r.rounds() > 0);
       CHECK(r.staged_sent_bytes() == r.sent_bytes());
-      CHECK(r.sent_bytes() / r.rounds() >= 2 * agent::kPieceBytes);  // a chunk a round, each two pieces or more
+      CHECK(r.sent_bytes() / r.rounds() >= 2 * executor::kPieceBytes);  // a chunk a round, each two pieces or more
     }
   }
 }

@@ -211,6 +211,57 @@ TEST_CASE("delta sync: changed sources move as deltas onto the targets' last syn
   CHECK(full_wire == sent);
 }
 
+TEST_CASE("delta sync: a chunk of several pieces goes as a delta of each piece, bit for bit") {
+  // 5 MiB of bfloat16, ZeRO-3 over ranks 0 and 1 into TP=2 on ranks 1 and 0: each rank
+  // sends the other 2.5 MiB, one chunk of three pieces (the last half of one).
+  planner::ModelLayoutSpec spec;
+  spec.tensors.push_back(planner::MakeTensor("w", {2560, 1024}, planner::DType::kBFloat16, planner::TpStyle::kColumn));
+  spec.dp_ranks = {0, 1};
+  spec.replicas = {{1, 0}};
+  auto input = planner::ExpandModel(spec);
+  REQUIRE(input.ok());
+  auto plan = planner::MakePlan(*input, *planner::LocalFirstLeastLoaded());
+  REQUIRE(plan.ok());
+  constexpr int64_t kBudget = int64_t{16} << 20;
+  auto schedules = planner::MakeSchedules(*plan, kBudget);
+  REQUIRE(schedules.ok());
+  std::mt19937_64 rng(5);
+  testing::HostBuffers buffers = testing::AllocateBuffers(*input);
+  testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
+  std::vector<DeltaSnapshots> snapshots(2, DeltaSnapshots(int64_t{1} << 30));
+  std::string held;  // the sync the targets hold
+  for (const double fraction : {0.0, 0.01, 0.3}) {
+    std::bernoulli_distribution pick(fraction);
+    for (std::vector<uint8_t>& v : values) {
+      for (uint8_t& b : v) {
+        if (pick(rng)) b = static_cast<uint8_t>(rng() | 1);
+      }
+    }
+    testing::WriteSources(*input, values, buffers);
+    const testing::HostBuffers before = buffers;
+    std::vector<DeltaRun> deltas(2);
+    for (int32_t r = 0; r < 2; ++r) {
+      deltas[r].digest = "plan";
+      deltas[r].snapshots = &snapshots[r];
+      if (held.empty()) continue;
+      deltas[r].peer_versions[1 - r] = held;
+      deltas[r].senders.insert(1 - r);
+    }
+    const std::string id = absl::StrCat("sync-", fraction);
+    const auto results = RunEveryRankDelta(*plan, *schedules, buffers, kBudget, id, deltas);
+    INFO("changed " << fraction);
+    for (int32_t r = 0; r < 2; ++r) {
+      REQUIRE(results[r].ok());
+      CHECK(results[r]->rounds == 1);
+      CHECK(results[r]->sent_bytes > 2 * kPieceBytes);
+      CHECK(results[r]->delta_chunks == (held.empty() ? 0 : 1));
+      if (fraction == 0.01) CHECK(results[r]->wire_bytes * 20 < results[r]->sent_bytes);
+    }
+    CHECK(testing::CheckSync(*input, values, before, buffers).empty());
+    held = id;
+  }
+}
+
 TEST_CASE("delta sync: links inside a node under auto go whole, named, and keep no snapshot") {
   std::mt19937_64 rng(77);
   auto input = planner::ExpandModel(testing::RandomModel(rng));
@@ -248,10 +299,10 @@ TEST_CASE("delta sync: links inside a node under auto go whole, named, and keep 
   CHECK(testing::CheckSync(*input, values, before, buffers).empty());
 }
 
-// `encoded`, a delta of a whole chunk, as one piece.
-Mailbox::Piece DeltaPiece(const std::string& encoded) {
-  return Mailbox::Piece{reinterpret_cast<const uint8_t*>(encoded.data()), static_cast<int64_t>(encoded.size()), 0, 0,
-                        true};
+// `encoded`, a delta of a whole chunk of `bytes`, as one piece.
+Mailbox::Piece DeltaPiece(const std::string& encoded, int64_t bytes) {
+  return Mailbox::Piece{
+      reinterpret_cast<const uint8_t*>(encoded.data()), static_cast<int64_t>(encoded.size()), 0, bytes, bytes, true};
 }
 
 TEST_CASE("a delta for a receive without its baseline is refused, naming the sender") {
@@ -261,10 +312,10 @@ TEST_CASE("a delta for a receive without its baseline is refused, naming the sen
   std::string encoded;
   const uint8_t now[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   EncodeDelta(now, target, 8, encoded);
-  const absl::Status refused = mailbox.Deliver("s", 3, 0, DeltaPiece(encoded), absl::Now() + absl::Seconds(5));
+  const absl::Status refused = mailbox.Deliver("s", 3, 0, DeltaPiece(encoded, 8), absl::Now() + absl::Seconds(5));
   CHECK_THAT(std::string(refused.message()), Contains("rank 3 sent a delta for round 0"));
   mailbox.Post("s", 1, {RecvOp{3, target, 8, /*baseline=*/true}});
-  REQUIRE(mailbox.Deliver("s", 3, 1, DeltaPiece(encoded), absl::Now() + absl::Seconds(5)).ok());
+  REQUIRE(mailbox.Deliver("s", 3, 1, DeltaPiece(encoded, 8), absl::Now() + absl::Seconds(5)).ok());
   CHECK(std::equal(now, now + 8, target));
 }
 
@@ -475,7 +526,7 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   Mailbox mailbox;
   uint8_t into[4] = {0, 0, 0, 0};
   const uint8_t data[4] = {1, 2, 3, 4};
-  const Mailbox::Piece whole{data, 4, 0, 4};
+  const Mailbox::Piece whole{data, 4, 0, 4, 4};
   std::thread sender([&] { CHECK(mailbox.Deliver("s", 7, 0, whole, absl::Now() + absl::Seconds(5)).ok()); });
   absl::SleepFor(absl::Milliseconds(20));  // the sender is now blocked: nothing is posted yet
   const RecvOp from7{7, into, 4};
@@ -510,7 +561,7 @@ TEST_CASE("chunks from many peers go into their receives at once, in pieces in a
     for (int peer = 0; peer < kPeers; ++peer) {
       for (int64_t at = 0; at < kBytes;) {
         const int64_t bytes = std::min<int64_t>(kBytes - at, 1 + static_cast<int64_t>(rng() % 40000));
-        pieces[peer].push_back(Mailbox::Piece{sent[peer].data() + at, bytes, at, kBytes});
+        pieces[peer].push_back(Mailbox::Piece{sent[peer].data() + at, bytes, at, bytes, kBytes});
         at += bytes;
       }
       std::reverse(pieces[peer].begin(), pieces[peer].end());
@@ -545,21 +596,50 @@ TEST_CASE("a chunk's pieces must cover it once: a piece twice, past its end or o
     CHECK(status.code() == absl::StatusCode::kInternal);
     return std::string(status.message());
   };
-  REQUIRE(mailbox.Deliver("s", 4, 0, Mailbox::Piece{data + 6, 4, 6, 10}, deadline).ok());
-  CHECK_THAT(refused(Mailbox::Piece{data + 5, 3, 5, 10}), Contains("rank 4 sent bytes 5 to 8 of round 0 twice"));
-  CHECK_THAT(refused(Mailbox::Piece{data, 10, 0, 10}), Contains("twice"));
-  CHECK_THAT(refused(Mailbox::Piece{data, 3, 8, 10}), Contains("rank 4 sent 3 bytes at 8 of round 0"));
-  CHECK_THAT(refused(Mailbox::Piece{data, 1, -1, 10}), Contains("at -1"));
-  CHECK_THAT(refused(Mailbox::Piece{data, 1, INT64_MAX, 10}), Contains("the receive holds 10"));
-  CHECK_THAT(refused(Mailbox::Piece{data, 2, 0, 12}),
+  // Mailbox::Piece{data, bytes, offset, span, chunk_bytes, delta}
+  REQUIRE(mailbox.Deliver("s", 4, 0, Mailbox::Piece{data + 6, 4, 6, 4, 10}, deadline).ok());
+  CHECK_THAT(refused(Mailbox::Piece{data + 5, 3, 5, 3, 10}), Contains("rank 4 sent bytes 5 to 8 of round 0 twice"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 10, 0, 10, 10}), Contains("twice"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 3, 8, 3, 10}), Contains("rank 4 sent 3 bytes at 8 of round 0"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 1, -1, 1, 10}), Contains("at -1"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 1, INT64_MAX, 1, 10}), Contains("the receive holds 10"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 2, 0, 3, 10}), Contains("rank 4 sent 3 bytes at 0 of round 0 in 2"));
+  CHECK_THAT(refused(Mailbox::Piece{data, 2, 0, 2, 12}),
              Contains("rank 4 sent 12 bytes for round 0; the receive expects 10"));
   std::string encoded;
-  EncodeDelta(data, into, 10, encoded);
-  CHECK_THAT(refused(DeltaPiece(encoded)), Contains("rank 4 sent a delta for round 0"));
+  EncodeDelta(data, into, 6, encoded);
+  CHECK_THAT(refused(Mailbox::Piece{reinterpret_cast<const uint8_t*>(encoded.data()),
+                                    static_cast<int64_t>(encoded.size()), 0, 6, 10, true}),
+             Contains("rank 4 sent a delta for round 0; this receive holds no baseline"));
   // What was refused took nothing: the rest of the chunk completes it, and only then.
   CHECK(absl::IsUnavailable(mailbox.Wait(absl::Now() + absl::Milliseconds(20))));
-  REQUIRE(mailbox.Deliver("s", 4, 0, Mailbox::Piece{data, 6, 0, 10}, deadline).ok());
+  REQUIRE(mailbox.Deliver("s", 4, 0, Mailbox::Piece{data, 6, 0, 6, 10}, deadline).ok());
   REQUIRE(mailbox.Wait(deadline).ok());
+  CHECK(std::equal(data, data + 10, into));
+}
+
+TEST_CASE("a chunk's pieces may be deltas onto the receiver's copy and raw bytes, each exactly its span") {
+  Mailbox mailbox;
+  uint8_t into[10] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9};  // the baseline: the receiver's copy
+  const uint8_t baseline[10] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+  const uint8_t data[10] = {1, 9, 3, 9, 5, 9, 7, 8, 9, 10};
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  mailbox.Post("s", 0, {RecvOp{4, into, 10, /*baseline=*/true}});
+  std::string encoded;
+  EncodeDelta(data, baseline, 6, encoded);
+  const Mailbox::Piece delta{
+      reinterpret_cast<const uint8_t*>(encoded.data()), static_cast<int64_t>(encoded.size()), 0, 6, 10, true};
+  Mailbox::Piece short_span = delta;  // an encoding of 6 bytes said to hold 4
+  short_span.span = 4;
+  const absl::Status refused = mailbox.Deliver("s", 4, 0, short_span, deadline);
+  CHECK(refused.code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(refused.message()), Contains("rank 4's delta for round 0"));
+  CHECK(std::equal(baseline, baseline + 10, into));  // a refused encoding wrote nothing
+  Mailbox mailbox2;                                  // the refused delta took its span in the first: start again
+  mailbox2.Post("s", 0, {RecvOp{4, into, 10, /*baseline=*/true}});
+  REQUIRE(mailbox2.Deliver("s", 4, 0, Mailbox::Piece{data + 6, 4, 6, 4, 10}, deadline).ok());
+  REQUIRE(mailbox2.Deliver("s", 4, 0, delta, deadline).ok());
+  REQUIRE(mailbox2.Wait(deadline).ok());
   CHECK(std::equal(data, data + 10, into));
 }
 
