@@ -41,10 +41,13 @@ struct World {
   }
 };
 
-// Every rank's engine on its own thread over loopback; the results by rank.
+// Every rank's engine on its own thread over loopback; the results by rank. With
+// `deltas` (one per rank), delta sync on, each rank with its own snapshots.
 std::vector<absl::StatusOr<ExecutionStats>> RunEveryRank(const planner::Plan& plan,
                                                          const std::vector<planner::Schedule>& schedules,
-                                                         testing::HostBuffers& buffers, int64_t budget) {
+                                                         testing::HostBuffers& buffers, int64_t budget,
+                                                         const std::string& sync_id = "sync-1",
+                                                         const std::vector<DeltaRun>& deltas = {}) {
   World world(plan.num_ranks);
   std::vector<absl::StatusOr<ExecutionStats>> results(plan.num_ranks, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
@@ -53,8 +56,10 @@ std::vector<absl::StatusOr<ExecutionStats>> RunEveryRank(const planner::Plan& pl
       LoopbackTransport transport(r, world.pointers);
       HostDevice device;
       RoundEngine engine(device, transport);
-      results[r] = engine.Run(
-          {"sync-1", plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20), nullptr, {}});
+      RunInputs run{sync_id, plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20),
+                    nullptr, {}};
+      if (!deltas.empty()) run.delta = &deltas[r];
+      results[r] = engine.Run(run);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -107,28 +112,34 @@ TEST_CASE("every rank's round engine over loopback syncs random layouts bit for 
   CHECK(relayed > 15);
 }
 
-// Every rank's engine with delta sync on, each with its own snapshots.
-std::vector<absl::StatusOr<ExecutionStats>> RunEveryRankDelta(const planner::Plan& plan,
-                                                              const std::vector<planner::Schedule>& schedules,
-                                                              testing::HostBuffers& buffers, int64_t budget,
-                                                              const std::string& sync_id,
-                                                              const std::vector<DeltaRun>& deltas) {
-  World world(plan.num_ranks);
-  std::vector<absl::StatusOr<ExecutionStats>> results(plan.num_ranks, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int32_t r = 0; r < plan.num_ranks; ++r) {
-    threads.emplace_back([&, r] {
-      LoopbackTransport transport(r, world.pointers);
-      HostDevice device;
-      RoundEngine engine(device, transport);
-      RunInputs run{sync_id, plan, schedules[r], TableFor(r, buffers), budget, absl::Now() + absl::Seconds(20),
-                    nullptr, {}};
-      run.delta = &deltas[r];
-      results[r] = engine.Run(run);
-    });
+// A trainer's step: each byte of the values new with probability `fraction`, written
+// into the sources.
+void StepSources(const planner::PlanInput& input, double fraction, std::mt19937_64& rng, testing::TensorValues& values,
+                 testing::HostBuffers& buffers) {
+  std::bernoulli_distribution pick(fraction);
+  for (std::vector<uint8_t>& v : values) {
+    for (uint8_t& b : v) {
+      if (pick(rng)) b = static_cast<uint8_t>(rng() | 1);
+    }
   }
-  for (std::thread& t : threads) t.join();
-  return results;
+  testing::WriteSources(input, values, buffers);
+}
+
+// Each rank's delta run over its own snapshots, every other rank's targets said to hold
+// sync `baseline` (none: the first sync).
+std::vector<DeltaRun> DeltaRuns(std::vector<DeltaSnapshots>& snapshots, const std::string& baseline) {
+  const int32_t ranks = static_cast<int32_t>(snapshots.size());
+  std::vector<DeltaRun> deltas(ranks);
+  for (int32_t r = 0; r < ranks; ++r) {
+    deltas[r].digest = "plan";
+    deltas[r].snapshots = &snapshots[r];
+    for (int32_t peer = 0; peer < ranks; ++peer) {
+      if (baseline.empty() || peer == r) continue;
+      deltas[r].peer_versions[peer] = baseline;
+      deltas[r].senders.insert(peer);
+    }
+  }
+  return deltas;
 }
 
 TEST_CASE("delta sync: changed sources move as deltas onto the targets' last sync, bit for bit, at every fraction") {
@@ -153,25 +164,9 @@ TEST_CASE("delta sync: changed sources move as deltas onto the targets' last syn
     // Each sync: the sources stepped (a fraction of elements new), every peer's targets
     // said to hold `baseline` (none: the first sync, or a stale word: nothing matches).
     const auto sync = [&](const std::string& id, const std::string& baseline, double fraction) {
-      std::bernoulli_distribution pick(fraction);
-      for (std::vector<uint8_t>& v : values) {
-        for (uint8_t& b : v) {
-          if (pick(rng)) b = static_cast<uint8_t>(rng() | 1);
-        }
-      }
-      testing::WriteSources(*input, values, buffers);
+      StepSources(*input, fraction, rng, values, buffers);
       const testing::HostBuffers before = buffers;
-      std::vector<DeltaRun> deltas(plan->num_ranks);
-      for (int32_t r = 0; r < plan->num_ranks; ++r) {
-        deltas[r].digest = "plan";
-        deltas[r].snapshots = &snapshots[r];
-        for (int32_t peer = 0; peer < plan->num_ranks; ++peer) {
-          if (baseline.empty() || peer == r) continue;
-          deltas[r].peer_versions[peer] = baseline;
-          deltas[r].senders.insert(peer);
-        }
-      }
-      const auto results = RunEveryRankDelta(*plan, *schedules, buffers, budget, id, deltas);
+      const auto results = RunEveryRank(*plan, *schedules, buffers, budget, id, DeltaRuns(snapshots, baseline));
       ExecutionStats total;
       for (int32_t r = 0; r < plan->num_ranks; ++r) {
         INFO(id << " rank " << r);
@@ -231,24 +226,10 @@ TEST_CASE("delta sync: a chunk of several pieces goes as a delta of each piece, 
   std::vector<DeltaSnapshots> snapshots(2, DeltaSnapshots(int64_t{1} << 30));
   std::string held;  // the sync the targets hold
   for (const double fraction : {0.0, 0.01, 0.3}) {
-    std::bernoulli_distribution pick(fraction);
-    for (std::vector<uint8_t>& v : values) {
-      for (uint8_t& b : v) {
-        if (pick(rng)) b = static_cast<uint8_t>(rng() | 1);
-      }
-    }
-    testing::WriteSources(*input, values, buffers);
+    StepSources(*input, fraction, rng, values, buffers);
     const testing::HostBuffers before = buffers;
-    std::vector<DeltaRun> deltas(2);
-    for (int32_t r = 0; r < 2; ++r) {
-      deltas[r].digest = "plan";
-      deltas[r].snapshots = &snapshots[r];
-      if (held.empty()) continue;
-      deltas[r].peer_versions[1 - r] = held;
-      deltas[r].senders.insert(1 - r);
-    }
     const std::string id = absl::StrCat("sync-", fraction);
-    const auto results = RunEveryRankDelta(*plan, *schedules, buffers, kBudget, id, deltas);
+    const auto results = RunEveryRank(*plan, *schedules, buffers, kBudget, id, DeltaRuns(snapshots, held));
     INFO("changed " << fraction);
     for (int32_t r = 0; r < 2; ++r) {
       REQUIRE(results[r].ok());
@@ -274,16 +255,14 @@ TEST_CASE("delta sync: links inside a node under auto go whole, named, and keep 
   testing::HostBuffers buffers = testing::AllocateBuffers(*input);
   testing::TensorValues values = testing::PrepareBuffers(*input, rng, buffers);
   std::vector<DeltaSnapshots> snapshots(plan->num_ranks, DeltaSnapshots(int64_t{1} << 30));
-  std::vector<DeltaRun> deltas(plan->num_ranks);
+  std::vector<DeltaRun> deltas = DeltaRuns(snapshots, "");
   for (int32_t r = 0; r < plan->num_ranks; ++r) {
-    deltas[r].digest = "plan";
-    deltas[r].snapshots = &snapshots[r];
     for (int32_t peer = 0; peer < plan->num_ranks; ++peer) {
       if (peer != r) deltas[r].full_peers[peer] = kSameNodeWord;
     }
   }
   const testing::HostBuffers before = buffers;
-  const auto results = RunEveryRankDelta(*plan, *schedules, buffers, 4096, "sync-1", deltas);
+  const auto results = RunEveryRank(*plan, *schedules, buffers, 4096, "sync-1", deltas);
   int64_t whole = 0, sent = 0;
   for (int32_t r = 0; r < plan->num_ranks; ++r) {
     REQUIRE(results[r].ok());
