@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <deque>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -107,7 +109,8 @@ absl::Status GrpcTransport::RunRound(absl::string_view sync_id, int32_t round, a
                                                absl::MutexLock done_lock(&done_mu);
                                                Stream& stream = *piece->stream;
                                                --stream.in_flight;
-                                               piece->request.clear_data();  // answered: its copy goes
+                                               // Answered: its copy is freed now (clear would keep it).
+                                               std::unique_ptr<std::string> copy(piece->request.release_data());
                                                if (status.ok()) return;
                                                stop = true;
                                                if (stream.failed.ok()) stream.failed = std::move(status);
