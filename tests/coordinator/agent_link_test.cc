@@ -95,7 +95,9 @@ TEST_CASE("a started Execute ends at its deadline") {
   std::unique_ptr<StartedExecute> call = agent.link->StartExecute(Request("1"), absl::Now() + absl::Milliseconds(200));
   const absl::StatusOr<v1::ExecuteResponse> answer = call->Await();
   CHECK(absl::IsDeadlineExceeded(answer.status()));
-  CHECK(absl::Now() - start >= absl::Milliseconds(200));
+  // Not before the deadline, but for gRPC's timer, which may fire a millisecond early
+  // (seen: 199.49 ms under the sanitizer); not much after it either (a hang bound).
+  CHECK(absl::Now() - start >= absl::Milliseconds(190));
   CHECK(absl::Now() - start < absl::Seconds(10));
 }
 
