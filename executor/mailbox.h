@@ -55,9 +55,9 @@ class Mailbox {
   struct Slot {
     RecvOp op;
     int32_t round = -1;
-    std::map<int64_t, int64_t> taken;  // the byte ranges deliveries took (writing, or done): begin -> end
-    int64_t written = 0;               // bytes the finished deliveries wrote
-    bool delivered = false;            // one delivery finished (a chunk of 0 bytes is done then)
+    std::map<int64_t, int64_t> taken{};  // the byte ranges deliveries took (writing, or done): begin -> end
+    int64_t written = 0;                 // bytes the finished deliveries wrote
+    bool delivered = false;              // one delivery finished (a chunk of 0 bytes is done then)
     bool done() const { return delivered && written == op.bytes; }
   };
   // Takes the piece's span of `from`'s receive for a delivery, or says why it cannot.

@@ -30,7 +30,7 @@ struct SendOp {
   // piece by piece: piece i, the chunk's bytes from i * kPieceBytes on (kPieceBytes of
   // them, the last fewer), is encoded on its own and ends at `delta_ends[i]` in `data`.
   // Empty: `data` is the chunk itself.
-  std::vector<int64_t> delta_ends;
+  std::vector<int64_t> delta_ends{};
   int64_t chunk_bytes = 0;  // with delta_ends
 };
 
