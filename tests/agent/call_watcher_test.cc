@@ -87,13 +87,15 @@ TEST_CASE("an Execute whose caller went away has its sync named once; one that e
   // A second call that its handler ends itself: never named.
   Server quiet;
   grpc::ClientContext normal;
-  std::thread second([&] { CHECK(quiet.stub->Execute(&normal, request, &response).ok()); });
+  grpc::Status answered;
+  std::thread second([&] { answered = quiet.stub->Execute(&normal, request, &response); });
   quiet.service.arrived.WaitForNotification();
   {
     absl::MutexLock lock(&quiet.service.mu);
     quiet.service.released = true;
   }
   second.join();
+  CHECK(answered.ok());
   absl::SleepFor(absl::Milliseconds(60));  // three of the watcher's looks
   absl::MutexLock lock(&quiet.service.mu);
   CHECK(quiet.service.ended.empty());

@@ -506,7 +506,8 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   uint8_t into[4] = {0, 0, 0, 0};
   const uint8_t data[4] = {1, 2, 3, 4};
   const Mailbox::Piece whole{data, 4, 0, 4, 4};
-  std::thread sender([&] { CHECK(mailbox.Deliver("s", 7, 0, whole, absl::Now() + absl::Seconds(5)).ok()); });
+  absl::Status delivered;
+  std::thread sender([&] { delivered = mailbox.Deliver("s", 7, 0, whole, absl::Now() + absl::Seconds(5)); });
   absl::SleepFor(absl::Milliseconds(20));  // the sender is now blocked: nothing is posted yet
   const RecvOp from7{7, into, 4};
   uint8_t other[4];
@@ -514,6 +515,7 @@ TEST_CASE("a delivery waits for its posted receive; a silent peer is named at th
   mailbox.Post("s", 0, {from7, from9});
   const absl::Status waited = mailbox.Wait(absl::Now() + absl::Milliseconds(200));
   sender.join();
+  CHECK(delivered.ok());
   CHECK(into[3] == 4);
   CHECK(absl::IsUnavailable(waited));
   CHECK_THAT(std::string(waited.message()), Contains("rank 9"));
@@ -548,18 +550,22 @@ TEST_CASE("chunks from many peers go into their receives at once, in pieces in a
     std::vector<RecvOp> receives;
     for (int peer = 0; peer < kPeers; ++peer) receives.push_back(RecvOp{peer, into[peer].data(), kBytes});
     std::vector<std::thread> senders;
+    std::vector<absl::Status> delivered(kPeers * kSenders);  // each sender's first failure
     for (int peer = 0; peer < kPeers; ++peer) {
       for (int first = 0; first < kSenders; ++first) {
         senders.emplace_back([&, peer, first] {
-          for (size_t i = first; i < pieces[peer].size(); i += kSenders) {
-            CHECK(mailbox.Deliver("s", peer, round, pieces[peer][i], absl::Now() + absl::Seconds(60)).ok());
+          absl::Status& status = delivered[peer * kSenders + first];
+          for (size_t i = first; i < pieces[peer].size() && status.ok(); i += kSenders) {
+            status = mailbox.Deliver("s", peer, round, pieces[peer][i], absl::Now() + absl::Seconds(60));
           }
         });
       }
     }
     mailbox.Post("s", round, receives);
-    REQUIRE(mailbox.Wait(absl::Now() + absl::Seconds(60)).ok());
+    const absl::Status waited = mailbox.Wait(absl::Now() + absl::Seconds(60));
     for (std::thread& t : senders) t.join();
+    REQUIRE(waited.ok());
+    for (const absl::Status& status : delivered) REQUIRE(status.ok());
     for (int peer = 0; peer < kPeers; ++peer) CHECK(into[peer] == sent[peer]);
   }
 }

@@ -41,21 +41,26 @@ TEST_CASE("a sender's messages arrive in order, through a full ring") {
   auto writer = SignalBoard::Open((*board)->name());
   REQUIRE(writer.ok());
   constexpr int kMessages = 1000;  // far more than a ring holds: the sender waits for the reader
+  absl::Status sent;               // the sender's first failure (Catch asserts on this thread only)
   std::thread sender([&] {
-    for (int i = 0; i < kMessages; ++i) {
-      REQUIRE((*writer)
-                  ->Post(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, static_cast<uint8_t>(i), absl::InfiniteFuture(),
-                         poll_for, kNever, kNothing)
-                  .ok());
+    for (int i = 0; i < kMessages && sent.ok(); ++i) {
+      sent = (*writer)->Post(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, static_cast<uint8_t>(i),
+                             absl::Now() + absl::Seconds(60), poll_for, kNever, kNothing);
     }
   });
+  std::vector<absl::StatusOr<uint8_t>> taken;
   for (int i = 0; i < kMessages; ++i) {
-    const absl::StatusOr<uint8_t> value =
-        (*board)->Take(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, absl::Now() + absl::Seconds(10), poll_for, kNever);
-    REQUIRE(value.ok());
-    REQUIRE(*value == static_cast<uint8_t>(i));
+    taken.push_back(
+        (*board)->Take(3, SignalKey{SyncKey("s"), -2 - (i % 2)}, absl::Now() + absl::Seconds(10), poll_for, kNever));
+    if (!taken.back().ok()) break;
   }
   sender.join();
+  REQUIRE(sent.ok());
+  REQUIRE(taken.size() == kMessages);
+  for (int i = 0; i < kMessages; ++i) {
+    REQUIRE(taken[i].ok());
+    REQUIRE(*taken[i] == static_cast<uint8_t>(i));
+  }
 }
 
 TEST_CASE("a message of a sync the sender left is void; one of a sync to come waits") {
@@ -251,11 +256,14 @@ TEST_CASE("a wait on a board ends at an abort with its reason, and the next sync
   const SendOp late{0, &one, 1};
   REQUIRE(world.transports[1]->RunRound("stuck", -2, absl::MakeConstSpan(&late, 1), {}, Soon()).ok());
   world.transports[0]->Reset();
+  absl::Status sent;
   std::thread next(
-      [&] { REQUIRE(world.transports[1]->RunRound("next", -2, absl::MakeConstSpan(&late, 1), {}, Soon()).ok()); });
+      [&] { sent = world.transports[1]->RunRound("next", -2, absl::MakeConstSpan(&late, 1), {}, Soon()); });
   const RecvOp receive{1, &byte, 1};
-  CHECK(world.transports[0]->RunRound("next", -2, {}, absl::MakeConstSpan(&receive, 1), Soon()).ok());
+  const absl::Status received = world.transports[0]->RunRound("next", -2, {}, absl::MakeConstSpan(&receive, 1), Soon());
   next.join();
+  CHECK(sent.ok());
+  CHECK(received.ok());
   CHECK(byte == 1);
 }
 
