@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "daemon/agent/registry.h"
 #include "executor/host_shm.h"
+#include "tests/common/unique_name.h"
 
 namespace shardsync::agent {
 namespace {
@@ -51,7 +52,7 @@ UniqueFd Memfd(int64_t bytes) {
   return fd;
 }
 
-std::string SocketPath() { return absl::StrCat("/tmp/shardsync-fds-test-", getpid(), ".fds"); }
+std::string SocketPath() { return testing::UniqueName("/tmp/shardsync-fds-test-") + ".fds"; }
 
 std::unique_ptr<DescriptorSocket> Listen(const Registry* registry, DescriptorSocket::Limits limits = {}) {
   auto socket = DescriptorSocket::Listen(

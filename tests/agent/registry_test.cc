@@ -14,6 +14,7 @@
 #include "executor/host_shm.h"
 #include "executor/signal_board.h"
 #include "planner/quantize.h"
+#include "tests/common/unique_name.h"
 
 namespace shardsync::agent {
 namespace {
@@ -108,7 +109,7 @@ v1::RegisterRequest OneBuffer(const std::string& client, v1::Role role, const st
 }
 
 TEST_CASE("a target over other registered memory, or over the agent's own, is refused naming both") {
-  const std::string object = "/shardsync-registry-test-" + std::to_string(getpid());
+  const std::string object = testing::UniqueName("/shardsync-registry-test-");
   const std::string alias = object + "-alias";
   const int fd = shm_open(object.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   REQUIRE(fd >= 0);

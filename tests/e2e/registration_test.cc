@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "client/cpp/client.h"
+#include "tests/common/unique_name.h"
 #include "tools/localsync/cluster.h"
 
 namespace shardsync::localsync {
@@ -44,8 +45,7 @@ TEST_CASE("bad registrations are refused with their reason and leave nothing reg
   options.agents = 1;
   Cluster cluster(options);
   client::AgentClient agent(cluster.socket(0));
-  const std::string name = "/ss-registration-" + std::to_string(getpid());
-  shm_unlink(name.c_str());  // left by an earlier run that died (pids repeat in a sandbox)
+  const std::string name = testing::UniqueName("/ss-registration-");
   auto shm = client::SharedMemory::Create(name, 64);
   REQUIRE(shm.ok());
   const auto refused = [&](const v1::RegisterRequest& request) {

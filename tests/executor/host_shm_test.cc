@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "executor/sigbus_guard.h"
+#include "tests/common/unique_name.h"
 
 namespace shardsync::executor {
 namespace {
@@ -23,7 +24,7 @@ namespace {
 using Catch::Matchers::Contains;
 
 struct Object {
-  std::string name = "/shardsync-host-shm-test-" + std::to_string(getpid());
+  std::string name = testing::UniqueName("/shardsync-host-shm-test-");
   explicit Object(off_t bytes) {
     const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     REQUIRE(fd >= 0);

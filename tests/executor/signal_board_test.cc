@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "executor/mailbox.h"
+#include "tests/common/unique_name.h"
 
 namespace shardsync::executor {
 namespace {
@@ -25,7 +26,7 @@ namespace {
 using Catch::Matchers::Contains;
 
 std::string TestBoardName(absl::string_view what) {
-  return SignalBoard::NameFor(absl::StrCat(getpid(), "-test-", what));
+  return SignalBoard::NameFor(testing::UniqueName(absl::StrCat("test-", what, "-")));
 }
 
 const std::function<bool()> kNever = [] { return false; };
