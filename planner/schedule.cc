@@ -72,7 +72,7 @@ class LinkBudget {
           ") cannot hold one ", DTypeName(s.dst_dtype), " element of tensor '", tensor_name, "' per slot"));
     }
     // Chunks are at least bytes / budget: more bytes than this make too many.
-    link_bytes_ += SegmentElements(s) * element;
+    link_bytes_ += static_cast<__int128>(SegmentElements(s)) * element;
     if (link_bytes_ > most_bytes_) {
       return absl::ResourceExhaustedError(absl::StrCat("a staging budget of ", staging_bytes_,
                                                        " bytes per peer cuts this plan into more than ",

@@ -320,8 +320,9 @@ absl::Status SyncRunner::RenewCommunicator() {
 v1::PrepareRequest SyncRunner::PrepareRequestFor(int32_t rank, std::optional<v1::PrepareRequest> schedule,
                                                  const std::string& sync_id, absl::Duration execute_deadline,
                                                  const std::map<int32_t, std::string>* addresses) {
-  v1::PrepareRequest request = schedule ? *std::move(schedule) : v1::PrepareRequest();
-  request.set_schedule_cached(!schedule.has_value());
+  const bool cached = !schedule.has_value();
+  v1::PrepareRequest request = cached ? v1::PrepareRequest() : *std::move(schedule);
+  request.set_schedule_cached(cached);
   request.set_sync_id(sync_id);
   request.set_digest(plan_->compiled.digest());
   request.set_staging_bytes(options_.epoch.staging_bytes);
