@@ -11,7 +11,6 @@ full sync. Every sync is checked bit for bit against the trainer's weights.
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import time

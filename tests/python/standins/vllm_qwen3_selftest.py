@@ -12,7 +12,6 @@ Run: /usr/bin/python3 tests/python/standins/vllm_qwen3_selftest.py
 Prints "N passed, M failed" and exits non-zero on any failure.
 """
 
-import math
 import os
 import sys
 import traceback

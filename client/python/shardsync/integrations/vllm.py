@@ -23,7 +23,7 @@ refused: vLLM then maps the weights through its CuMem allocator (``cuMemCreate``
 gives no CUDA IPC handle. ``shardsync_reregister`` registers again if the memory moved.
 """
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 import grpc
 import torch
 
