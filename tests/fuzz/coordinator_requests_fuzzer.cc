@@ -32,9 +32,10 @@ const shardsync::Credentials& Plaintext() {
   return credentials;
 }
 
-// A channel alive between inputs keeps gRPC's shared event engine, which the agents'
-// channels of an input would otherwise create anew and free after the input: libFuzzer
-// then saw unbalanced allocations in every input and ran its leak check on each.
+// A channel alive between inputs keeps gRPC's shared event engine alive, so that the
+// agents' channels of an input do not create it anew and free it after the input:
+// libFuzzer runs its whole-heap leak check after each input whose allocations do not
+// balance.
 void KeepGrpcEngine() {
   static const std::shared_ptr<grpc::Channel> channel = shardsync::MakeChannel("127.0.0.1:1", Plaintext(), {});
 }
