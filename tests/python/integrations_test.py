@@ -11,6 +11,7 @@ deepspeed_zero.py); the plain-module trainer is a real torch module named as Hug
 names a checkpoint.
 """
 
+import itertools
 import os
 import sys
 import tempfile
@@ -554,9 +555,11 @@ class ProbeTest(unittest.TestCase):
         self.assertEqual([p.dtype for p in model.parameters()], [torch.bfloat16, torch.bfloat16])
 
     def test_the_pieces_rebuild_what_the_loader_writes(self):
+        """Also read an element, and a few rows, at a time: the same pieces."""
         from shardsync.integrations import probe
-        for case, (shape, shapes, fill) in self.LOADERS.items():
-            with self.subTest(case):
+        for chunk, (case, (shape, shapes, fill)) in itertools.product((1, 5, probe.CHUNK_ELEMENTS),
+                                                                      self.LOADERS.items()):
+            with self.subTest(case, chunk=chunk), mock.patch.object(probe, "CHUNK_ELEMENTS", chunk):
                 param = torch.nn.Parameter(torch.empty(shape))
                 result = probe.probe({"p": param}, shapes, lambda weights: fill(param.data, dict(weights)))
                 generator = torch.Generator().manual_seed(1)
@@ -565,6 +568,38 @@ class ProbeTest(unittest.TestCase):
                 fill(expected, checkpoint)
                 self.assertTrue(torch.equal(rebuild(result, {"p": shape}, checkpoint)["p"], expected),
                                 f"{case}: {result}")
+
+    def test_the_probe_holds_a_checkpoint_tensor_and_a_few_rows_beside_the_parameters(self):
+        """Beside the parameters' float64 probes (torch's memory) the probe's own arrays
+        hold one checkpoint tensor's codes and a bounded stretch of rows, whatever the
+        parameters' size: numpy's allocations, as tracemalloc counts them."""
+        import tracemalloc
+        from shardsync.integrations import probe
+        self.enterContext(mock.patch.object(probe, "CHUNK_ELEMENTS", 4096))
+        shape = (1024, 1024)
+        param = torch.nn.Parameter(torch.empty(shape))
+        tracemalloc.start()
+        self.addCleanup(tracemalloc.stop)
+        result = probe.probe({"p": param}, {"a": shape}, lambda weights: [param.data.copy_(t) for _, t in weights])
+        peak = tracemalloc.get_traced_memory()[1]
+        codes = 8 * shape[0] * shape[1]
+        self.assertLess(peak, codes + (1 << 20), f"{peak} bytes at the peak for a checkpoint of {codes} bytes")
+        self.assertEqual([(p.tensor, p.lo, p.hi, p.base, p.strides) for p in result.pieces],
+                         [("a", (0, 0), shape, 0, (1024, 1))])
+
+    def test_a_value_that_is_no_code_is_refused_naming_its_element(self):
+        from shardsync.integrations import probe
+        self.enterContext(mock.patch.object(probe, "CHUNK_ELEMENTS", 16))
+        param = torch.nn.Parameter(torch.empty(10, 8))
+
+        def load(weights):
+            for _, tensor in weights:
+                param.data.copy_(tensor)
+                param.data[7, 3] += 0.5  # element 59, in the fourth block of two rows
+
+        with self.assertRaisesRegex(ProbeError, "the loader of parameter 'p' wrote .* at element 59, which is no "
+                                    "checkpoint element's code"):
+            probe.probe({"p": param}, {"a": (10, 8)}, load)
 
     def test_a_loader_that_writes_a_buffer_is_refused_and_the_buffer_kept(self):
         from shardsync.integrations import probe

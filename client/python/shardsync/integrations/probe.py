@@ -10,7 +10,9 @@ element it was loaded from, or 0 where no checkpoint element reached it (padding
 becomes an explicit zero fill). A value that is no code (not whole, out of range, or
 failing its check, as a scaled, summed or converted value does) means the loader
 computed it rather than copied it: that parameter is refused by name. The parameters' own memory is
-never written, and each gets its data back when the probe ends, also on error.
+never written, and each gets its data back when the probe ends, also on error. Beside
+the probes (8 bytes a parameter element) it makes each checkpoint tensor's codes as the
+loader asks for it and reads the probes back a block of rows at a time.
 
 The result is compressed into boxes: runs along a parameter's last axis that take
 consecutive elements of one checkpoint row, stacked into 2-D boxes where consecutive
@@ -24,7 +26,8 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["CHECK_BITS", "FillRegion", "Piece", "ProbeError", "ProbeResult", "encode", "encoded_checkpoint", "probe"]
+__all__ = ["CHECK_BITS", "CHUNK_ELEMENTS", "FillRegion", "Piece", "ProbeError", "ProbeResult", "encode",
+           "encoded_checkpoint", "probe"]
 
 
 class ProbeError(ValueError):
@@ -62,10 +65,17 @@ class ProbeResult:
 CHECK_BITS = 8
 
 
+# Elements decoded or encoded at a time: what the probe adds to the memory of the
+# parameters' probes and of one checkpoint tensor is bounded by this, not by a tensor.
+CHUNK_ELEMENTS = 1 << 20
+
+
 def _check(numbers: np.ndarray) -> np.ndarray:
-    """The 8-bit check of element numbers (int64 array): a multiplicative hash's top bits."""
-    mixed = numbers.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    return (mixed >> np.uint64(64 - CHECK_BITS)).astype(np.int64)
+    """The 8-bit check of element numbers (int64 array, non-negative): a multiplicative
+    hash's top bits."""
+    mixed = numbers.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    mixed >>= np.uint64(64 - CHECK_BITS)
+    return mixed.view(np.int64)
 
 
 def encode(numbers: np.ndarray) -> np.ndarray:
@@ -85,9 +95,12 @@ def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, i
 
     def tensors() -> Iterator[Tuple[str, torch.Tensor]]:
         for name, shape in shapes.items():
-            start = offsets[name] + 1
-            numbers = np.arange(start, start + math.prod(shape), dtype=np.int64)
-            yield name, torch.from_numpy(encode(numbers)).reshape(shape)
+            start, count = offsets[name] + 1, math.prod(shape)
+            codes = np.empty(count, dtype=np.float64)
+            for at in range(0, count, CHUNK_ELEMENTS):
+                end = min(at + CHUNK_ELEMENTS, count)
+                codes[at:end] = encode(np.arange(start + at, start + end, dtype=np.int64))
+            yield name, torch.from_numpy(codes).reshape(shape)
 
     return offsets, tensors()
 
@@ -117,7 +130,8 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
     names = list(shapes)
     starts = np.array([offsets[n] for n in names], dtype=np.int64)
     result = ProbeResult()
-    for (kind, name), values in probed.items():
+    for kind, name in list(probed):
+        values = probed.pop((kind, name))  # each probe's memory goes once it is read
         if kind == "buffer":
             if np.any(values != 0):
                 raise ProbeError(f"the loader writes buffer '{name}', which is no parameter: shardsync would not "
@@ -127,17 +141,18 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
     return result
 
 
-def _decode(param_name: str, flat: torch.Tensor, total: int) -> Any:
-    """Element numbers (int64, 0 where nothing was loaded) of a parameter's probe values;
-    refuses a value that is no checkpoint element's code."""
+def _decode(param_name: str, flat: Any, total: int, first: int) -> Any:
+    """Element numbers (int64, 0 where nothing was loaded) of probe values `flat`, the
+    parameter's elements from `first` on; refuses a value that is no checkpoint
+    element's code."""
     whole = np.isfinite(flat) & (flat == np.floor(flat)) & (flat >= 0) & (flat < float((total + 1) << CHECK_BITS))
     codes = np.where(whole, flat, 0).astype(np.int64)
     numbers = codes >> CHECK_BITS
     bad = ~whole | ((codes != 0) & ((numbers == 0) | (_check(numbers) != (codes & ((1 << CHECK_BITS) - 1)))))
     if bad.any():
         at = int(np.argmax(bad))
-        raise ProbeError(f"the loader of parameter '{param_name}' wrote {flat[at]!r} at element {at}, which is no "
-                         "checkpoint element's code: it changes values instead of copying them")
+        raise ProbeError(f"the loader of parameter '{param_name}' wrote {flat[at]!r} at element {first + at}, which "
+                         "is no checkpoint element's code: it changes values instead of copying them")
     return numbers
 
 
@@ -172,41 +187,50 @@ class _Stacker:
 
 def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
               shapes: Mapping[str, Sequence[int]], result: ProbeResult) -> None:
-    """Adds one parameter's pieces and fills to `result`."""
+    """Adds one parameter's pieces and fills to `result`, reading its probe `values` a
+    block of rows at a time (runs never cross a row)."""
     total = int(starts[-1]) + math.prod(shapes[names[-1]])
-    numbers = _decode(param_name, values.reshape(-1), total)
-    if not numbers.any():
+    last_axes = np.array([shapes[n][-1] if len(shapes[n]) else 1 for n in names], dtype=np.int64)
+    cols = values.shape[-1] if values.ndim else 1
+    flat = values.reshape(-1)
+    rows = flat.size // cols
+    block = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    pieces, fills = _Stacker(), _Stacker()
+    reached = False
+    for row0 in range(0, rows, block):
+        grid = _decode(param_name, flat[row0 * cols:min(rows, row0 + block) * cols], total,
+                       row0 * cols).reshape(-1, cols)
+        reached = reached or bool(grid.any())
+        filled = grid == 0
+        element = np.maximum(grid - 1, 0)
+        tensor_id: Any = np.searchsorted(starts, element, side="right") - 1  # an array, as grid
+        index = element - starts[tensor_id]
+        last_axis = last_axes[tensor_id]
+        # A run ends where the tensor changes, the element is not the next one, a fill
+        # starts or stops, or a checkpoint row ends.
+        breaks = np.ones(grid.shape, dtype=bool)
+        breaks[:, 1:] = (filled[:, 1:] != filled[:, :-1]) | (~filled[:, 1:] & (
+            (tensor_id[:, 1:] != tensor_id[:, :-1]) | (index[:, 1:] != index[:, :-1] + 1) |
+            (index[:, 1:] % last_axis[:, 1:] == 0)))
+        run_rows, run_starts = np.nonzero(breaks)
+        ends = np.append(run_starts[1:], cols)
+        ends[np.append(run_rows[1:] != run_rows[:-1], True)] = cols
+        for r, start, end in zip(run_rows.tolist(), run_starts.tolist(), ends.tolist()):
+            row = row0 + r
+            base = row * cols + start
+            if filled[r, start]:
+                fills.add(("fill", end - start), row, base, end - start)
+                continue
+            t = int(tensor_id[r, start])
+            tshape = shapes[names[t]]
+            coord = tuple(int(c) for c in np.unravel_index(int(index[r, start]), tshape)) if tshape else ()
+            if len(coord) >= 2:  # stacks along the checkpoint's second-to-last axis
+                pieces.add((t, coord[:-2], coord[-1], end - start), coord[-2], base, end - start, coord)
+            else:
+                pieces.regions.append([(t,), base, 1, end - start, None, coord])
+    if not reached:
         result.unreached.append(param_name)
         return
-    cols = values.shape[-1] if values.ndim else 1
-    rows = numbers.size // cols
-    grid = numbers.reshape(rows, cols)
-    filled = grid == 0
-    tensor_id: Any = np.searchsorted(starts, np.maximum(grid - 1, 0), side="right") - 1  # an array, as grid
-    index = np.maximum(grid - 1, 0) - starts[tensor_id]
-    last_axis = np.array([shapes[n][-1] if len(shapes[n]) else 1 for n in names], dtype=np.int64)[tensor_id]
-    # A run ends where the tensor changes, the element is not the next one, a fill starts
-    # or stops, or a checkpoint row ends.
-    breaks = np.ones((rows, cols), dtype=bool)
-    breaks[:, 1:] = (filled[:, 1:] != filled[:, :-1]) | (~filled[:, 1:] & (
-        (tensor_id[:, 1:] != tensor_id[:, :-1]) | (index[:, 1:] != index[:, :-1] + 1) |
-        (index[:, 1:] % last_axis[:, 1:] == 0)))
-    run_rows, run_starts = np.nonzero(breaks)
-    ends = np.append(run_starts[1:], cols)
-    ends[np.append(run_rows[1:] != run_rows[:-1], True)] = cols
-    pieces, fills = _Stacker(), _Stacker()
-    for r, start, end in zip(run_rows.tolist(), run_starts.tolist(), ends.tolist()):
-        base = r * cols + start
-        if filled[r, start]:
-            fills.add(("fill", end - start), r, base, end - start)
-            continue
-        t = int(tensor_id[r, start])
-        tshape = shapes[names[t]]
-        coord = tuple(int(c) for c in np.unravel_index(int(index[r, start]), tshape)) if tshape else ()
-        if len(coord) >= 2:  # stacks along the checkpoint's second-to-last axis
-            pieces.add((t, coord[:-2], coord[-1], end - start), coord[-2], base, end - start, coord)
-        else:
-            pieces.regions.append([(t,), base, 1, end - start, None, coord])
     for head, base, count, length, stride, coord in pieces.regions:
         name = names[head[0]]
         if len(coord) >= 2:

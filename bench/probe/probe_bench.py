@@ -1,0 +1,71 @@
+"""What learning an engine's placements costs (``loader_targets``): the probe of one
+tensor-parallel rank of the vLLM stand-in (tests/python/standins, vLLM's loaders) with
+Qwen3 shapes, each case in a process of its own. Prints per case the rank's elements,
+the peak resident memory the probe added and its time, and a JSON line per case.
+
+    bazel run //bench/probe:probe_bench -- --model qwen3-0.6b --layers 28 --tp 1 4
+"""
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+
+MODELS = {  # Hugging Face config.json of each model: the shapes only
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+}
+
+
+def one_case(model: str, layers: int, tp: int) -> dict:
+    """Probes rank 0 of `model` (its first `layers` layers) at `tp`, in this process."""
+    from standins import vllm_qwen3
+    from shardsync.integrations import loader_targets
+    config = vllm_qwen3.Qwen3Config(**{**MODELS[model], "num_hidden_layers": layers})
+    engine = vllm_qwen3.Qwen3ForCausalLM(config, tp_rank=0, tp_size=tp)
+    shapes = vllm_qwen3.checkpoint_shapes(config)
+    elements = sum(p.numel() for p in engine.parameters())
+    largest = max(math.prod(shape) for shape in shapes.values())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = time.perf_counter()
+    _, layouts = loader_targets(engine, engine.load_weights, shapes)
+    seconds = time.perf_counter() - start
+    added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    return {"model": model, "layers": layers, "tp": tp, "elements": elements, "largest_tensor": largest,
+            "added_bytes": added, "bytes_per_element": added / elements, "seconds": seconds,
+            "placements": sum(len(layout.placements) for layout in layouts)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-0.6b")
+    parser.add_argument("--layers", type=int, default=None, help="the model's first N layers (default: all)")
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--case", nargs=3, metavar=("MODEL", "LAYERS", "TP"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(one_case(args.case[0], int(args.case[1]), int(args.case[2]))))
+        return 0
+    layers = args.layers or MODELS[args.model]["num_hidden_layers"]
+    print(f"{'case':<26} {'elements':>10} {'added memory':>13} {'per element':>11} {'seconds':>8}")
+    for tp in args.tp:
+        out = subprocess.run([sys.executable, __file__, "--case", args.model, str(layers), str(tp)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        case = json.loads(out.stdout)
+        print(f"{args.model + f' x{layers} tp{tp} rank 0':<26} {case['elements'] / 1e6:>9.1f}M "
+              f"{case['added_bytes'] / 2**20:>9.0f} MiB {case['bytes_per_element']:>9.1f} B "
+              f"{case['seconds']:>8.2f}")
+        print(json.dumps(case))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
