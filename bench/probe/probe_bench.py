@@ -3,7 +3,7 @@ tensor-parallel rank of the vLLM stand-in (tests/python/standins, vLLM's loaders
 Qwen3 shapes, each case in a process of its own. Prints per case the rank's elements,
 the peak resident memory the probe added and its time, and a JSON line per case.
 
-    bazel run //bench/probe:probe_bench -- --model qwen3-0.6b --layers 28 --tp 1 4
+    bazel run //bench/probe:probe_bench -- --model qwen3-0.6b --tp 1 4 [--layers N] [--probe-dir DIR]
 """
 
 import argparse
@@ -13,6 +13,7 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Optional
 
 MODELS = {  # Hugging Face config.json of each model: the shapes only
     "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -22,7 +23,7 @@ MODELS = {  # Hugging Face config.json of each model: the shapes only
 }
 
 
-def one_case(model: str, layers: int, tp: int) -> dict:
+def one_case(model: str, layers: int, tp: int, probe_dir: Optional[str]) -> dict:
     """Probes rank 0 of `model` (its first `layers` layers) at `tp`, in this process."""
     from standins import vllm_qwen3
     from shardsync.integrations import loader_targets
@@ -33,10 +34,10 @@ def one_case(model: str, layers: int, tp: int) -> dict:
     largest = max(math.prod(shape) for shape in shapes.values())
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    _, layouts = loader_targets(engine, engine.load_weights, shapes)
+    _, layouts = loader_targets(engine, engine.load_weights, shapes, probe_dir=probe_dir)
     seconds = time.perf_counter() - start
     added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    return {"model": model, "layers": layers, "tp": tp, "elements": elements, "largest_tensor": largest,
+    return {"model": model, "layers": layers, "tp": tp, "probe_dir": probe_dir, "elements": elements, "largest_tensor": largest,
             "added_bytes": added, "bytes_per_element": added / elements, "seconds": seconds,
             "placements": sum(len(layout.placements) for layout in layouts)}
 
@@ -46,15 +47,17 @@ def main() -> int:
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-0.6b")
     parser.add_argument("--layers", type=int, default=None, help="the model's first N layers (default: all)")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--probe-dir", help="keep the probes in files of this folder (loader_targets' probe_dir)")
     parser.add_argument("--case", nargs=3, metavar=("MODEL", "LAYERS", "TP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
-        print(json.dumps(one_case(args.case[0], int(args.case[1]), int(args.case[2]))))
+        print(json.dumps(one_case(args.case[0], int(args.case[1]), int(args.case[2]), args.probe_dir)))
         return 0
     layers = args.layers or MODELS[args.model]["num_hidden_layers"]
     print(f"{'case':<26} {'elements':>10} {'added memory':>13} {'per element':>11} {'seconds':>8}")
     for tp in args.tp:
-        out = subprocess.run([sys.executable, __file__, "--case", args.model, str(layers), str(tp)],
+        command = [sys.executable, __file__, "--case", args.model, str(layers), str(tp)]
+        out = subprocess.run(command + (["--probe-dir", args.probe_dir] if args.probe_dir else []),
                              capture_output=True, text=True)
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)

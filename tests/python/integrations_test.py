@@ -587,6 +587,48 @@ class ProbeTest(unittest.TestCase):
         self.assertEqual([(p.tensor, p.lo, p.hi, p.base, p.strides) for p in result.pieces],
                          [("a", (0, 0), shape, 0, (1024, 1))])
 
+    def test_probes_in_files_give_the_same_pieces_and_leave_no_file(self):
+        """The probes kept in files of a folder on disk: the same layouts as in memory,
+        for every rank of the stand-in, and the folder empty after each probe, also
+        after a loader that fails."""
+        from shardsync.integrations import probe
+        folder = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        for tp, rank in ((1, 0), (2, 0), (2, 1)):
+            with self.subTest(tp=tp, rank=rank):
+                engine = vllm_qwen3.Qwen3ForCausalLM(DENSE, tp_rank=rank, tp_size=tp)
+                in_memory = loader_targets(engine, engine.load_weights, shapes)[1]
+                with mock.patch.object(probe.tempfile, "mkstemp", wraps=tempfile.mkstemp) as made:
+                    in_files = loader_targets(engine, engine.load_weights, shapes, probe_dir=folder)[1]
+                self.assertEqual(made.call_count, sum(p.numel() > 0 for p in engine.parameters()))
+                self.assertTrue(all(call.kwargs["dir"] == folder for call in made.call_args_list))
+                self.assertEqual([layout.SerializeToString(deterministic=True) for layout in in_files],
+                                 [layout.SerializeToString(deterministic=True) for layout in in_memory])
+                self.assertEqual(os.listdir(folder), [])
+        engine = vllm_qwen3.Qwen3ForCausalLM(DENSE)
+
+        def failing(weights):
+            engine.load_weights(weights)
+            raise RuntimeError("the loader fails")
+
+        with self.assertRaisesRegex(RuntimeError, "the loader fails"):
+            loader_targets(engine, failing, shapes, probe_dir=folder)
+        self.assertEqual(os.listdir(folder), [])
+        self.assertTrue(all(p.dtype == torch.bfloat16 for p in engine.parameters()))
+
+    def test_a_probe_dir_in_memory_or_missing_is_refused_by_name(self):
+        from shardsync.integrations import probe
+        with open("/proc/self/mountinfo") as mounts:  # /dev/shm on every Linux this runs on
+            tmpfs = [line.split()[4] for line in mounts if " - tmpfs " in line]
+        self.assertTrue(tmpfs, "no tmpfs mount on this machine")
+        param = torch.nn.Parameter(torch.zeros(2, 3))
+        with self.assertRaisesRegex(ProbeError, f"probe_dir '{tmpfs[0]}' is on tmpfs"):
+            probe.probe({"p": param}, {"a": (2, 3)}, lambda weights: None, probe_dir=tmpfs[0])
+        missing = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "absent")
+        with self.assertRaisesRegex(ProbeError, f"probe_dir '{missing}' is no folder"):
+            probe.probe({"p": param}, {"a": (2, 3)}, lambda weights: None, probe_dir=missing)
+        self.assertEqual(param.dtype, torch.float32)
+
     def test_a_value_that_is_no_code_is_refused_naming_its_element(self):
         from shardsync.integrations import probe
         self.enterContext(mock.patch.object(probe, "CHUNK_ELEMENTS", 16))

@@ -22,6 +22,8 @@ runs take consecutive rows at a fixed distance.
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 from dataclasses import dataclass, field
 import math
+import os
+import tempfile
 
 import numpy as np
 import torch
@@ -107,13 +109,17 @@ def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, i
 
 def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]],
           load: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any],
-          buffers: Optional[Mapping[str, torch.Tensor]] = None) -> ProbeResult:
+          buffers: Optional[Mapping[str, torch.Tensor]] = None, probe_dir: Optional[str] = None) -> ProbeResult:
     """Runs `load(weights)` once with `params` ({name: Parameter}) swapped for float64
     probes; `weights` iterates (checkpoint name, tensor) over `shapes` ({name: shape}).
     The floating-point tensors of `buffers` ({name: tensor}, a module's named_buffers())
     are swapped too: a loader that writes one is refused (a buffer is no registered
-    target). Returns a ProbeResult naming parameters by their
-    keys in `params`."""
+    target). `probe_dir`: a folder on disk where the probes live as files (mapped, and
+    removed as soon as they are), so that the kernel can write them out instead of the
+    process running out of memory; None keeps them in memory. Returns a ProbeResult
+    naming parameters by their keys in `params`."""
+    if probe_dir is not None:
+        _check_probe_dir(probe_dir)
     offsets, weights = encoded_checkpoint(shapes)
     swapped = {**{("buffer", n): b for n, b in (buffers or {}).items() if b.is_floating_point()},
                **{("param", n): p for n, p in params.items()}}
@@ -121,7 +127,7 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
     try:
         for key, tensor in swapped.items():
             originals[key] = tensor.data
-            tensor.data = torch.zeros(tensor.shape, dtype=torch.float64)
+            tensor.data = _zeros(tensor.shape, probe_dir)
         load(weights)
         probed = {key: tensor.data.numpy() for key, tensor in swapped.items()}  # keeps the probes alive
     finally:
@@ -139,6 +145,39 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
             continue
         _compress(name, values, names, starts, shapes, result)
     return result
+
+
+def _zeros(shape: Sequence[int], probe_dir: Optional[str]) -> torch.Tensor:
+    """A float64 CPU tensor of zeros: in memory, or in a file of `probe_dir` that is
+    removed once mapped (its pages stay until the tensor goes)."""
+    count = math.prod(shape)
+    if probe_dir is None or count == 0:
+        return torch.zeros(shape, dtype=torch.float64)
+    fd, path = tempfile.mkstemp(dir=probe_dir, prefix="shardsync-probe-")
+    try:
+        os.close(fd)
+        return torch.from_file(path, shared=True, size=count, dtype=torch.float64).reshape(shape)
+    finally:
+        os.unlink(path)
+
+
+def _check_probe_dir(probe_dir: str) -> None:
+    """Refuses a `probe_dir` that is no folder, or whose files live in memory (tmpfs,
+    ramfs), by name."""
+    if not os.path.isdir(probe_dir):
+        raise ProbeError(f"probe_dir '{probe_dir}' is no folder")
+    path = os.path.realpath(probe_dir)
+    mount, kind = "/", ""
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:  # fields: ... mount point (5th) ... - type source options
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            inside = path == point or path.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(mount):
+                mount, kind = point, fields[fields.index("-") + 1]
+    if kind in ("tmpfs", "ramfs"):
+        raise ProbeError(f"probe_dir '{probe_dir}' is on {kind} ({mount}), whose files are memory: name a folder on "
+                         "disk")
 
 
 def _decode(param_name: str, flat: Any, total: int, first: int) -> Any:

@@ -11,7 +11,8 @@ agents run. Around each sync: ``engine.pause_generation()``, the trainer's sync,
 SGLang's hook passes only the model, so the rest comes from the environment of the
 SGLang process: SHARDSYNC_SOCKET (the agent's socket, formatted with ``device``),
 SHARDSYNC_CHECKPOINT (the model folder, whose safetensors headers give the checkpoint's
-shapes; required) and SHARDSYNC_CLIENT_ID (default "sglang").
+shapes; required), SHARDSYNC_CLIENT_ID (default "sglang") and SHARDSYNC_PROBE_DIR
+(loader_targets' `probe_dir`; default: the probe in memory).
 SGLang's memory saver (``--enable-memory-saver``, which ``release_memory_occupation``
 needs) maps the weights with ``cuMemCreate``, which gives no CUDA IPC handle: their
 registration fails; run SGLang without it.
@@ -39,11 +40,12 @@ def register(model: torch.nn.Module, named_tensors: Iterable[Tuple[str, torch.Te
     socket = os.environ["SHARDSYNC_SOCKET"].format(device=index)
     client_id = f"{os.environ.get('SHARDSYNC_CLIENT_ID', 'sglang')}-{index}"
     shapes = safetensors_shapes(os.environ["SHARDSYNC_CHECKPOINT"])
+    probe_dir = os.environ.get("SHARDSYNC_PROBE_DIR")
     if index in _targets:
         _targets[index].reregister()
         return
     _targets[index] = EngineTarget(AgentClient(socket), client_id,
-                                   lambda: loader_targets(model, model.load_weights, shapes))
+                                   lambda: loader_targets(model, model.load_weights, shapes, probe_dir=probe_dir))
 
 
 def current(device: Optional[int] = None) -> EngineTarget:

@@ -25,7 +25,7 @@ __all__ = ["BLOCK", "SCALES", "EngineTarget", "float8_names", "loader_targets", 
 
 def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any],
                    checkpoint_shapes: Mapping[str, Sequence[int]],
-                   created: Optional[Mapping[str, torch.Tensor]] = None) -> Described:
+                   created: Optional[Mapping[str, torch.Tensor]] = None, probe_dir: Optional[str] = None) -> Described:
     """(buffers, layouts) of `model`'s parameters as `load_weights` (the engine's own
     loader: an iterable of (checkpoint name, full tensor) -> None) fills them from a
     checkpoint of `checkpoint_shapes` ({name: shape}). A parameter no checkpoint element
@@ -42,7 +42,11 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
     A float8_e4m3fn parameter of two axes is a block-quantized target: its float32
     ``<name>_scale_inv`` (vLLM's ``weight_scale_inv``: one scale per 128 x 128 block,
     row-major) is filled by the agent, not synced; where the loader puts the
-    checkpoint's ``<tensor>_scale_inv`` says which scale belongs to which block."""
+    checkpoint's ``<tensor>_scale_inv`` says which scale belongs to which block.
+
+    The probe takes host memory for a float64 copy of the parameters; `probe_dir` (a
+    folder on disk) keeps that copy in files the kernel can write out instead
+    (shardsync.integrations.probe.probe)."""
     live = dict(model.named_parameters())
     params = dict(live)
     if created is not None:
@@ -53,7 +57,7 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
                                  f"{_described(param)}: its memory no longer has the layout its loader writes")
         params.update(created)
     with _installed(model, params, live) as replaced:
-        result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()))
+        result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()), probe_dir)
     if replaced:
         raise ProbeError(f"the loader replaces parameter(s) {', '.join(repr(n) for n in sorted(replaced))} with new "
                          "tensors instead of writing into them: shardsync cannot learn where their elements go "

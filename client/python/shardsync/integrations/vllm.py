@@ -47,12 +47,13 @@ class WorkerExtension:
     _shardsync: EngineTarget
 
     def shardsync_register(self, socket: str, client_id: str,
-                           checkpoint_shapes: Optional[Mapping[str, Sequence[int]]] = None) -> int:
+                           checkpoint_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                           probe_dir: Optional[str] = None) -> int:
         """Registers this worker's weights with the agent at `socket` (formatted with
         ``device``, this worker's CUDA ordinal, and ``rank``) as client
         ``{client_id}-{rank}``. `checkpoint_shapes` ({name: shape}) defaults to the
-        tensors of the model's safetensors files. Returns the agent's rank. Refused under
-        sleep mode: its weights have no CUDA IPC handle."""
+        tensors of the model's safetensors files; `probe_dir`: loader_targets'. Returns
+        the agent's rank. Refused under sleep mode: its weights have no CUDA IPC handle."""
         if self.model_config.enable_sleep_mode:
             raise ShardsyncError(grpc.StatusCode.FAILED_PRECONDITION,
                                  "vLLM's sleep mode (enable_sleep_mode=True) maps the weights with cuMemCreate, "
@@ -63,7 +64,7 @@ class WorkerExtension:
         agent = AgentClient(socket.format(device=self.device.index, rank=self.rank))
         self._shardsync = EngineTarget(agent, f"{client_id}-{self.rank}",
                                        lambda: loader_targets(model, model.load_weights, shapes,
-                                                              _created_if_float8(model)))
+                                                              _created_if_float8(model), probe_dir))
         registration = self._shardsync.registration
         assert registration is not None  # EngineTarget registers as it is made
         return registration.rank
