@@ -12,6 +12,7 @@ names a checkpoint.
 """
 
 import itertools
+import math
 import os
 import sys
 import tempfile
@@ -630,18 +631,21 @@ class ProbeTest(unittest.TestCase):
         self.assertEqual(param.dtype, torch.float32)
 
     def test_a_value_that_is_no_code_is_refused_naming_its_element(self):
+        """Not whole, not finite, negative, past the last code, or failing its check."""
         from shardsync.integrations import probe
         self.enterContext(mock.patch.object(probe, "CHUNK_ELEMENTS", 16))
         param = torch.nn.Parameter(torch.empty(10, 8))
+        for change in (lambda v: v + 0.5, lambda v: math.nan, lambda v: -math.inf, lambda v: -v,
+                       lambda v: v * 2 ** 20, lambda v: v + 1):
+            def load(weights):
+                for _, tensor in weights:
+                    param.data.copy_(tensor)
+                    param.data[7, 3] = change(param.data[7, 3].item())  # element 59, in the fourth block
 
-        def load(weights):
-            for _, tensor in weights:
-                param.data.copy_(tensor)
-                param.data[7, 3] += 0.5  # element 59, in the fourth block of two rows
-
-        with self.assertRaisesRegex(ProbeError, "the loader of parameter 'p' wrote .* at element 59, which is no "
-                                    "checkpoint element's code"):
-            probe.probe({"p": param}, {"a": (10, 8)}, load)
+            with self.subTest(wrote=change(2.0)), self.assertRaisesRegex(
+                    ProbeError, "the loader of parameter 'p' wrote .* at element 59, which is no checkpoint "
+                    "element's code"):
+                probe.probe({"p": param}, {"a": (10, 8)}, load)
 
     def test_a_loader_that_writes_a_buffer_is_refused_and_the_buffer_kept(self):
         from shardsync.integrations import probe

@@ -21,6 +21,7 @@ runs take consecutive rows at a fixed distance.
 
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 from dataclasses import dataclass, field
+import bisect
 import math
 import os
 import tempfile
@@ -80,9 +81,15 @@ def _check(numbers: np.ndarray) -> np.ndarray:
     return mixed.view(np.int64)
 
 
-def encode(numbers: np.ndarray) -> np.ndarray:
-    """Codes (float64) of element numbers (int64 array, from 1)."""
-    return (numbers * (1 << CHECK_BITS) + _check(numbers)).astype(np.float64)
+def encode(numbers: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """Codes (float64) of element numbers (int64 array, from 1); written into `out` (a
+    float64 array of their size) when given."""
+    codes = numbers << CHECK_BITS
+    codes += _check(numbers)
+    if out is None:
+        return codes.astype(np.float64)
+    out[...] = codes
+    return out
 
 
 def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, int], Iterator[Tuple[str, torch.Tensor]]]:
@@ -101,7 +108,7 @@ def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, i
             codes = np.empty(count, dtype=np.float64)
             for at in range(0, count, CHUNK_ELEMENTS):
                 end = min(at + CHUNK_ELEMENTS, count)
-                codes[at:end] = encode(np.arange(start + at, start + end, dtype=np.int64))
+                encode(np.arange(start + at, start + end, dtype=np.int64), codes[at:end])
             yield name, torch.from_numpy(codes).reshape(shape)
 
     return offsets, tensors()
@@ -184,8 +191,9 @@ def _decode(param_name: str, flat: Any, total: int, first: int) -> Any:
     """Element numbers (int64, 0 where nothing was loaded) of probe values `flat`, the
     parameter's elements from `first` on; refuses a value that is no checkpoint
     element's code."""
-    whole = np.isfinite(flat) & (flat == np.floor(flat)) & (flat >= 0) & (flat < float((total + 1) << CHECK_BITS))
-    codes = np.where(whole, flat, 0).astype(np.int64)
+    with np.errstate(invalid="ignore"):  # NaN and infinities: any integer, then not whole
+        codes = flat.astype(np.int64)
+    whole = (codes == flat) & (codes >= 0) & (codes < (total + 1) << CHECK_BITS)
     numbers = codes >> CHECK_BITS
     bad = ~whole | ((codes != 0) & ((numbers == 0) | (_check(numbers) != (codes & ((1 << CHECK_BITS) - 1)))))
     if bad.any():
@@ -229,7 +237,8 @@ def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
     """Adds one parameter's pieces and fills to `result`, reading its probe `values` a
     block of rows at a time (runs never cross a row)."""
     total = int(starts[-1]) + math.prod(shapes[names[-1]])
-    last_axes = np.array([shapes[n][-1] if len(shapes[n]) else 1 for n in names], dtype=np.int64)
+    first_elements = starts.tolist()  # of each checkpoint tensor, in checkpoint order
+    last_axes = [shapes[n][-1] if len(shapes[n]) else 1 for n in names]
     cols = values.shape[-1] if values.ndim else 1
     flat = values.reshape(-1)
     rows = flat.size // cols
@@ -241,32 +250,25 @@ def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
                        row0 * cols).reshape(-1, cols)
         reached = reached or bool(grid.any())
         filled = grid == 0
-        element = np.maximum(grid - 1, 0)
-        tensor_id: Any = np.searchsorted(starts, element, side="right") - 1  # an array, as grid
-        index = element - starts[tensor_id]
-        last_axis = last_axes[tensor_id]
-        # A run ends where the tensor changes, the element is not the next one, a fill
-        # starts or stops, or a checkpoint row ends.
+        # Runs of consecutive checkpoint elements (and of fills) along a row; each is cut
+        # below where a checkpoint row, and so a tensor, ends.
         breaks = np.ones(grid.shape, dtype=bool)
-        breaks[:, 1:] = (filled[:, 1:] != filled[:, :-1]) | (~filled[:, 1:] & (
-            (tensor_id[:, 1:] != tensor_id[:, :-1]) | (index[:, 1:] != index[:, :-1] + 1) |
-            (index[:, 1:] % last_axis[:, 1:] == 0)))
+        breaks[:, 1:] = (filled[:, 1:] != filled[:, :-1]) | (~filled[:, 1:] & (grid[:, 1:] != grid[:, :-1] + 1))
         run_rows, run_starts = np.nonzero(breaks)
         ends = np.append(run_starts[1:], cols)
         ends[np.append(run_rows[1:] != run_rows[:-1], True)] = cols
-        for r, start, end in zip(run_rows.tolist(), run_starts.tolist(), ends.tolist()):
+        firsts = grid[run_rows, run_starts] - 1  # checkpoint elements (-1: a fill)
+        for r, start, end, element in zip(run_rows.tolist(), run_starts.tolist(), ends.tolist(), firsts.tolist()):
             row = row0 + r
-            base = row * cols + start
-            if filled[r, start]:
-                fills.add(("fill", end - start), row, base, end - start)
+            if element < 0:
+                fills.add(("fill", end - start), row, row * cols + start, end - start)
                 continue
-            t = int(tensor_id[r, start])
-            tshape = shapes[names[t]]
-            coord = tuple(int(c) for c in np.unravel_index(int(index[r, start]), tshape)) if tshape else ()
-            if len(coord) >= 2:  # stacks along the checkpoint's second-to-last axis
-                pieces.add((t, coord[:-2], coord[-1], end - start), coord[-2], base, end - start, coord)
-            else:
-                pieces.regions.append([(t,), base, 1, end - start, None, coord])
+            while start < end:
+                t = bisect.bisect_right(first_elements, element) - 1
+                index = element - first_elements[t]
+                length = min(end - start, last_axes[t] - index % last_axes[t])
+                _add_run(pieces, t, shapes[names[t]], index, row, row * cols + start, length)
+                start, element = start + length, element + length
     if not reached:
         result.unreached.append(param_name)
         return
@@ -280,3 +282,19 @@ def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
         result.pieces.append(Piece(name, coord, hi, param_name, base, strides))
     for _, base, count, length, stride, _ in fills.regions:
         result.fills.append(FillRegion(param_name, base, (count, length), (stride if stride is not None else cols, 1)))
+
+
+def _add_run(pieces: _Stacker, tensor: int, shape: Sequence[int], index: int, row: int, base: int,
+             length: int) -> None:
+    """A run of `length` elements of checkpoint tensor `tensor` (of `shape`) from its
+    element `index` on, at `base` in row `row` of the parameter: stacked along the
+    checkpoint's second-to-last axis where it has one."""
+    coord = []
+    for size in reversed(shape):
+        index, at = divmod(index, size)
+        coord.append(at)
+    coord.reverse()
+    if len(coord) >= 2:
+        pieces.add((tensor, tuple(coord[:-2]), coord[-1], length), coord[-2], base, length, tuple(coord))
+    else:
+        pieces.regions.append([(tensor,), base, 1, length, None, tuple(coord)])
