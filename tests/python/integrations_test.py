@@ -630,6 +630,21 @@ class ProbeTest(unittest.TestCase):
             probe.probe({"p": param}, {"a": (2, 3)}, lambda weights: None, probe_dir=missing)
         self.assertEqual(param.dtype, torch.float32)
 
+    def test_a_probe_dir_without_room_is_refused_before_a_write_could_fault(self):
+        """Each probe file's blocks are allocated before it is mapped: a full disk is an
+        error naming the folder (a write into a mapping the disk cannot hold is SIGBUS),
+        and the parameters and the folder are as before."""
+        import errno
+        from shardsync.integrations import probe
+        folder = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        param = torch.nn.Parameter(torch.zeros(2, 3))
+        full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        with mock.patch.object(probe.os, "posix_fallocate", side_effect=full), self.assertRaisesRegex(
+                ProbeError, f"probe_dir '{folder}' has no room for a probe of 48 bytes: No space left on device"):
+            probe.probe({"p": param}, {"a": (2, 3)}, lambda weights: None, probe_dir=folder)
+        self.assertEqual(os.listdir(folder), [])
+        self.assertEqual(param.dtype, torch.float32)
+
     def test_a_value_that_is_no_code_is_refused_naming_its_element(self):
         """Not whole, not finite, negative, past the last code, or failing its check."""
         from shardsync.integrations import probe

@@ -156,13 +156,21 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
 
 def _zeros(shape: Sequence[int], probe_dir: Optional[str]) -> torch.Tensor:
     """A float64 CPU tensor of zeros: in memory, or in a file of `probe_dir` that is
-    removed once mapped (its pages stay until the tensor goes)."""
+    removed once mapped (its pages stay until the tensor goes). The file's blocks are
+    allocated first: a full disk is refused here, not met by a write into the mapping
+    (SIGBUS)."""
     count = math.prod(shape)
     if probe_dir is None or count == 0:
         return torch.zeros(shape, dtype=torch.float64)
     fd, path = tempfile.mkstemp(dir=probe_dir, prefix="shardsync-probe-")
     try:
-        os.close(fd)
+        try:
+            os.posix_fallocate(fd, 0, count * 8)
+        except OSError as error:
+            raise ProbeError(f"probe_dir '{probe_dir}' has no room for a probe of {count * 8} bytes: "
+                             f"{error.strerror}") from None
+        finally:
+            os.close(fd)
         return torch.from_file(path, shared=True, size=count, dtype=torch.float64).reshape(shape)
     finally:
         os.unlink(path)
