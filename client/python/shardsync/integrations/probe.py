@@ -70,7 +70,9 @@ CHECK_BITS = 8
 
 # Elements decoded or encoded at a time: what the probe adds to the memory of the
 # parameters' probes and of one checkpoint tensor is bounded by this, not by a tensor.
-CHUNK_ELEMENTS = 1 << 20
+CHUNK_ELEMENTS = 1 << 18
+# Codes are made fewer at a time: the arrays of the arithmetic stay in a core's cache.
+_ENCODED_AT_ONCE = 1 << 14
 
 
 def _check(numbers: np.ndarray) -> np.ndarray:
@@ -106,8 +108,9 @@ def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, i
         for name, shape in shapes.items():
             start, count = offsets[name] + 1, math.prod(shape)
             codes = np.empty(count, dtype=np.float64)
-            for at in range(0, count, CHUNK_ELEMENTS):
-                end = min(at + CHUNK_ELEMENTS, count)
+            step = min(CHUNK_ELEMENTS, _ENCODED_AT_ONCE)
+            for at in range(0, count, step):
+                end = min(at + step, count)
                 encode(np.arange(start + at, start + end, dtype=np.int64), codes[at:end])
             yield name, torch.from_numpy(codes).reshape(shape)
 
