@@ -143,8 +143,7 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
     finally:
         for key, data in originals.items():
             swapped[key].data = data
-    names = list(shapes)
-    starts = np.array([offsets[n] for n in names], dtype=np.int64)
+    checkpoint = _Checkpoint(list(shapes), shapes, offsets)
     result = ProbeResult()
     for kind, name in list(probed):
         values = probed.pop((kind, name))  # each probe's memory goes once it is read
@@ -153,7 +152,7 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
                 raise ProbeError(f"the loader writes buffer '{name}', which is no parameter: shardsync would not "
                                  "update it")
             continue
-        _compress(name, values, names, starts, shapes, result)
+        _compress(name, values, checkpoint, result)
     return result
 
 
@@ -243,13 +242,21 @@ class _Stacker:
         self._stacked[(head, row + 1, region[1] + region[4] * region[2])] = region
 
 
-def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
-              shapes: Mapping[str, Sequence[int]], result: ProbeResult) -> None:
+class _Checkpoint:
+    """The checkpoint's tensors in order, as the probe's read-back looks them up."""
+
+    def __init__(self, names: List[str], shapes: Mapping[str, Sequence[int]], offsets: Mapping[str, int]) -> None:
+        self.names = names
+        self.shapes = [tuple(shapes[n]) for n in names]
+        self.first_elements = [offsets[n] for n in names]  # ascending
+        self.last_axes = [shape[-1] if shape else 1 for shape in self.shapes]  # a checkpoint row's length
+        self.total = self.first_elements[-1] + math.prod(self.shapes[-1]) if names else 0
+
+
+def _compress(param_name: str, values: Any, checkpoint: _Checkpoint, result: ProbeResult) -> None:
     """Adds one parameter's pieces and fills to `result`, reading its probe `values` a
     block of rows at a time (runs never cross a row)."""
-    total = int(starts[-1]) + math.prod(shapes[names[-1]])
-    first_elements = starts.tolist()  # of each checkpoint tensor, in checkpoint order
-    last_axes = [shapes[n][-1] if len(shapes[n]) else 1 for n in names]
+    names, first_elements, last_axes = checkpoint.names, checkpoint.first_elements, checkpoint.last_axes
     cols = values.shape[-1] if values.ndim else 1
     flat = values.reshape(-1)
     rows = flat.size // cols
@@ -257,7 +264,7 @@ def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
     pieces, fills = _Stacker(), _Stacker()
     reached = False
     for row0 in range(0, rows, block):
-        grid = _decode(param_name, flat[row0 * cols:min(rows, row0 + block) * cols], total,
+        grid = _decode(param_name, flat[row0 * cols:min(rows, row0 + block) * cols], checkpoint.total,
                        row0 * cols).reshape(-1, cols)
         reached = reached or bool(grid.any())
         filled = grid == 0
@@ -278,7 +285,7 @@ def _compress(param_name: str, values: Any, names: Sequence[str], starts: Any,
                 t = bisect.bisect_right(first_elements, element) - 1
                 index = element - first_elements[t]
                 length = min(end - start, last_axes[t] - index % last_axes[t])
-                _add_run(pieces, t, shapes[names[t]], index, row, row * cols + start, length)
+                _add_run(pieces, t, checkpoint.shapes[t], index, row, row * cols + start, length)
                 start, element = start + length, element + length
     if not reached:
         result.unreached.append(param_name)
