@@ -320,6 +320,22 @@ class IntegrationsTest(unittest.TestCase):
         for rank, engine in enumerate(engines):
             self.assertEqual(differences(engine, loaded_engine(DENSE, rank, tp, checkpoint)), [])
 
+    def test_vllm_workers_register_with_their_probes_in_files_when_asked(self):
+        from shardsync.integrations import probe
+        folder = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        worker = WorkerExtension()
+        worker.model_runner = SimpleNamespace(model=vllm_qwen3.Qwen3ForCausalLM(DENSE))
+        worker.model_config = SimpleNamespace(enable_sleep_mode=False)
+        worker.rank, worker.device = 0, torch.device("cpu")
+        with mock.patch.object(probe.tempfile, "mkstemp", wraps=tempfile.mkstemp) as made:
+            rank = worker.shardsync_register(self.cluster.socket(0), "vllm-files", vllm_qwen3.checkpoint_shapes(DENSE),
+                                             probe_dir=folder)
+        self.handles.append(worker._shardsync)
+        self.assertEqual(rank, 0)
+        self.assertGreater(made.call_count, 0)
+        self.assertTrue(all(call.kwargs["dir"] == folder for call in made.call_args_list))
+        self.assertEqual(os.listdir(folder), [])
+
     def test_vllm_in_sleep_mode_is_refused_by_name_before_any_agent_is_asked(self):
         worker = WorkerExtension()
         worker.model_runner = SimpleNamespace(model=vllm_qwen3.Qwen3ForCausalLM(DENSE))
