@@ -336,6 +336,28 @@ class IntegrationsTest(unittest.TestCase):
         self.assertTrue(all(call.kwargs["dir"] == folder for call in made.call_args_list))
         self.assertEqual(os.listdir(folder), [])
 
+    def test_sglang_registers_with_its_probes_in_files_when_its_environment_says(self):
+        """SGLang's hook reads the agent's socket, the model folder (safetensors headers)
+        and the probe's folder from the environment."""
+        import json
+        import struct
+        from shardsync.integrations import probe, sglang
+        model_dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        header = json.dumps({name: {"dtype": "BF16", "shape": list(shape), "data_offsets": [0, 0]}
+                             for name, shape in vllm_qwen3.checkpoint_shapes(DENSE).items()}).encode()
+        with open(os.path.join(model_dir, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+        folder = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        environment = {"SHARDSYNC_SOCKET": self.cluster.socket(0), "SHARDSYNC_CHECKPOINT": model_dir,
+                       "SHARDSYNC_CLIENT_ID": "sglang-files", "SHARDSYNC_PROBE_DIR": folder}
+        with mock.patch.dict(os.environ, environment), \
+                mock.patch.object(probe.tempfile, "mkstemp", wraps=tempfile.mkstemp) as made:
+            sglang.register(vllm_qwen3.Qwen3ForCausalLM(DENSE), [])
+        self.handles.append(sglang._targets.pop(0))
+        self.assertGreater(made.call_count, 0)
+        self.assertTrue(all(call.kwargs["dir"] == folder for call in made.call_args_list))
+        self.assertEqual(os.listdir(folder), [])
+
     def test_vllm_in_sleep_mode_is_refused_by_name_before_any_agent_is_asked(self):
         worker = WorkerExtension()
         worker.model_runner = SimpleNamespace(model=vllm_qwen3.Qwen3ForCausalLM(DENSE))
