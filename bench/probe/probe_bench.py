@@ -63,8 +63,9 @@ def main() -> int:
         command = [sys.executable, __file__, "--case", args.model, str(layers), str(tp)]
         out = subprocess.run(command + (["--probe-dir", args.probe_dir] if args.probe_dir else []),
                              capture_output=True, text=True)
-        if out.returncode != 0:
-            print(out.stderr, file=sys.stderr)
+        if out.returncode != 0:  # a signal is -N: the kernel's OOM killer sends 9
+            why = f"killed by signal {-out.returncode}" if out.returncode < 0 else f"exit {out.returncode}"
+            print(f"{args.model} x{layers} tp{tp} rank 0: {why}\n{out.stderr}", file=sys.stderr)
             return 1
         case = json.loads(out.stdout)
         print(f"{args.model + f' x{layers} tp{tp} rank 0':<26} {case['elements'] / 1e6:>9.1f}M "
