@@ -68,8 +68,9 @@ class ProbeResult:
 CHECK_BITS = 8
 
 
-# Elements decoded or encoded at a time: what the probe adds to the memory of the
-# parameters' probes and of one checkpoint tensor is bounded by this, not by a tensor.
+# Elements read back at a time, and at most encoded at a time: what the probe adds to
+# the memory of the parameters' probes and of one checkpoint tensor is bounded by this,
+# not by a tensor.
 CHUNK_ELEMENTS = 1 << 18
 # Codes are made fewer at a time: the arrays of the arithmetic stay in a core's cache.
 _ENCODED_AT_ONCE = 1 << 14
