@@ -14,6 +14,7 @@ names a checkpoint.
 import itertools
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -714,6 +715,195 @@ class ProbeTest(unittest.TestCase):
                         dict(norm.named_buffers()))
         self.assertIn("running_mean", str(refused.exception))
         self.assertTrue(torch.equal(norm.running_mean, before))
+
+
+def two_layers():
+    """Parameters 'layers.0.w' and 'layers.1.w' (4 x 3) and 'head' (2 x 3), zeros."""
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList()
+    for _ in range(2):
+        layer = torch.nn.Module()
+        layer.w = torch.nn.Parameter(torch.zeros(4, 3))
+        model.layers.append(layer)
+    model.head = torch.nn.Parameter(torch.zeros(2, 3))
+    return model
+
+
+class ProbeByLayerTest(unittest.TestCase):
+    """The loader run once per layer, with only that layer's parameters probed."""
+
+    SHAPES = {"layers.0.w": (4, 3), "layers.1.w": (4, 3), "head": (2, 3)}
+
+    def test_a_layer_is_a_component_and_its_number(self):
+        from shardsync.integrations.probe import layer_of
+        self.assertEqual(layer_of("model.layers.5.mlp.experts.17.gate_proj.weight"), "layers.5")
+        self.assertEqual(layer_of("language_model.model.layers.12.self_attn.q_proj.weight"), "layers.12")
+        self.assertEqual(layer_of("h.0.attn.c_attn.weight"), "h.0")
+        self.assertEqual(layer_of("model.embed_tokens.weight"), "")
+        self.assertEqual(layer_of("lm_head.weight"), "")
+        self.assertEqual(layer_of("model.layers5.w"), "")
+
+    def test_the_same_result_as_one_pass_with_one_layers_probes_at_a_time(self):
+        """Every stand-in (dense, tied, MoE), every rank at TP 1 and 2: the same pieces,
+        fills and unreached parameters as with every parameter probed at once; the loader
+        ran once per layer and once for the rest, and while it ran the parameters of
+        the layer it was given were probes and every other one a trap (strides of 0)."""
+        from shardsync.integrations import probe
+        for config, (tp, rank) in itertools.product((DENSE, TIED, MOE), ((1, 0), (2, 0), (2, 1))):
+            with self.subTest(config=config, tp=tp, rank=rank):
+                engine = vllm_qwen3.Qwen3ForCausalLM(config, tp_rank=rank, tp_size=tp)
+                shapes = vllm_qwen3.checkpoint_shapes(config)
+                params = dict(engine.named_parameters())
+                calls = []
+
+                def load(weights):
+                    weights = list(weights)
+                    probed = {n for n, p in params.items() if any(p.data.stride())}
+                    calls.append(({probe.layer_of(n) for n, _ in weights}, {probe.layer_of(n) for n in probed},
+                                  probed))
+                    engine.load_weights(weights)
+
+                by_layer = probe.probe(params, shapes, load, dict(engine.named_buffers()))
+                one_pass = probe.probe(params, shapes, engine.load_weights, dict(engine.named_buffers()),
+                                       by_layer=False)
+                layers = {probe.layer_of(n) for n in shapes}
+                self.assertEqual((by_layer.passes, by_layer.one_pass_because), (config.num_hidden_layers + 1, None))
+                self.assertEqual(len(calls), len(layers))
+                for given, probed_layers, probed in calls:
+                    self.assertEqual(len(given), 1)
+                    self.assertEqual(probed_layers, given)
+                    self.assertEqual(probed, {n for n in params if probe.layer_of(n) in given})
+                self.assertEqual(by_layer.pieces, one_pass.pieces)
+                self.assertEqual(by_layer.fills, one_pass.fills)
+                self.assertEqual(by_layer.unreached, one_pass.unreached)
+                self.assertTrue(all(p.dtype == torch.bfloat16 and any(p.stride()) for p in engine.parameters()))
+
+    def test_a_loader_that_crosses_layers_is_probed_in_one_pass_saying_why(self):
+        """Where the loader writes or reads another layer's parameter, or cannot run on
+        one layer's tensors alone, the probe runs again with every parameter probed: the
+        result is what the loader does (rebuilt from random data), the reason is named and
+        logged, and the parameters are back."""
+        from shardsync.integrations import probe
+
+        def copy_own(params, name, tensor):
+            params[name].data.copy_(tensor)
+
+        def writes_many(params, name, tensor):
+            copy_own(params, name, tensor)
+            if name == "layers.1.w":
+                params["layers.0.w"].data[0].copy_(tensor[0])
+
+        def writes_one(params, name, tensor):
+            copy_own(params, name, tensor)
+            if name == "layers.1.w":
+                params["layers.0.w"].data[0, 0] = tensor[0, 0]
+
+        def reads(params, name, tensor):
+            copy_own(params, name, tensor)
+            if name == "layers.1.w":
+                params["layers.1.w"].data[2:].copy_(params["layers.0.w"].data[:2])
+
+        def replaces(params, name, tensor):
+            copy_own(params, name, tensor)
+            if name == "layers.1.w":
+                params["layers.0.w"].data = params["layers.0.w"].data.clone()
+
+        cases = {
+            "writes rows": (writes_many, "the loader failed given layer 'layers.1' alone \\(RuntimeError: "
+                            "unsupported operation"),
+            "writes one element": (writes_one, "the loader wrote parameter 'layers.0.w' given layer 'layers.1'$"),
+            "reads": (reads, "the loader put a value into parameter 'layers.1.w' that it read from a parameter "
+                      "of another layer"),
+            "replaces data": (replaces, "the loader wrote parameter 'layers.0.w' given layer 'layers.1'$"),
+        }
+        for case, (write, why) in cases.items():
+            with self.subTest(case):
+                model = two_layers()
+                params = dict(model.named_parameters())
+
+                def load(weights):
+                    for name, tensor in weights:
+                        write(params, name, tensor)
+
+                with self.assertLogs("shardsync.integrations.probe", "WARNING") as logged:
+                    result = probe.probe(params, self.SHAPES, load)
+                self.assertEqual(result.passes, 1)
+                self.assertRegex(result.one_pass_because, why)
+                self.assertIn(result.one_pass_because, logged.output[0])
+                self.assertEqual(result.pieces, probe.probe(params, self.SHAPES, load, by_layer=False).pieces)
+                self.assertTrue(all(p.dtype == torch.float32 and not p.any() for p in model.parameters()))
+                generator = torch.Generator().manual_seed(2)
+                checkpoint = {n: torch.randn(s, generator=generator, dtype=torch.float64)
+                              for n, s in self.SHAPES.items()}
+                expected = {n: torch.zeros(s, dtype=torch.float64) for n, s in self.SHAPES.items()}
+                holders = {n: SimpleNamespace(data=t) for n, t in expected.items()}
+                for name, tensor in checkpoint.items():
+                    write(holders, name, tensor)
+                rebuilt = rebuild(result, self.SHAPES, checkpoint)
+                for name in self.SHAPES:
+                    self.assertTrue(torch.equal(rebuilt[name], holders[name].data), f"{case}: {name}")
+
+    def test_a_loader_that_needs_every_tensor_at_once_is_probed_in_one_pass(self):
+        from shardsync.integrations import probe
+        model = two_layers()
+        params = dict(model.named_parameters())
+
+        def load(weights):
+            weights = dict(weights)
+            if len(weights) != len(self.SHAPES):
+                raise ValueError(f"{len(weights)} tensors given")
+            for name, tensor in weights.items():
+                params[name].data.copy_(tensor)
+
+        with self.assertLogs("shardsync.integrations.probe", "WARNING"):
+            result = probe.probe(params, self.SHAPES, load)
+        self.assertEqual(result.one_pass_because,
+                         "the loader failed given layer 'layers.0' alone (ValueError: 1 tensors given)")
+        self.assertEqual(sorted(p.tensor for p in result.pieces), sorted(self.SHAPES))
+
+    def test_a_value_that_is_no_code_is_refused_by_layer_without_a_second_run(self):
+        from shardsync.integrations import probe
+        model = two_layers()
+        params = dict(model.named_parameters())
+        given = []
+
+        def load(weights):
+            for name, tensor in weights:
+                given.append(name)
+                params[name].data.copy_(tensor + (0.5 if name == "layers.1.w" else 0))
+
+        with self.assertRaisesRegex(ProbeError, "the loader of parameter 'layers.1.w' wrote .* at element 0, which "
+                                    "is no checkpoint element's code"):
+            probe.probe(params, self.SHAPES, load)
+        self.assertEqual(given, ["layers.0.w", "layers.1.w"])
+        self.assertTrue(all(p.dtype == torch.float32 for p in model.parameters()))
+
+    def test_the_memory_of_one_layers_probes(self):
+        """Peak resident memory added by the probe of 8 layers of 16 MiB of probes each,
+        in fresh processes: all 8 at once in one pass, about one by layer."""
+        script = """if True:
+            import resource, sys, torch
+            from shardsync.integrations import probe
+            model = torch.nn.Module()
+            model.layers = torch.nn.ModuleList(torch.nn.Linear(1024, 2048, bias=False) for _ in range(8))
+            params = dict(model.named_parameters())
+            shapes = {n: tuple(p.shape) for n, p in params.items()}
+            def load(weights):
+                for name, tensor in weights:
+                    params[name].data.copy_(tensor)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            result = probe.probe(params, shapes, load, by_layer=sys.argv[1] == "by_layer")
+            assert len(result.pieces) == 8, result
+            print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+            """
+        added = {}
+        for way in ("by_layer", "one_pass"):
+            out = subprocess.run([sys.executable, "-c", script, way], capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            added[way] = int(out.stdout)
+        probes = 8 * 2048 * 1024 * 8
+        self.assertGreater(added["one_pass"], probes, added)
+        self.assertLess(added["by_layer"], added["one_pass"] / 2, added)
 
 
 class NamesTest(unittest.TestCase):

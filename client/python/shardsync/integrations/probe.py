@@ -14,6 +14,16 @@ never written, and each gets its data back when the probe ends, also on error. B
 the probes (8 bytes a parameter element) it makes each checkpoint tensor's codes as the
 loader asks for it and reads the probes back a block of rows at a time.
 
+Layer by layer: the loader runs once per layer (names grouped by their first numbered
+component, ``layers.5``; the rest, embeddings, final norm and head, together), given
+only that layer's checkpoint tensors, with only that layer's parameters probed; every
+other parameter is a trap, one cell seen through strides of 0, into which any write of
+more than one element raises and any other changes the cell. So the probes of one layer
+are alive at a time. A loader that writes another layer's parameter (the trap raises or
+changes), or reads one into its own (the trap's value arrives), is found, and then the
+probe runs once more with every parameter probed at once; the result says why. Both
+ways give the same result: a loader writes what it is given into its parameters.
+
 The result is compressed into boxes: runs along a parameter's last axis that take
 consecutive elements of one checkpoint row, stacked into 2-D boxes where consecutive
 runs take consecutive rows at a fixed distance.
@@ -22,15 +32,19 @@ runs take consecutive rows at a fixed distance.
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 from dataclasses import dataclass, field
 import bisect
+import logging
 import math
 import os
+import re
 import tempfile
 
 import numpy as np
 import torch
 
 __all__ = ["CHECK_BITS", "CHUNK_ELEMENTS", "FillRegion", "Piece", "ProbeError", "ProbeResult", "encode",
-           "encoded_checkpoint", "probe"]
+           "encoded_checkpoint", "layer_of", "probe"]
+
+_LOG = logging.getLogger(__name__)
 
 
 class ProbeError(ValueError):
@@ -63,6 +77,8 @@ class ProbeResult:
     pieces: list = field(default_factory=list)    # Piece
     fills: list = field(default_factory=list)     # FillRegion
     unreached: list = field(default_factory=list)  # parameters no checkpoint element reaches
+    passes: int = 1                                # times the loader ran: once per layer, or once
+    one_pass_because: Optional[str] = None         # why the probe went back to one pass, if it did
 
 
 CHECK_BITS = 8
@@ -98,63 +114,192 @@ def encode(numbers: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, int], Iterator[Tuple[str, torch.Tensor]]]:
     """(offsets, an iterator of (name, float64 tensor of codes)) for checkpoint tensors
     `shapes` ({name: shape}, in a fixed order)."""
+    offsets = _offsets(shapes)
+    return offsets, _encoded(list(shapes), shapes, offsets)
+
+
+def _offsets(shapes: Mapping[str, Sequence[int]]) -> Dict[str, int]:
+    """Each checkpoint tensor's first element number (from 0), in the order of `shapes`."""
     offsets, total = {}, 0
     for name, shape in shapes.items():
         offsets[name] = total
         total += math.prod(shape)
     if (total + 1) << CHECK_BITS >= 2 ** 53:
         raise ProbeError(f"{total} checkpoint elements: their codes would pass 2^53, past float64's whole numbers")
+    return offsets
 
-    def tensors() -> Iterator[Tuple[str, torch.Tensor]]:
-        for name, shape in shapes.items():
-            start, count = offsets[name] + 1, math.prod(shape)
-            codes = np.empty(count, dtype=np.float64)
-            step = min(CHUNK_ELEMENTS, _ENCODED_AT_ONCE)
-            for at in range(0, count, step):
-                end = min(at + step, count)
-                encode(np.arange(start + at, start + end, dtype=np.int64), codes[at:end])
-            yield name, torch.from_numpy(codes).reshape(shape)
 
-    return offsets, tensors()
+def _encoded(names: Sequence[str], shapes: Mapping[str, Sequence[int]],
+             offsets: Mapping[str, int]) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(name, float64 tensor of codes) of checkpoint tensors `names`, each made when asked for."""
+    for name in names:
+        shape = shapes[name]
+        start, count = offsets[name] + 1, math.prod(shape)
+        codes = np.empty(count, dtype=np.float64)
+        step = min(CHUNK_ELEMENTS, _ENCODED_AT_ONCE)
+        for at in range(0, count, step):
+            end = min(at + step, count)
+            encode(np.arange(start + at, start + end, dtype=np.int64), codes[at:end])
+        yield name, torch.from_numpy(codes).reshape(shape)
+
+
+_LAYER = re.compile(r"(?:^|\.)([^.]+\.\d+)(?:\.|$)")
+
+
+def layer_of(name: str) -> str:
+    """The layer a parameter or checkpoint tensor belongs to: its first component
+    followed by a number (``layers.5`` of ``model.layers.5.mlp.up_proj.weight``); "" for
+    a name with none (embeddings, final norm, head)."""
+    found = _LAYER.search(name)
+    return found.group(1) if found else ""
 
 
 def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]],
           load: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any],
-          buffers: Optional[Mapping[str, torch.Tensor]] = None, probe_dir: Optional[str] = None) -> ProbeResult:
-    """Runs `load(weights)` once with `params` ({name: Parameter}) swapped for float64
-    probes; `weights` iterates (checkpoint name, tensor) over `shapes` ({name: shape}).
-    The floating-point tensors of `buffers` ({name: tensor}, a module's named_buffers())
-    are swapped too: a loader that writes one is refused (a buffer is no registered
-    target). `probe_dir`: a folder on disk where the probes live as files (mapped, and
-    removed as soon as they are), so that the kernel can write them out instead of the
-    process running out of memory; None keeps them in memory. Returns a ProbeResult
-    naming parameters by their keys in `params`."""
+          buffers: Optional[Mapping[str, torch.Tensor]] = None, probe_dir: Optional[str] = None,
+          by_layer: bool = True) -> ProbeResult:
+    """Runs `load(weights)` with `params` ({name: Parameter}) swapped for float64
+    probes; `weights` iterates (checkpoint name, tensor) over `shapes` ({name: shape}):
+    once per layer (`by_layer`, the module's docstring), or once with every parameter
+    probed. The floating-point tensors of `buffers` ({name: tensor}, a module's
+    named_buffers()) are swapped too: a loader that writes one is refused (a buffer is
+    no registered target). `probe_dir`: a folder on disk where the probes live as files
+    (mapped, and removed as soon as they are), so that the kernel can write them out
+    instead of the process running out of memory; None keeps them in memory. Returns a
+    ProbeResult naming parameters by their keys in `params`, in their order."""
     if probe_dir is not None:
         _check_probe_dir(probe_dir)
-    offsets, weights = encoded_checkpoint(shapes)
-    swapped = {**{("buffer", n): b for n, b in (buffers or {}).items() if b.is_floating_point()},
-               **{("param", n): p for n, p in params.items()}}
-    originals = {}
-    try:
-        for key, tensor in swapped.items():
-            originals[key] = tensor.data
-            tensor.data = _zeros(tensor.shape, probe_dir)
-        load(weights)
-        probed = {key: tensor.data.numpy() for key, tensor in swapped.items()}  # keeps the probes alive
-    finally:
-        for key, data in originals.items():
-            swapped[key].data = data
+    offsets = _offsets(shapes)
     checkpoint = _Checkpoint(list(shapes), shapes, offsets)
-    result = ProbeResult()
-    for kind, name in list(probed):
-        values = probed.pop((kind, name))  # each probe's memory goes once it is read
-        if kind == "buffer":
-            if np.any(values != 0):
+    run = _Run(params, shapes, offsets, checkpoint, load, buffers or {}, probe_dir)
+    passes = _layers(params, shapes)
+    if by_layer and len(passes) > 1:
+        try:
+            return run.run(passes)
+        except _Crossed as crossed:
+            why = str(crossed)
+            _LOG.warning("shardsync probe: %s; probing every parameter at once", why)
+            result = run.run([(list(params), list(shapes))])
+            result.one_pass_because = why
+            return result
+    return run.run([(list(params), list(shapes))])
+
+
+def _layers(params: Mapping[str, Any], shapes: Mapping[str, Any]) -> List[Tuple[List[str], List[str]]]:
+    """(parameters, checkpoint tensors) of each layer (layer_of), in checkpoint order."""
+    layers: Dict[str, Tuple[List[str], List[str]]] = {}
+    for name in shapes:
+        layers.setdefault(layer_of(name), ([], []))[1].append(name)
+    for name in params:
+        layers.setdefault(layer_of(name), ([], []))[0].append(name)
+    return list(layers.values())
+
+
+def _given(tensors: Sequence[str]) -> str:
+    """The checkpoint tensors of one pass by layer, in words."""
+    layer = layer_of(tensors[0]) if tensors else ""
+    return f"layer '{layer}'" if layer else "the tensors outside the layers"
+
+
+class _Crossed(Exception):
+    """In a pass by layer, the loader touched a parameter of another layer."""
+
+
+# A trap's cell: a quiet NaN no loader writes by chance, compared bit for bit.
+_TRAP_BITS = 0x7FF8_5348_4152_4453
+
+
+class _Run:
+    """One probe: its inputs, and passes of the loader over them."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]],
+                 offsets: Mapping[str, int], checkpoint: "_Checkpoint",
+                 load: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any], buffers: Mapping[str, torch.Tensor],
+                 probe_dir: Optional[str]) -> None:
+        self.params, self.shapes, self.offsets, self.checkpoint = params, shapes, offsets, checkpoint
+        self.load, self.probe_dir = load, probe_dir
+        self.buffers = {name: b for name, b in buffers.items() if b.is_floating_point()}
+        self.names = list(params)
+        self.index = {name: index for index, name in enumerate(self.names)}
+
+    def run(self, passes: Sequence[Tuple[List[str], List[str]]]) -> ProbeResult:
+        """Runs the loader once per (parameters probed, checkpoint tensors given), every
+        other parameter a trap (a cell of its own); with more than one pass, raises
+        _Crossed where a pass touched a trap. Every parameter and buffer gets its data
+        back, also on error."""
+        layered = len(passes) > 1
+        originals = {("param", n): p.data for n, p in self.params.items()}
+        originals.update({("buffer", n): b.data for n, b in self.buffers.items()})
+        cells = torch.full((len(self.names),), _TRAP_BITS, dtype=torch.int64)
+        of_param: Dict[str, ProbeResult] = {}
+        try:
+            for name, buffer in self.buffers.items():
+                buffer.data = _zeros(buffer.shape, self.probe_dir)
+            for index, name in enumerate(self.names):
+                self.params[name].data = self._trap(cells, index)
+            for probed, tensors in passes:
+                for name in probed:
+                    self.params[name].data = _zeros(self.params[name].shape, self.probe_dir)
+                try:
+                    self.load(_encoded(tensors, self.shapes, self.offsets))
+                except Exception as error:
+                    if not layered:
+                        raise
+                    raise _Crossed(f"the loader failed given {_given(tensors)} alone ({type(error).__name__}: "
+                                   f"{error})") from None
+                self._check_traps(cells, set(probed), tensors)
+                self._check_buffers()
+                values = {name: self.params[name].data.numpy() for name in probed}  # keeps the probes alive
+                for name in probed:
+                    self.params[name].data = self._trap(cells, self.index[name])
+                for name in probed:
+                    of_param[name] = self._read(name, values.pop(name), layered)  # each probe goes once read
+        finally:
+            for (kind, name), data in originals.items():
+                (self.params if kind == "param" else self.buffers)[name].data = data
+        result = ProbeResult(passes=len(passes))
+        for name in self.names:
+            one = of_param[name]
+            result.pieces += one.pieces
+            result.fills += one.fills
+            result.unreached += one.unreached
+        return result
+
+    def _trap(self, cells: torch.Tensor, index: int) -> torch.Tensor:
+        """Parameter `index`'s trap: its cell seen in the parameter's shape through
+        strides of 0."""
+        shape = tuple(self.params[self.names[index]].shape)
+        return cells.view(torch.float64).as_strided(shape, (0,) * len(shape), index)
+
+    def _check_traps(self, cells: torch.Tensor, probed: Any, tensors: Sequence[str]) -> None:
+        """Every parameter not in `probed` still holds its trap, its cell unchanged."""
+        changed = torch.nonzero(cells != _TRAP_BITS).flatten().tolist()
+        if changed:
+            raise _Crossed(f"the loader wrote parameter '{self.names[changed[0]]}' given {_given(tensors)}")
+        first = cells.data_ptr()
+        for index, name in enumerate(self.names):
+            data = self.params[name].data
+            if name not in probed and (data.data_ptr() != first + 8 * index or any(data.stride())):
+                raise _Crossed(f"the loader wrote parameter '{name}' given {_given(tensors)}")
+
+    def _check_buffers(self) -> None:
+        for name, buffer in self.buffers.items():
+            if bool((buffer.data != 0).any()):
                 raise ProbeError(f"the loader writes buffer '{name}', which is no parameter: shardsync would not "
                                  "update it")
-            continue
-        _compress(name, values, checkpoint, result)
-    return result
+
+    def _read(self, name: str, values: Any, layered: bool) -> ProbeResult:
+        """One parameter's pieces and fills from its probe; in a pass by layer, a value
+        read from a trap (NaN) is _Crossed."""
+        one = ProbeResult()
+        try:
+            _compress(name, values, self.checkpoint, one)
+        except ProbeError:
+            if layered and bool(np.isnan(values).any()):
+                raise _Crossed(f"the loader put a value into parameter '{name}' that it read from a parameter of "
+                               "another layer") from None
+            raise
+        return one
 
 
 def _zeros(shape: Sequence[int], probe_dir: Optional[str]) -> torch.Tensor:

@@ -25,7 +25,8 @@ __all__ = ["BLOCK", "SCALES", "EngineTarget", "float8_names", "loader_targets", 
 
 def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any],
                    checkpoint_shapes: Mapping[str, Sequence[int]],
-                   created: Optional[Mapping[str, torch.Tensor]] = None, probe_dir: Optional[str] = None) -> Described:
+                   created: Optional[Mapping[str, torch.Tensor]] = None, probe_dir: Optional[str] = None,
+                   by_layer: bool = True) -> Described:
     """(buffers, layouts) of `model`'s parameters as `load_weights` (the engine's own
     loader: an iterable of (checkpoint name, full tensor) -> None) fills them from a
     checkpoint of `checkpoint_shapes` ({name: shape}). A parameter no checkpoint element
@@ -44,9 +45,9 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
     row-major) is filled by the agent, not synced; where the loader puts the
     checkpoint's ``<tensor>_scale_inv`` says which scale belongs to which block.
 
-    The probe takes host memory for a float64 copy of the parameters; `probe_dir` (a
-    folder on disk) keeps that copy in files the kernel can write out instead
-    (shardsync.integrations.probe.probe)."""
+    The probe takes host memory for a float64 copy of the parameters of one layer at a
+    time (`by_layer`; False: of all at once); `probe_dir` (a folder on disk) keeps that
+    copy in files the kernel can write out instead (shardsync.integrations.probe.probe)."""
     live = dict(model.named_parameters())
     params = dict(live)
     if created is not None:
@@ -57,7 +58,7 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
                                  f"{_described(param)}: its memory no longer has the layout its loader writes")
         params.update(created)
     with _installed(model, params, live) as replaced:
-        result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()), probe_dir)
+        result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()), probe_dir, by_layer)
     if replaced:
         raise ProbeError(f"the loader replaces parameter(s) {', '.join(repr(n) for n in sorted(replaced))} with new "
                          "tensors instead of writing into them: shardsync cannot learn where their elements go "
