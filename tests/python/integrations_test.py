@@ -628,9 +628,9 @@ class ProbeTest(unittest.TestCase):
                          [("a", (0, 0), shape, 0, (1024, 1))])
 
     def test_probes_in_files_give_the_same_pieces_and_leave_no_file(self):
-        """The probes kept in files of a folder on disk: the same layouts as in memory,
-        for every rank of the stand-in, and the folder empty after each probe, also
-        after a loader that fails."""
+        """The probes and the codes kept in files of a folder on disk, a file each: the
+        same layouts as in memory, for every rank of the stand-in, and the folder empty
+        after each probe, also after a loader that fails."""
         from shardsync.integrations import probe
         folder = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         shapes = vllm_qwen3.checkpoint_shapes(DENSE)
@@ -640,7 +640,8 @@ class ProbeTest(unittest.TestCase):
                 in_memory = loader_targets(engine, engine.load_weights, shapes)[1]
                 with mock.patch.object(probe.tempfile, "mkstemp", wraps=tempfile.mkstemp) as made:
                     in_files = loader_targets(engine, engine.load_weights, shapes, probe_dir=folder)[1]
-                self.assertEqual(made.call_count, sum(p.numel() > 0 for p in engine.parameters()))
+                self.assertEqual(made.call_count, sum(p.numel() > 0 for p in engine.parameters()) +
+                                 sum(math.prod(shape) > 0 for shape in shapes.values()))
                 self.assertTrue(all(call.kwargs["dir"] == folder for call in made.call_args_list))
                 self.assertEqual([layout.SerializeToString(deterministic=True) for layout in in_files],
                                  [layout.SerializeToString(deterministic=True) for layout in in_memory])

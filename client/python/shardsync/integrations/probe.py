@@ -129,13 +129,14 @@ def _offsets(shapes: Mapping[str, Sequence[int]]) -> Dict[str, int]:
     return offsets
 
 
-def _encoded(names: Sequence[str], shapes: Mapping[str, Sequence[int]],
-             offsets: Mapping[str, int]) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(name, float64 tensor of codes) of checkpoint tensors `names`, each made when asked for."""
+def _encoded(names: Sequence[str], shapes: Mapping[str, Sequence[int]], offsets: Mapping[str, int],
+             probe_dir: Optional[str] = None) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(name, float64 tensor of codes) of checkpoint tensors `names`, each made when
+    asked for: in memory, or in a file of `probe_dir` (as _zeros)."""
     for name in names:
         shape = shapes[name]
         start, count = offsets[name] + 1, math.prod(shape)
-        codes = np.empty(count, dtype=np.float64)
+        codes = np.empty(count, dtype=np.float64) if probe_dir is None else _zeros((count,), probe_dir).numpy()
         step = min(CHUNK_ELEMENTS, _ENCODED_AT_ONCE)
         for at in range(0, count, step):
             end = min(at + step, count)
@@ -163,10 +164,11 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
     once per layer (`by_layer`, the module's docstring), or once with every parameter
     probed. The floating-point tensors of `buffers` ({name: tensor}, a module's
     named_buffers()) are swapped too: a loader that writes one is refused (a buffer is
-    no registered target). `probe_dir`: a folder on disk where the probes live as files
-    (mapped, and removed as soon as they are), so that the kernel can write them out
-    instead of the process running out of memory; None keeps them in memory. Returns a
-    ProbeResult naming parameters by their keys in `params`, in their order."""
+    no registered target). `probe_dir`: a folder on disk where the probes and the codes
+    live as files (mapped, and removed as soon as they are), so that the kernel can
+    write them out instead of the process running out of memory; None keeps them in
+    memory. Returns a ProbeResult naming parameters by their keys in `params`, in their
+    order."""
     if probe_dir is not None:
         _check_probe_dir(probe_dir)
     offsets = _offsets(shapes)
@@ -241,7 +243,7 @@ class _Run:
                 for name in probed:
                     self.params[name].data = _zeros(self.params[name].shape, self.probe_dir)
                 try:
-                    self.load(_encoded(tensors, self.shapes, self.offsets))
+                    self.load(_encoded(tensors, self.shapes, self.offsets, self.probe_dir))
                 except Exception as error:
                     if not layered:
                         raise
