@@ -22,7 +22,8 @@ more than one element raises and any other changes the cell. So the probes of on
 are alive at a time. A loader that writes another layer's parameter (the trap raises or
 changes), or reads one into its own (the trap's value arrives), is found, and then the
 probe runs once more with every parameter probed at once; the result says why. Both
-ways give the same result: a loader writes what it is given into its parameters.
+ways give the same result for a loader whose writes follow from the tensors it is
+given, whatever else it was given before or beside them.
 
 The result is compressed into boxes: runs along a parameter's last axis that take
 consecutive elements of one checkpoint row, stacked into 2-D boxes where consecutive
@@ -41,8 +42,8 @@ import tempfile
 import numpy as np
 import torch
 
-__all__ = ["CHECK_BITS", "CHUNK_ELEMENTS", "FillRegion", "Piece", "ProbeError", "ProbeResult", "encode",
-           "encoded_checkpoint", "layer_of", "probe"]
+__all__ = ["CHECK_BITS", "CHUNK_ELEMENTS", "FillRegion", "Piece", "ProbeError", "ProbeResult", "encode", "layer_of",
+           "probe"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -109,13 +110,6 @@ def encode(numbers: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         return codes.astype(np.float64)
     out[...] = codes
     return out
-
-
-def encoded_checkpoint(shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, int], Iterator[Tuple[str, torch.Tensor]]]:
-    """(offsets, an iterator of (name, float64 tensor of codes)) for checkpoint tensors
-    `shapes` ({name: shape}, in a fixed order)."""
-    offsets = _offsets(shapes)
-    return offsets, _encoded(list(shapes), shapes, offsets)
 
 
 def _offsets(shapes: Mapping[str, Sequence[int]]) -> Dict[str, int]:
