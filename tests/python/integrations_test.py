@@ -638,6 +638,7 @@ class ProbeTest(unittest.TestCase):
             with self.subTest(tp=tp, rank=rank):
                 engine = vllm_qwen3.Qwen3ForCausalLM(DENSE, tp_rank=rank, tp_size=tp)
                 in_memory = loader_targets(engine, engine.load_weights, shapes)[1]
+                engine = vllm_qwen3.Qwen3ForCausalLM(DENSE, tp_rank=rank, tp_size=tp)  # probed afresh
                 with mock.patch.object(probe.tempfile, "mkstemp", wraps=tempfile.mkstemp) as made:
                     in_files = loader_targets(engine, engine.load_weights, shapes, probe_dir=folder)[1]
                 self.assertEqual(made.call_count, sum(p.numel() > 0 for p in engine.parameters()) +
@@ -656,6 +657,30 @@ class ProbeTest(unittest.TestCase):
             loader_targets(engine, failing, shapes, probe_dir=folder)
         self.assertEqual(os.listdir(folder), [])
         self.assertTrue(all(p.dtype == torch.bfloat16 for p in engine.parameters()))
+
+    def test_registering_again_after_the_memory_moved_runs_no_loader(self):
+        """The probe's result is kept per model: after every parameter's memory moved,
+        loader_targets gives the same layouts and buffers of the new memory without
+        running the loader; a parameter of another dtype, or another loader, runs it."""
+        from shardsync.integrations import targets
+        shapes = vllm_qwen3.checkpoint_shapes(DENSE)
+        engine = vllm_qwen3.Qwen3ForCausalLM(DENSE, tp_rank=1, tp_size=2)
+        self.enterContext(mock.patch.object(targets, "probe", wraps=targets.probe))
+        first = loader_targets(engine, engine.load_weights, shapes)[1]
+        for param in engine.parameters():
+            param.data = param.data.clone()
+        with mock.patch.object(targets, "tensor_buffer", wraps=targets.tensor_buffer) as shared:
+            again = loader_targets(engine, engine.load_weights, shapes)[1]
+        self.assertEqual(targets.probe.call_count, 1)
+        self.assertEqual([layout.SerializeToString(deterministic=True) for layout in again],
+                         [layout.SerializeToString(deterministic=True) for layout in first])
+        self.assertEqual({call.args[0].data_ptr() for call in shared.call_args_list},
+                         {p.data_ptr() for p in engine.parameters()})
+        engine.model.norm.weight.data = engine.model.norm.weight.data.float()
+        loader_targets(engine, engine.load_weights, shapes)
+        self.assertEqual(targets.probe.call_count, 2)
+        loader_targets(engine, lambda weights: engine.load_weights(weights), shapes)
+        self.assertEqual(targets.probe.call_count, 3)
 
     def test_a_probe_dir_in_memory_or_missing_is_refused_by_name(self):
         from shardsync.integrations import probe

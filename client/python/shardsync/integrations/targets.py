@@ -9,6 +9,7 @@ device). ``EngineTarget`` keeps the registration through the engine's lifecycle.
 """
 
 import contextlib
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from shardsync import layout_pb2
 from shardsync.client import AgentClient
 from shardsync.integrations.memory import tensor_buffer
-from shardsync.integrations.probe import FillRegion, Piece, ProbeError, probe
+from shardsync.integrations.probe import FillRegion, Piece, ProbeError, ProbeResult, probe
 from shardsync.integrations.sources import Described, Registered, dtype_name, module_sources
 from shardsync.layouts import tensor_layout
 
@@ -47,7 +48,10 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
 
     The probe takes host memory for a float64 copy of the parameters of one layer at a
     time (`by_layer`; False: of all at once); `probe_dir` (a folder on disk) keeps that
-    copy in files the kernel can write out instead (shardsync.integrations.probe.probe)."""
+    copy in files the kernel can write out instead (shardsync.integrations.probe.probe).
+    Its result is kept per model and reused while the parameters' names, classes,
+    shapes, strides and dtypes, the checkpoint's shapes and the loader's function stay
+    the same: registering again after the memory moved runs no loader."""
     live = dict(model.named_parameters())
     params = dict(live)
     if created is not None:
@@ -57,12 +61,18 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
                 raise ProbeError(f"parameter '{name}' is {_described(live[name])} in the engine but was created "
                                  f"{_described(param)}: its memory no longer has the layout its loader writes")
         params.update(created)
-    with _installed(model, params, live) as replaced:
-        result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()), probe_dir, by_layer)
-    if replaced:
-        raise ProbeError(f"the loader replaces parameter(s) {', '.join(repr(n) for n in sorted(replaced))} with new "
-                         "tensors instead of writing into them: shardsync cannot learn where their elements go "
-                         "(the model's own parameters are back in place)")
+    key = _probe_key(params, checkpoint_shapes, load_weights, by_layer)
+    kept = _probed.get(model)
+    if kept is not None and kept[0] == key:
+        result = kept[1]
+    else:
+        with _installed(model, params, live) as replaced:
+            result = probe(params, checkpoint_shapes, load_weights, dict(model.named_buffers()), probe_dir, by_layer)
+        if replaced:
+            raise ProbeError(f"the loader replaces parameter(s) {', '.join(repr(n) for n in sorted(replaced))} with "
+                             "new tensors instead of writing into them: shardsync cannot learn where their elements "
+                             "go (the model's own parameters are back in place)")
+        _probed[model] = (key, result)
     for piece in result.pieces:
         if piece.param not in live:
             raise ProbeError(f"the loader puts checkpoint tensor '{piece.tensor}' into parameter '{piece.param}', "
@@ -91,6 +101,20 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
             first_tensor[fill.param].fills.add(buffer=fill.param, base=fill.base, shape=list(fill.shape),
                                                strides=list(fill.strides))
     return buffers, list(layouts.values())
+
+
+# The last probe of each model and what it depended on: registering again after the
+# model's memory moved (offload and reload, sleep and wake) reuses it.
+_probed: "weakref.WeakKeyDictionary[torch.nn.Module, Tuple[Any, ProbeResult]]" = weakref.WeakKeyDictionary()
+
+
+def _probe_key(params: Mapping[str, torch.Tensor], checkpoint_shapes: Mapping[str, Sequence[int]],
+               load_weights: Any, by_layer: bool) -> Any:
+    """What a probe's result depends on: each parameter's name, class, shape, strides and
+    dtype (not its memory), the checkpoint's shapes, the loader's function, by_layer."""
+    return (tuple((name, type(p), tuple(p.shape), p.stride(), p.dtype) for name, p in params.items()),
+            tuple((name, tuple(shape)) for name, shape in checkpoint_shapes.items()),
+            getattr(load_weights, "__func__", load_weights), by_layer)
 
 
 def _described(tensor: torch.Tensor) -> str:
