@@ -30,7 +30,7 @@ consecutive elements of one checkpoint row, stacked into 2-D boxes where consecu
 runs take consecutive rows at a fixed distance.
 """
 
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Container, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 from dataclasses import dataclass, field
 import bisect
 import logging
@@ -112,32 +112,6 @@ def encode(numbers: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     return out
 
 
-def _offsets(shapes: Mapping[str, Sequence[int]]) -> Dict[str, int]:
-    """Each checkpoint tensor's first element number (from 0), in the order of `shapes`."""
-    offsets, total = {}, 0
-    for name, shape in shapes.items():
-        offsets[name] = total
-        total += math.prod(shape)
-    if (total + 1) << CHECK_BITS >= 2 ** 53:
-        raise ProbeError(f"{total} checkpoint elements: their codes would pass 2^53, past float64's whole numbers")
-    return offsets
-
-
-def _encoded(names: Sequence[str], shapes: Mapping[str, Sequence[int]], offsets: Mapping[str, int],
-             probe_dir: Optional[str] = None) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(name, float64 tensor of codes) of checkpoint tensors `names`, each made when
-    asked for: in memory, or in a file of `probe_dir` (as _zeros)."""
-    for name in names:
-        shape = shapes[name]
-        start, count = offsets[name] + 1, math.prod(shape)
-        codes = np.empty(count, dtype=np.float64) if probe_dir is None else _zeros((count,), probe_dir).numpy()
-        step = min(CHUNK_ELEMENTS, _ENCODED_AT_ONCE)
-        for at in range(0, count, step):
-            end = min(at + step, count)
-            encode(np.arange(start + at, start + end, dtype=np.int64), codes[at:end])
-        yield name, torch.from_numpy(codes).reshape(shape)
-
-
 _LAYER = re.compile(r"(?:^|\.)([^.]+\.\d+)(?:\.|$)")
 
 
@@ -165,20 +139,18 @@ def probe(params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]
     order."""
     if probe_dir is not None:
         _check_probe_dir(probe_dir)
-    offsets = _offsets(shapes)
-    checkpoint = _Checkpoint(list(shapes), shapes, offsets)
-    run = _Run(params, shapes, offsets, checkpoint, load, buffers or {}, probe_dir)
-    passes = _layers(params, shapes)
+    run = _Run(params, _Checkpoint(shapes), load, buffers or {}, probe_dir)
+    passes, whole = _layers(params, shapes), [(list(params), list(shapes))]
     if by_layer and len(passes) > 1:
         try:
             return run.run(passes)
         except _Crossed as crossed:
             why = str(crossed)
             _LOG.warning("shardsync probe: %s; probing every parameter at once", why)
-            result = run.run([(list(params), list(shapes))])
+            result = run.run(whole)
             result.one_pass_because = why
             return result
-    return run.run([(list(params), list(shapes))])
+    return run.run(whole)
 
 
 def _layers(params: Mapping[str, Any], shapes: Mapping[str, Any]) -> List[Tuple[List[str], List[str]]]:
@@ -208,11 +180,10 @@ _TRAP_BITS = 0x7FF8_5348_4152_4453
 class _Run:
     """One probe: its inputs, and passes of the loader over them."""
 
-    def __init__(self, params: Mapping[str, torch.Tensor], shapes: Mapping[str, Sequence[int]],
-                 offsets: Mapping[str, int], checkpoint: "_Checkpoint",
+    def __init__(self, params: Mapping[str, torch.Tensor], checkpoint: "_Checkpoint",
                  load: Callable[[Iterable[Tuple[str, torch.Tensor]]], Any], buffers: Mapping[str, torch.Tensor],
                  probe_dir: Optional[str]) -> None:
-        self.params, self.shapes, self.offsets, self.checkpoint = params, shapes, offsets, checkpoint
+        self.params, self.checkpoint = params, checkpoint
         self.load, self.probe_dir = load, probe_dir
         self.buffers = {name: b for name, b in buffers.items() if b.is_floating_point()}
         self.names = list(params)
@@ -237,7 +208,7 @@ class _Run:
                 for name in probed:
                     self.params[name].data = _zeros(self.params[name].shape, self.probe_dir)
                 try:
-                    self.load(_encoded(tensors, self.shapes, self.offsets, self.probe_dir))
+                    self.load(self.checkpoint.encoded(tensors, self.probe_dir))
                 except Exception as error:
                     if not layered:
                         raise
@@ -267,7 +238,7 @@ class _Run:
         shape = tuple(self.params[self.names[index]].shape)
         return cells.view(torch.float64).as_strided(shape, (0,) * len(shape), index)
 
-    def _check_traps(self, cells: torch.Tensor, probed: Any, tensors: Sequence[str]) -> None:
+    def _check_traps(self, cells: torch.Tensor, probed: Container[str], tensors: Sequence[str]) -> None:
         """Every parameter not in `probed` still holds its trap, its cell unchanged."""
         changed = torch.nonzero(cells != _TRAP_BITS).flatten().tolist()
         if changed:
@@ -385,14 +356,35 @@ class _Stacker:
 
 
 class _Checkpoint:
-    """The checkpoint's tensors in order, as the probe's read-back looks them up."""
+    """The checkpoint's tensors in order: the numbers of their elements, their codes,
+    and what the probe's read-back looks up."""
 
-    def __init__(self, names: List[str], shapes: Mapping[str, Sequence[int]], offsets: Mapping[str, int]) -> None:
-        self.names = names
-        self.shapes = [tuple(shapes[n]) for n in names]
-        self.first_elements = [offsets[n] for n in names]  # ascending
+    def __init__(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        self.names = list(shapes)
+        self.shapes = [tuple(shapes[n]) for n in self.names]
+        self.first_elements: List[int] = []  # of each tensor (from 0), ascending
+        self.total = 0
+        for shape in self.shapes:
+            self.first_elements.append(self.total)
+            self.total += math.prod(shape)
+        if (self.total + 1) << CHECK_BITS >= 2 ** 53:
+            raise ProbeError(f"{self.total} checkpoint elements: their codes would pass 2^53, past float64's whole "
+                             "numbers")
+        self.index = {name: t for t, name in enumerate(self.names)}
         self.last_axes = [shape[-1] if shape else 1 for shape in self.shapes]  # a checkpoint row's length
-        self.total = self.first_elements[-1] + math.prod(self.shapes[-1]) if names else 0
+
+    def encoded(self, names: Sequence[str], probe_dir: Optional[str]) -> Iterator[Tuple[str, torch.Tensor]]:
+        """(name, float64 tensor of codes) of tensors `names`, each made when asked for:
+        in memory, or in a file of `probe_dir` (as _zeros)."""
+        for name in names:
+            t = self.index[name]
+            start, count = self.first_elements[t] + 1, math.prod(self.shapes[t])
+            codes = np.empty(count, dtype=np.float64) if probe_dir is None else _zeros((count,), probe_dir).numpy()
+            step = min(CHUNK_ELEMENTS, _ENCODED_AT_ONCE)
+            for at in range(0, count, step):
+                end = min(at + step, count)
+                encode(np.arange(start + at, start + end, dtype=np.int64), codes[at:end])
+            yield name, torch.from_numpy(codes).reshape(self.shapes[t])
 
 
 def _compress(param_name: str, values: Any, checkpoint: _Checkpoint, result: ProbeResult) -> None:

@@ -61,7 +61,7 @@ def loader_targets(model: torch.nn.Module, load_weights: Callable[[Iterable[Tupl
                 raise ProbeError(f"parameter '{name}' is {_described(live[name])} in the engine but was created "
                                  f"{_described(param)}: its memory no longer has the layout its loader writes")
         params.update(created)
-    key = _probe_key(params, checkpoint_shapes, load_weights, by_layer)
+    key = _probe_key(params, checkpoint_shapes, load_weights)
     kept = _probed.get(model)
     if kept is not None and kept[0] == key:
         result = kept[1]
@@ -109,12 +109,13 @@ _probed: "weakref.WeakKeyDictionary[torch.nn.Module, Tuple[Any, ProbeResult]]" =
 
 
 def _probe_key(params: Mapping[str, torch.Tensor], checkpoint_shapes: Mapping[str, Sequence[int]],
-               load_weights: Any, by_layer: bool) -> Any:
+               load_weights: Any) -> Any:
     """What a probe's result depends on: each parameter's name, class, shape, strides and
-    dtype (not its memory), the checkpoint's shapes, the loader's function, by_layer."""
+    dtype (not its memory), the checkpoint's shapes, the loader's function (not by_layer
+    nor probe_dir: the same result either way)."""
     return (tuple((name, type(p), tuple(p.shape), p.stride(), p.dtype) for name, p in params.items()),
             tuple((name, tuple(shape)) for name, shape in checkpoint_shapes.items()),
-            getattr(load_weights, "__func__", load_weights), by_layer)
+            getattr(load_weights, "__func__", load_weights))
 
 
 def _described(tensor: torch.Tensor) -> str:
