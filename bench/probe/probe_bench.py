@@ -1,7 +1,8 @@
 """What learning an engine's placements costs (``loader_targets``): the probe of one
 tensor-parallel rank of the vLLM stand-in (tests/python/standins, vLLM's loaders) with
 Qwen3 shapes, each case in a process of its own. Prints per case the rank's elements,
-the peak resident memory the probe added and its time, and a JSON line per case.
+the peak resident memory the probe added and its time, then the time of registering
+again after every parameter's memory moved (the probe reused), and a JSON line per case.
 With --one-pass each case runs also with every parameter probed at once (loader_targets'
 by_layer=False), right after the probe layer by layer.
 
@@ -45,9 +46,16 @@ def one_case(model: str, layers: int, tp: int, probe_dir: Optional[str], by_laye
     _, layouts = loader_targets(engine, engine.load_weights, shapes, **options)
     seconds = time.perf_counter() - start
     added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    for param in engine.parameters():  # as an engine's sleep and wake, or offload and reload
+        param.data = param.data.clone()
+    start = time.perf_counter()
+    again = loader_targets(engine, engine.load_weights, shapes, **options)[1]
+    again_seconds = time.perf_counter() - start
+    assert again == layouts, "registering again gave other layouts"
     return {"model": model, "layers": layers, "tp": tp, "probe_dir": probe_dir, "by_layer": by_layer,
             "elements": elements, "largest_tensor": largest,
             "added_bytes": added, "bytes_per_element": added / elements, "seconds": seconds,
+            "again_seconds": again_seconds,
             "placements": sum(len(layout.placements) for layout in layouts)}
 
 
@@ -67,7 +75,7 @@ def main() -> int:
                                   not args.case_one_pass)))
         return 0
     layers = args.layers or MODELS[args.model]["num_hidden_layers"]
-    print(f"{'case':<36} {'elements':>10} {'added memory':>13} {'per element':>11} {'seconds':>8}")
+    print(f"{'case':<36} {'elements':>10} {'added memory':>13} {'per element':>11} {'seconds':>8} {'again':>6}")
     for tp in args.tp:
         for one_pass in [False, True] if args.one_pass else [False]:
             name = f"{args.model} x{layers} tp{tp} rank 0, {'one pass' if one_pass else 'by layer'}"
@@ -80,7 +88,7 @@ def main() -> int:
                 return 1
             case = json.loads(out.stdout)
             print(f"{name:<36} {case['elements'] / 1e6:>9.1f}M {case['added_bytes'] / 2**20:>9.0f} MiB "
-                  f"{case['bytes_per_element']:>9.1f} B {case['seconds']:>8.2f}")
+                  f"{case['bytes_per_element']:>9.1f} B {case['seconds']:>8.2f} {case['again_seconds']:>6.2f}")
             print(json.dumps(case))
     return 0
 
